@@ -1,0 +1,169 @@
+"""The NATS adapter: typed publish/subscribe and request/reply over nats-py, with reconnects.
+
+Services hold one :class:`Bus`. Messages are the structs of :mod:`shared.protocol`; a message that does
+not decode is logged and dropped (one bad publisher must not stop a subscriber). nats-py reconnects by
+itself once connected; :meth:`Bus.connect` also retries the *first* connection, so processes may start
+before nats-server is up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import msgspec
+import nats
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+
+from shared.errors import BusTimeout, PoiseError, ProtocolError
+from shared.protocol import decode, encode
+
+log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=msgspec.Struct)
+R = TypeVar("R", bound=msgspec.Struct)
+
+
+class Bus:
+    """One NATS connection of one process."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        name: str,
+        user: str | None = None,
+        password: str | None = None,
+        connect_timeout_s: float = 30.0,
+    ) -> None:
+        self._servers = [u.strip() for u in url.split(",") if u.strip()]
+        self._name = name
+        self._user = user
+        self._password = password
+        self._connect_timeout_s = connect_timeout_s
+        self._nc: NatsClient | None = None
+        self.dropped_messages = 0  # messages that failed to decode or whose handler raised
+
+    @property
+    def nc(self) -> NatsClient:
+        if self._nc is None:
+            raise PoiseError("bus is not connected")
+        return self._nc
+
+    @property
+    def is_connected(self) -> bool:
+        return self._nc is not None and self._nc.is_connected
+
+    async def connect(self) -> None:
+        deadline = time.monotonic() + self._connect_timeout_s
+        delay = 0.05
+        while True:
+            try:
+                self._nc = await nats.connect(
+                    servers=self._servers,
+                    name=self._name,
+                    user=self._user,
+                    password=self._password,
+                    connect_timeout=2,
+                    allow_reconnect=True,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.5,
+                    error_cb=self._on_error,
+                    disconnected_cb=self._on_disconnected,
+                    reconnected_cb=self._on_reconnected,
+                )
+                return
+            except (TimeoutError, OSError, nats.errors.NoServersError) as exc:
+                if time.monotonic() >= deadline:
+                    raise PoiseError(f"cannot connect to NATS at {','.join(self._servers)}: {exc}") from exc
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    async def close(self) -> None:
+        nc, self._nc = self._nc, None
+        if nc is not None and not nc.is_closed:
+            try:
+                await nc.drain()
+            except (TimeoutError, nats.errors.Error, OSError):
+                await nc.close()
+
+    async def publish(self, subject: str, message: msgspec.Struct) -> None:
+        await self.nc.publish(subject, encode(message))
+
+    async def subscribe(
+        self,
+        subject: str,
+        message_type: type[M],
+        handler: Callable[[M, str], Awaitable[None]],
+        *,
+        queue: str = "",
+    ) -> Subscription:
+        """Call ``handler(message, subject)`` for each message; bad messages are counted and dropped."""
+
+        async def on_msg(msg: Msg) -> None:
+            try:
+                message = decode(msg.data, message_type)
+                await handler(message, msg.subject)
+            except ProtocolError as exc:
+                self.dropped_messages += 1
+                log.warning("dropped message on %s: %s", msg.subject, exc)
+            except Exception:  # a handler bug must not kill the subscription
+                self.dropped_messages += 1
+                log.exception("handler for %s failed", msg.subject)
+
+        return await self.nc.subscribe(subject, queue=queue, cb=on_msg)
+
+    async def request(self, subject: str, message: msgspec.Struct, reply_type: type[R], *, timeout_s: float = 2.0) -> R:
+        try:
+            msg = await self.nc.request(subject, encode(message), timeout=timeout_s)
+        except NoRespondersError as exc:
+            raise BusTimeout(f"no service answers on {subject}") from exc
+        except (TimeoutError, NatsTimeout) as exc:
+            raise BusTimeout(f"no reply on {subject} within {timeout_s:.1f}s") from exc
+        return decode(msg.data, reply_type)
+
+    async def serve(
+        self,
+        subject: str,
+        request_type: type[M],
+        handler: Callable[[M], Awaitable[msgspec.Struct]],
+        *,
+        error_reply: Callable[[str], msgspec.Struct],
+        queue: str = "",
+    ) -> Subscription:
+        """Answer requests on ``subject``; failures are answered with ``error_reply(message)``."""
+
+        async def on_msg(msg: Msg) -> None:
+            try:
+                request = decode(msg.data, request_type)
+                reply = await handler(request)
+            except ProtocolError as exc:
+                reply = error_reply(f"bad request: {exc}")
+            except Exception as exc:
+                log.exception("request handler for %s failed", subject)
+                reply = error_reply(f"{type(exc).__name__}: {exc}")
+            if msg.reply:
+                await msg.respond(encode(reply))
+
+        return await self.nc.subscribe(subject, queue=queue, cb=on_msg)
+
+    async def _on_error(self, exc: Exception) -> None:
+        log.warning("nats error: %s", exc)
+
+    async def _on_disconnected(self) -> None:
+        log.warning("nats disconnected; reconnecting")
+
+    async def _on_reconnected(self) -> None:
+        log.info("nats reconnected")
+
+
+def bus_from_settings(settings: Any, name: str) -> Bus:
+    """Build a :class:`Bus` from a :class:`shared.settings.ControlPlaneSettings`."""
+    return Bus(settings.nats_url, name=name, user=settings.nats_user, password=settings.nats_password)

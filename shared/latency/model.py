@@ -1,0 +1,147 @@
+"""The latency model shared by engine_sim and the simulator.
+
+Pure arithmetic over a :class:`LatencyProfile`; no I/O except :func:`load_profile`. Shapes come from the
+papers (see ../shared/spec, Part C of spec-arrow-dopd.md and section 4 of spec-ares-kairos-flowprefill.md):
+
+- prefill of ``n`` new tokens after ``c`` cached/earlier-chunk tokens:
+  ``overhead + a*n + b*((c+n)^2 - c^2)``  (quadratic in the full length, split exactly across chunks)
+- decode step: ``overhead + per_seq*batch + per_ctx*sum(context tokens)``
+- KV transfer: ``overhead + tokens * kv_bytes_per_token / bandwidth``
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+import msgspec
+
+from shared.errors import ConfigError
+
+PROFILES_DIR = Path(__file__).with_name("profiles")
+DEFAULT_PROFILE = "llama-3.1-8b-h100"
+
+
+class LatencyProfile(msgspec.Struct, frozen=True, kw_only=True):
+    """Coefficients for one (model, GPU, TP). Units are in the names; see the JSON files' provenance."""
+
+    name: str
+    model: str
+    gpu: str
+    tp: int = 1
+    prefill_overhead_s: float
+    prefill_s_per_token: float
+    prefill_s_per_token2: float
+    decode_overhead_s: float
+    decode_s_per_seq: float
+    decode_s_per_context_token: float
+    kv_bytes_per_token: int
+    kv_capacity_tokens: int
+    max_running_requests: int
+    chunked_prefill_size: int = 8192
+    transfer_overhead_s: float = 0.002
+    transfer_bytes_per_s: float = 25e9
+    role_switch_s: float = 1.0
+    provenance: list[str] = msgspec.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        numbers = {f: getattr(self, f) for f in self.__struct_fields__ if f not in ("name", "model", "gpu", "provenance")}
+        negative = [f for f, v in numbers.items() if v < 0]
+        if negative:
+            raise ConfigError(f"latency profile {self.name!r}: negative values for {', '.join(negative)}")
+        for f in ("kv_bytes_per_token", "kv_capacity_tokens", "max_running_requests", "chunked_prefill_size", "tp"):
+            if numbers[f] <= 0:
+                raise ConfigError(f"latency profile {self.name!r}: {f} must be positive")
+        if self.transfer_bytes_per_s <= 0:
+            raise ConfigError(f"latency profile {self.name!r}: transfer_bytes_per_s must be positive")
+
+
+def available_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
+
+
+def load_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> LatencyProfile:
+    """Load a built-in profile by name, or any profile JSON file by path."""
+    path = Path(name_or_path)
+    builtin = PROFILES_DIR / f"{name_or_path}.json"
+    if path.suffix != ".json" and builtin.is_file():
+        path = builtin
+    if not path.is_file():
+        raise ConfigError(
+            f"latency profile {str(name_or_path)!r} not found (built-in: {', '.join(available_profiles())}; "
+            "or give a path to a .json file)"
+        )
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=LatencyProfile)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise ConfigError(f"latency profile {path}: {exc}") from exc
+
+
+def save_profile(profile: LatencyProfile, path: Path) -> None:
+    path.write_text(json.dumps(msgspec.to_builtins(profile), indent=2) + "\n")
+
+
+class LatencyModel:
+    """Times for engine work under one profile.
+
+    ``time_scale`` multiplies every result: 1.0 is the profiled GPU, 0.0 makes compute free (used to
+    measure the control plane's own overhead).
+    """
+
+    def __init__(self, profile: LatencyProfile, time_scale: float = 1.0) -> None:
+        if time_scale < 0:
+            raise ConfigError(f"time_scale must be >= 0, got {time_scale}")
+        self.profile = profile
+        self.time_scale = time_scale
+
+    # -- prefill -----------------------------------------------------------------------------------
+    def prefill_work_s(self, new_tokens: int, done_tokens: int = 0) -> float:
+        """Compute for ``new_tokens`` after ``done_tokens`` of the same sequence, without launch overhead."""
+        p = self.profile
+        end = done_tokens + new_tokens
+        work = p.prefill_s_per_token * new_tokens + p.prefill_s_per_token2 * (end * end - done_tokens * done_tokens)
+        return work * self.time_scale
+
+    def prefill_time_s(self, new_tokens: int, done_tokens: int = 0) -> float:
+        """One prefill (or one chunk) run alone in a forward pass."""
+        if new_tokens <= 0:
+            return 0.0
+        return self.profile.prefill_overhead_s * self.time_scale + self.prefill_work_s(new_tokens, done_tokens)
+
+    def prefill_batch_time_s(self, parts: Iterable[tuple[int, int]]) -> float:
+        """A forward pass over several (new_tokens, done_tokens) parts: one launch overhead, summed work."""
+        work = sum(self.prefill_work_s(n, d) for n, d in parts if n > 0)
+        if work == 0.0 and self.time_scale > 0:
+            return 0.0
+        return self.profile.prefill_overhead_s * self.time_scale + work
+
+    # -- decode ------------------------------------------------------------------------------------
+    def decode_step_time_s(self, batch_size: int, context_tokens: int) -> float:
+        """One decode iteration over ``batch_size`` sequences holding ``context_tokens`` in total."""
+        if batch_size <= 0:
+            return 0.0
+        p = self.profile
+        t = p.decode_overhead_s + p.decode_s_per_seq * batch_size + p.decode_s_per_context_token * context_tokens
+        return t * self.time_scale
+
+    def mixed_step_time_s(self, batch_size: int, context_tokens: int, prefill_parts: Iterable[tuple[int, int]]) -> float:
+        """A colocated step: the decode batch plus prefill chunks in one forward pass (SGLang mixed chunk).
+
+        The decode step already pays the launch overhead, so prefill parts add only their work.
+        """
+        parts = list(prefill_parts)
+        if batch_size <= 0:
+            return self.prefill_batch_time_s(parts)
+        return self.decode_step_time_s(batch_size, context_tokens) + sum(self.prefill_work_s(n, d) for n, d in parts)
+
+    # -- transfer ----------------------------------------------------------------------------------
+    def kv_bytes(self, tokens: int) -> int:
+        return tokens * self.profile.kv_bytes_per_token
+
+    def kv_transfer_time_s(self, tokens: int) -> float:
+        p = self.profile
+        return (p.transfer_overhead_s + self.kv_bytes(tokens) / p.transfer_bytes_per_s) * self.time_scale
+
+    def role_switch_time_s(self) -> float:
+        return self.profile.role_switch_s * self.time_scale

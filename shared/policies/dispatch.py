@@ -1,0 +1,134 @@
+"""Dispatch policies: pick the prefill and the decode engine for one request.
+
+A policy is pure: ``place(request, engines, now_s, exclude)`` returns a :class:`Placement` or a
+:class:`Rejection`, never raises for ordinary overload. ``exclude`` holds engines that already failed this
+request (the gateway retries once on another pair). Arrow's SLO-aware dispatch (a later issue) implements
+the same Protocol.
+
+Colocated (``null``) engines serve a request alone; they are used when no prefill/decode pair can.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import msgspec
+
+from shared.policies.views import EngineView, RequestView
+
+
+class Placement(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a request goes. ``prefill_id`` is None when ``decode_id`` is a colocated engine."""
+
+    prefill_id: str | None
+    decode_id: str
+
+
+class Rejection(msgspec.Struct, frozen=True, kw_only=True):
+    """No engine can take the request. ``retryable``: overload (429) vs nothing to route to (503)."""
+
+    reason: str
+    retryable: bool
+
+
+class DispatchPolicy(Protocol):
+    name: str
+
+    def place(
+        self, request: RequestView, engines: Sequence[EngineView], now_s: float, exclude: frozenset[str] = frozenset()
+    ) -> Placement | Rejection: ...
+
+
+class DispatchParams(msgspec.Struct, frozen=True, kw_only=True):
+    max_pending_per_engine: int = 512  # queued + in flight beyond which an engine is full (-> 429)
+    stale_load_s: float = 5.0  # a load report older than this is ignored (engine counted by in-flight only)
+
+
+def _pending(e: EngineView, params: DispatchParams) -> int:
+    fresh = e.load_age_s is not None and e.load_age_s <= params.stale_load_s
+    reported = e.waiting_reqs + e.queue_reqs if fresh else 0
+    # The report lags by up to one interval while the in-flight count is exact: trust the larger.
+    return max(reported, e.inflight_reqs)
+
+
+def _candidates(
+    engines: Sequence[EngineView], role: str, exclude: frozenset[str], params: DispatchParams
+) -> tuple[list[EngineView], int]:
+    """Accepting engines of ``role`` that are not full, and how many were full."""
+    ready = [e for e in engines if e.role == role and e.accepting and e.instance_id not in exclude]
+    open_ = [e for e in ready if _pending(e, params) < params.max_pending_per_engine]
+    return open_, len(ready) - len(open_)
+
+
+def _reject(engines: Sequence[EngineView], full: int) -> Rejection:
+    if full:
+        return Rejection(reason=f"all {full} engine(s) that could serve this request are at their queue limit", retryable=True)
+    roles = sorted({e.role for e in engines if e.accepting})
+    have = ", ".join(roles) if roles else "none"
+    return Rejection(reason=f"no ready prefill+decode pair or colocated engine (ready roles: {have})", retryable=False)
+
+
+class _PairPolicy:
+    """Shared shape: choose a prefill and a decode independently, fall back to colocated engines."""
+
+    name = "base"
+
+    def __init__(self, params: DispatchParams | None = None) -> None:
+        self.params = params or DispatchParams()
+
+    def _pick(self, candidates: list[EngineView], phase: str) -> EngineView:
+        raise NotImplementedError
+
+    def place(
+        self, request: RequestView, engines: Sequence[EngineView], now_s: float, exclude: frozenset[str] = frozenset()
+    ) -> Placement | Rejection:
+        prefills, full_p = _candidates(engines, "prefill", exclude, self.params)
+        decodes, full_d = _candidates(engines, "decode", exclude, self.params)
+        if prefills and decodes:
+            return Placement(prefill_id=self._pick(prefills, "prefill").instance_id,
+                             decode_id=self._pick(decodes, "decode").instance_id)
+        colocated, full_c = _candidates(engines, "null", exclude, self.params)
+        if colocated:
+            return Placement(prefill_id=None, decode_id=self._pick(colocated, "null").instance_id)
+        return _reject(engines, full_p + full_d + full_c)
+
+
+class LeastLoad(_PairPolicy):
+    """Least-loaded prefill by pending prompt tokens; least-loaded decode by KV tokens and requests.
+
+    Prefill cost grows with the tokens ahead in the queue, so prefill engines are ranked by in-flight
+    prompt tokens. A decode step's time grows with the batch's context tokens (ARES Fig. 8), so decode
+    engines are ranked by reported KV use plus what this gateway has in flight, then by request count.
+    Ties go to the lowest instance id, so the choice is deterministic.
+    """
+
+    name = "least-load"
+
+    def _pick(self, candidates: list[EngineView], phase: str) -> EngineView:
+        if phase == "prefill":
+            return min(candidates, key=lambda e: (e.inflight_tokens, _pending(e, self.params), e.instance_id))
+        return min(
+            candidates,
+            key=lambda e: (
+                (max(e.used_tokens, 0) + e.inflight_tokens) / max(e.kv_capacity_tokens, 1),
+                e.running_reqs + e.inflight_reqs,
+                e.instance_id,
+            ),
+        )
+
+
+class RoundRobin(_PairPolicy):
+    """Cycle through engines of each role (sglang-router's ``round_robin``); an ablation baseline."""
+
+    name = "round-robin"
+
+    def __init__(self, params: DispatchParams | None = None) -> None:
+        super().__init__(params)
+        self._next: dict[str, int] = {}
+
+    def _pick(self, candidates: list[EngineView], phase: str) -> EngineView:
+        ordered = sorted(candidates, key=lambda e: e.instance_id)
+        i = self._next.get(phase, 0)
+        self._next[phase] = i + 1
+        return ordered[i % len(ordered)]

@@ -1,0 +1,44 @@
+"""Snapshots that policies read: frozen, I/O-free views of engines and requests.
+
+The live gateway builds them from etcd registrations, NATS load reports and its own in-flight counters;
+the simulator builds them from its event loop. Policies see nothing else.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from shared.protocol.messages import InstanceStatus, Role
+
+
+class EngineView(msgspec.Struct, frozen=True, kw_only=True):
+    """One engine as a dispatcher sees it at one instant."""
+
+    instance_id: str
+    role: Role
+    status: InstanceStatus
+    healthy: bool = True
+    kv_capacity_tokens: int
+    max_running_requests: int
+    # From the engine's latest load report (0 when none arrived yet):
+    running_reqs: int = 0
+    waiting_reqs: int = 0
+    used_tokens: int = 0
+    queue_reqs: int = 0  # disaggregation queues: prefill bootstrap/inflight or decode prealloc/transfer
+    load_age_s: float | None = None  # None = no report yet
+    # From the dispatcher's own bookkeeping (fresh, unlike the reports):
+    inflight_reqs: int = 0  # requests this dispatcher sent and that have not finished on this engine
+    inflight_tokens: int = 0  # their prompt tokens (prefill) or prompt + max_tokens (decode)
+
+    @property
+    def accepting(self) -> bool:
+        return self.healthy and self.status == "ready"
+
+
+class RequestView(msgspec.Struct, frozen=True, kw_only=True):
+    """What a dispatcher knows about a request before it runs."""
+
+    rid: str
+    input_tokens: int
+    max_output_tokens: int
+    priority: int | None = None

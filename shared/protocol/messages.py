@@ -1,0 +1,188 @@
+"""Typed messages on the bus and in the registry (msgspec structs, JSON on the wire).
+
+Every struct carries a ``schema`` tag naming its type and version, so a reader can reject a message meant
+for someone else instead of mis-decoding it. Field names carry their units (``_s``, ``_tokens``).
+Wall-clock fields (``*_unix_s``) are used wherever two processes compare times; monotonic clocks are
+per-process.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypeVar
+
+import msgspec
+
+from shared.errors import ProtocolError
+
+Role = Literal["prefill", "decode", "null"]
+"""An engine's phase: SGLang's ``--disaggregation-mode`` values (``null`` = colocated)."""
+
+InstanceStatus = Literal["starting", "ready", "draining", "switching"]
+EngineKind = Literal["sim", "sglang", "attach"]
+
+
+class InstanceInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """What a sidecar registers in etcd for its engine (the registry's source of truth)."""
+
+    schema: Literal["poise.v1.instance"] = "poise.v1.instance"
+    instance_id: str
+    role: Role
+    status: InstanceStatus = "ready"
+    engine_kind: EngineKind
+    url: str  # engine HTTP base URL, e.g. http://127.0.0.1:30001
+    bootstrap_host: str  # where a decode engine reaches this prefill engine's bootstrap server
+    bootstrap_port: int | None  # None for engines that are not in PD mode
+    model: str  # served model name (what clients put in "model")
+    profile: str  # latency profile name (engine_sim) or the profile the planner should assume
+    kv_capacity_tokens: int  # SGLang max_total_num_tokens
+    max_running_requests: int
+    sidecar: str  # host:pid of the sidecar, for operators
+    registered_at_unix_s: float
+
+
+class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
+    """One sample of an engine's load, read from its ``/v1/loads`` by the sidecar (~4 Hz)."""
+
+    schema: Literal["poise.v1.load"] = "poise.v1.load"
+    instance_id: str
+    role: Role
+    status: InstanceStatus
+    ts_unix_s: float
+    healthy: bool = True
+    error: str | None = None  # why the sample is missing or the engine is unhealthy
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    num_waiting_uncached_tokens: int = 0
+    num_used_tokens: int = 0  # KV tokens in use
+    max_total_num_tokens: int = 0  # KV capacity in tokens
+    token_usage: float = 0.0  # num_used_tokens / max_total_num_tokens
+    gen_throughput_tps: float = 0.0  # decode tokens per second, engine-reported
+    prefill_queue_reqs: int = 0  # prefill bootstrap + inflight queues (prefill role)
+    decode_queue_reqs: int = 0  # decode prealloc + transfer queues (decode role)
+
+
+class InstanceLoad(msgspec.Struct, frozen=True, kw_only=True):
+    """An instance as the monitor sees it: registration plus its latest load sample."""
+
+    info: InstanceInfo
+    load: LoadReport | None  # None until the first sample arrives
+    load_age_s: float | None  # seconds since that sample, None when there is none
+
+
+class RequestEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """A finished request, published by the gateway (the monitor's arrival and length series)."""
+
+    schema: Literal["poise.v1.request_event"] = "poise.v1.request_event"
+    rid: str
+    model: str
+    arrived_unix_s: float
+    finished_unix_s: float
+    prefill_id: str | None
+    decode_id: str | None
+    input_tokens: int
+    output_tokens: int
+    ttft_s: float | None
+    tpot_s: float | None
+    status: Literal["ok", "error", "aborted"]
+    error: str | None = None
+
+
+class SeriesPoint(msgspec.Struct, frozen=True, kw_only=True):
+    """One interval of the monitor's rolling series (what the planner forecasts from)."""
+
+    start_unix_s: float
+    interval_s: float
+    arrivals: int  # requests that arrived in the interval (from gateway events)
+    arrival_rate_rps: float
+    completed: int
+    mean_input_tokens: float
+    mean_output_tokens: float
+    mean_running_reqs: float  # cluster-wide concurrency, mean over the interval's load samples
+    ttft_p90_s: float | None
+    tpot_p90_s: float | None
+
+
+class ClusterSnapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """The monitor's view of the cluster, served on request."""
+
+    schema: Literal["poise.v1.cluster_snapshot"] = "poise.v1.cluster_snapshot"
+    ts_unix_s: float
+    instances: list[InstanceLoad]
+    series: list[SeriesPoint]
+
+
+class SnapshotRequest(msgspec.Struct, frozen=True, kw_only=True):
+    schema: Literal["poise.v1.snapshot_request"] = "poise.v1.snapshot_request"
+    series_points: int = 60  # how many of the newest series intervals to include (0 = none)
+
+
+class SnapshotReply(msgspec.Struct, frozen=True, kw_only=True):
+    schema: Literal["poise.v1.snapshot_reply"] = "poise.v1.snapshot_reply"
+    ok: bool
+    message: str = ""
+    snapshot: ClusterSnapshot | None = None
+
+
+class RoleCommand(msgspec.Struct, frozen=True, kw_only=True):
+    """Ask a sidecar to move its engine to another role: drain, ``/pd_role_switch``, re-register."""
+
+    schema: Literal["poise.v1.role_command"] = "poise.v1.role_command"
+    command_id: str
+    new_role: Role
+    reason: str = ""
+    drain_timeout_s: float = 60.0
+
+
+class RoleCommandReply(msgspec.Struct, frozen=True, kw_only=True):
+    schema: Literal["poise.v1.role_command_reply"] = "poise.v1.role_command_reply"
+    command_id: str
+    instance_id: str
+    ok: bool
+    message: str
+    old_role: Role
+    new_role: Role
+
+
+class ServiceStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``poise admin status`` shows for one service replica."""
+
+    service: str
+    replica_id: str
+    is_leader: bool
+    policy: str
+    policy_note: str  # e.g. "static: no P:D changes until the adaptive policies land"
+    uptime_s: float
+    details: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class AdminCommand(msgspec.Struct, frozen=True, kw_only=True):
+    schema: Literal["poise.v1.admin_command"] = "poise.v1.admin_command"
+    verb: str  # "status" everywhere; services may add their own verbs
+    args: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class AdminReply(msgspec.Struct, frozen=True, kw_only=True):
+    schema: Literal["poise.v1.admin_reply"] = "poise.v1.admin_reply"
+    ok: bool
+    message: str = ""
+    status: ServiceStatus | None = None
+
+
+_T = TypeVar("_T", bound=msgspec.Struct)
+_ENCODER = msgspec.json.Encoder()
+_DECODERS: dict[type[Any], msgspec.json.Decoder[Any]] = {}
+
+
+def encode(message: msgspec.Struct) -> bytes:
+    return _ENCODER.encode(message)
+
+
+def decode(data: bytes, message_type: type[_T]) -> _T:
+    """Decode ``data`` as ``message_type``; a wrong schema or shape raises :class:`ProtocolError`."""
+    decoder = _DECODERS.get(message_type)
+    if decoder is None:
+        decoder = _DECODERS[message_type] = msgspec.json.Decoder(message_type)
+    try:
+        return decoder.decode(data)  # type: ignore[no-any-return]
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise ProtocolError(f"cannot decode {message_type.__name__}: {exc}") from exc

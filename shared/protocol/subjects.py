@@ -1,0 +1,53 @@
+"""NATS subjects, built only through these functions (never by string formatting elsewhere)."""
+
+from __future__ import annotations
+
+import re
+
+PROTOCOL_VERSION = "v1"
+
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _token(value: str, what: str) -> str:
+    # A '.', '*' or '>' inside a token would silently change which messages a subscription matches.
+    if not _TOKEN.match(value):
+        raise ValueError(f"{what} {value!r} is not a valid NATS subject token (letters, digits, _ and -)")
+    return value
+
+
+class Subjects:
+    """The subjects of one Poise namespace (one cluster on a shared NATS)."""
+
+    def __init__(self, namespace: str = "default") -> None:
+        self.namespace = _token(namespace, "namespace")
+        self._root = f"poise.{PROTOCOL_VERSION}.{self.namespace}"
+
+    # -- telemetry ---------------------------------------------------------------------------------
+    def load(self, instance_id: str) -> str:
+        """A sidecar's periodic :class:`LoadReport` (published only by that instance's sidecar)."""
+        return f"{self._root}.load.{_token(instance_id, 'instance id')}"
+
+    def load_all(self) -> str:
+        return f"{self._root}.load.*"
+
+    def request_events(self) -> str:
+        """Per-request :class:`RequestEvent` from gateways (what the monitor builds series from)."""
+        return f"{self._root}.events.requests"
+
+    def audit_events(self) -> str:
+        """Flips, registrations, leader changes: a human-readable audit trail."""
+        return f"{self._root}.events.audit"
+
+    # -- request/reply -----------------------------------------------------------------------------
+    def worker_command(self, instance_id: str) -> str:
+        """:class:`RoleCommand` to one sidecar; it replies with :class:`RoleCommandReply`."""
+        return f"{self._root}.worker.{_token(instance_id, 'instance id')}.cmd"
+
+    def monitor_snapshot(self) -> str:
+        """Request a :class:`ClusterSnapshot` from the monitor."""
+        return f"{self._root}.monitor.snapshot"
+
+    def admin(self, service: str) -> str:
+        """:class:`AdminCommand` to a service (``status`` and service-specific verbs)."""
+        return f"{self._root}.admin.{_token(service, 'service')}"

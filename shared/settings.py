@@ -1,0 +1,99 @@
+"""Typed settings: one pydantic-settings model per service, read from ``POISE_<SVC>_*`` env vars and flags.
+
+Each service defines ``class XSettings(ServiceSettings)`` in ``services/<svc>/config.py`` with
+``model_config = settings_config("POISE_X_")``. :func:`parse_settings` adds a ``--flag`` for every field
+(``kv_capacity`` → ``--kv-capacity``) whose help is the field's description, so the CLI, the env and the
+docs cannot drift apart. Precedence: flags > env > defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any, TypeVar, get_args, get_origin
+
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.errors import ConfigError
+
+S = TypeVar("S", bound="ServiceSettings")
+
+
+def settings_config(env_prefix: str) -> SettingsConfigDict:
+    return SettingsConfigDict(env_prefix=env_prefix, extra="forbid", validate_default=True)
+
+
+class ServiceSettings(BaseSettings):
+    """Fields every Poise process has."""
+
+    model_config = settings_config("POISE_")
+
+    log_level: str = Field("INFO", description="Python logging level (DEBUG, INFO, WARNING, ERROR).")
+
+
+class ControlPlaneSettings(ServiceSettings):
+    """Fields of every process that talks to NATS and etcd."""
+
+    namespace: str = Field("default", description="Poise namespace: prefixes every etcd key and NATS subject.")
+    nats_url: str = Field("nats://127.0.0.1:4222", description="NATS server URL(s), comma-separated.")
+    etcd_url: str = Field("http://127.0.0.1:2379", description="etcd client URL (host:port of one member).")
+    nats_user: str | None = Field(None, description="NATS user name, when the server requires auth.")
+    nats_password: str | None = Field(None, description="NATS password for nats_user.")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _is_bool(annotation: Any) -> bool:
+    if annotation is bool:
+        return True
+    return get_origin(annotation) is not None and bool in get_args(annotation) and len(get_args(annotation)) <= 2
+
+
+def parse_settings(cls: type[S], argv: Sequence[str] | None = None, *, prog: str | None = None) -> S:
+    """Build ``cls`` from env vars and command-line flags; exits with a clear message on bad input."""
+    parser = argparse.ArgumentParser(prog=prog, description=(cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else None)
+    for name, field in cls.model_fields.items():
+        env = f"{cls.model_config.get('env_prefix', '')}{name.upper()}"
+        help_text = f"{field.description or ''} [env {env}; default {field.default!r}]"
+        if _is_bool(field.annotation):
+            parser.add_argument(_flag(name), dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        else:
+            parser.add_argument(_flag(name), dest=name, default=None, help=help_text)
+    args = parser.parse_args(argv)
+    overrides: dict[str, Any] = {}
+    for name, value in vars(args).items():
+        if value is None:
+            continue
+        field = cls.model_fields[name]
+        # Lists and dicts come as JSON on the command line, like pydantic-settings reads them from env.
+        if isinstance(value, str) and get_origin(field.annotation) in (list, dict):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                parser.error(f"{_flag(name)}: expected JSON ({exc})")
+        overrides[name] = value
+    try:
+        return cls(**overrides)
+    except ValidationError as exc:
+        parser.error(str(exc))
+    raise AssertionError("unreachable")
+
+
+def load_settings(cls: type[S], **overrides: Any) -> S:
+    """Build settings in code (tests, the stack launcher); bad values raise :class:`ConfigError`."""
+    try:
+        return cls(**overrides)
+    except ValidationError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def configure_logging(level: str, service: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format=f"%(asctime)s %(levelname)s {service} %(name)s: %(message)s",
+    )
