@@ -169,13 +169,13 @@ def _plot(result: ReplayResult, slo: SLO, title: str, path: Path) -> None:
         if failed:
             rate_ax.plot(centers, _rates([r.finished_s for r in failed], 0.0, width, bins), label="failed")
         rate_ax.set_title(f"Requests/s ({width:.3g} s bins)")
+        rate_ax.legend(loc="upper left")
     else:
         rate_ax.text(0.5, 0.5, "no data", transform=rate_ax.transAxes, ha="center")
         rate_ax.set_title("Requests/s")
     rate_ax.set_xlabel("time since start (s)")
     rate_ax.set_ylabel("requests/s")
     rate_ax.grid(alpha=0.3)
-    rate_ax.legend(loc="upper left")
     fig.suptitle(title)
     fig.savefig(path, dpi=110)
 

@@ -62,9 +62,15 @@ def _nonnegative_int(text: str, column: str) -> int:
 
 
 def _ordered(name: str, requests: list[TraceRequest]) -> Workload:
-    """Build the workload, sorting by arrival (stable) if the file was not ordered."""
+    """Build the workload, sorting by arrival (stable) if the file was not ordered.
+
+    Arrivals were taken relative to the first row; after sorting they are
+    re-based on the earliest one so the workload still starts at 0.
+    """
     if any(b.arrival_s < a.arrival_s for a, b in zip(requests, requests[1:], strict=False)):
         requests = sorted(requests, key=lambda r: r.arrival_s)
+        base = requests[0].arrival_s
+        requests = [msgspec.structs.replace(r, arrival_s=r.arrival_s - base) for r in requests]
     return Workload(name=name, requests=requests)
 
 

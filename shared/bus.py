@@ -49,7 +49,9 @@ class Bus:
         self._password = password
         self._connect_timeout_s = connect_timeout_s
         self._nc: NatsClient | None = None
+        self._closing = False
         self.dropped_messages = 0  # messages that failed to decode or whose handler raised
+        self._handler_tasks: set[asyncio.Task[None]] = set()  # concurrent request handlers in flight
 
     @property
     def nc(self) -> NatsClient:
@@ -87,6 +89,9 @@ class Bus:
                 delay = min(delay * 2, 1.0)
 
     async def close(self) -> None:
+        for task in list(self._handler_tasks):
+            task.cancel()
+        self._closing = True
         nc, self._nc = self._nc, None
         if nc is not None and not nc.is_closed:
             try:
@@ -137,10 +142,16 @@ class Bus:
         *,
         error_reply: Callable[[str], msgspec.Struct],
         queue: str = "",
+        concurrent: bool = False,
     ) -> Subscription:
-        """Answer requests on ``subject``; failures are answered with ``error_reply(message)``."""
+        """Answer requests on ``subject``; failures are answered with ``error_reply(message)``.
 
-        async def on_msg(msg: Msg) -> None:
+        nats-py runs one subscription's callbacks one after another, so a slow handler (a drain that takes
+        a minute) holds up every later request. ``concurrent=True`` answers each request in its own task;
+        the handler then owns any serialisation it needs.
+        """
+
+        async def handle(msg: Msg) -> None:
             try:
                 request = decode(msg.data, request_type)
                 reply = await handler(request)
@@ -150,7 +161,18 @@ class Bus:
                 log.exception("request handler for %s failed", subject)
                 reply = error_reply(f"{type(exc).__name__}: {exc}")
             if msg.reply:
-                await msg.respond(encode(reply))
+                try:
+                    await msg.respond(encode(reply))
+                except nats.errors.Error as exc:  # e.g. the connection closed while the handler ran
+                    log.warning("could not answer on %s: %s", subject, exc)
+
+        async def on_msg(msg: Msg) -> None:
+            if not concurrent:
+                await handle(msg)
+                return
+            task = asyncio.create_task(handle(msg), name=f"serve:{subject}")
+            self._handler_tasks.add(task)
+            task.add_done_callback(self._handler_tasks.discard)
 
         return await self.nc.subscribe(subject, queue=queue, cb=on_msg)
 
@@ -158,7 +180,8 @@ class Bus:
         log.warning("nats error: %s", exc)
 
     async def _on_disconnected(self) -> None:
-        log.warning("nats disconnected; reconnecting")
+        if not self._closing:
+            log.warning("nats disconnected; reconnecting")
 
     async def _on_reconnected(self) -> None:
         log.info("nats reconnected")

@@ -39,3 +39,7 @@ class EngineError(PoiseError):
 
 class BusTimeout(PoiseError, TimeoutError):
     """A NATS request got no reply in time."""
+
+
+class EngineTimeout(EngineError, TimeoutError):
+    """An engine did not answer within the call's timeout."""

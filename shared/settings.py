@@ -97,3 +97,6 @@ def configure_logging(level: str, service: str) -> None:
         level=level.upper(),
         format=f"%(asctime)s %(levelname)s {service} %(name)s: %(message)s",
     )
+    # One INFO line per HTTP call is noise at hundreds of requests per second (and costs CPU).
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))

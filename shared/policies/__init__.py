@@ -10,6 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from shared.policies.dispatch import DispatchParams, DispatchPolicy, LeastLoad, Placement, Rejection, RoundRobin
+from shared.policies.migration import (
+    MIGRATION_POLICIES,
+    MigrationDecision,
+    MigrationPolicy,
+    NoMigration,
+    make_migration_policy,
+)
+from shared.policies.pools import POOL_POLICIES, PoolDecision, PoolPolicy, RoleChange, StaticPools, make_pool_policy
 from shared.policies.views import EngineView, RequestView
 
 DISPATCH_POLICIES: dict[str, Callable[[DispatchParams | None], DispatchPolicy]] = {
@@ -28,6 +36,17 @@ def make_dispatch_policy(name: str, params: DispatchParams | None = None) -> Dis
 
 __all__ = [
     "DISPATCH_POLICIES",
+    "MIGRATION_POLICIES",
+    "POOL_POLICIES",
+    "MigrationDecision",
+    "MigrationPolicy",
+    "NoMigration",
+    "PoolDecision",
+    "PoolPolicy",
+    "RoleChange",
+    "StaticPools",
+    "make_migration_policy",
+    "make_pool_policy",
     "DispatchParams",
     "DispatchPolicy",
     "EngineView",

@@ -1,0 +1,43 @@
+# Poise developer commands. Every target installs what it needs first (a venv in .venv).
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+POISE  := $(VENV)/bin/poise
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: setup run up test test-fast bench lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Poise needs Python >= 3.11")'
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+## The main job: stack up (NATS, etcd, gateway, monitor, planner, migrator, 2P+2D engine_sim),
+## replay 3 minutes of the Azure conversation trace, print the report, shut down.
+run: setup
+	$(POISE) run $(ARGS)
+
+## Keep the stack running for interactive use (Ctrl-C stops it).
+up: setup
+	$(POISE) up $(ARGS)
+
+test: setup
+	$(PY) -m pytest -q $(ARGS)
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not e2e" $(ARGS)
+
+## Benchmarks: gateway overhead and throughput, start-up time. Results go to tests/bench/results/.
+bench: setup
+	$(PY) -m tests.bench.run $(ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check shared services loadgen tests
+	$(VENV)/bin/mypy shared
+
+clean:
+	rm -rf .poise results/tmp .pytest_cache .ruff_cache .mypy_cache

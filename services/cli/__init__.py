@@ -1,0 +1,1 @@
+"""The ``poise`` command: bring the stack up, replay traces, talk to the services."""

@@ -1,0 +1,145 @@
+"""``poise``: the command-line entry point.
+
+    poise up      bring the dev stack up and keep it running (Ctrl-C stops it cleanly)
+    poise run     bring the stack up, replay a trace slice, print the report, shut down
+    poise bench   replay a trace against any running gateway
+    poise admin   talk to the services over NATS (status, set-role)
+
+Every subcommand takes ``--help``; flags mirror the ``POISE_*`` environment variables.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from types import FrameType
+
+import httpx
+
+from services.cli.replay_job import ReplaySettings, run_replay
+from services.cli.stack import Stack, StackSettings, read_current_stack
+from shared.errors import PoiseError
+from shared.settings import parse_settings, settings_config
+
+
+class RunSettings(StackSettings, ReplaySettings):
+    """Bring the dev stack up, replay a slice of a real trace through it, report, and shut down."""
+
+    model_config = settings_config("POISE_RUN_")
+
+
+class BenchSettings(ReplaySettings):
+    """Replay a trace against a running gateway (default: the one ``poise up`` started here)."""
+
+    model_config = settings_config("POISE_BENCH_")
+
+    gateway_url: str | None = None
+    model: str | None = None
+
+
+def _print(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def first_token_probe(gateway_url: str, model: str, timeout_s: float = 30.0) -> float:
+    """Send one small streaming request and return seconds until its first token."""
+    body = {"model": model, "prompt": "Hello", "max_tokens": 4, "stream": True}
+    t0 = time.monotonic()
+    with httpx.Client(timeout=timeout_s, trust_env=False) as client, \
+            client.stream("POST", gateway_url + "/v1/completions", json=body) as resp:
+        if resp.status_code != 200:
+            raise PoiseError(f"probe request failed: {resp.status_code} {resp.read()[:200]!r}")
+        for line in resp.iter_lines():
+            if line.startswith("data:") and '"text"' in line:
+                return time.monotonic() - t0
+    raise PoiseError("probe request got no token")
+
+
+def cmd_up(argv: list[str]) -> int:
+    settings = parse_settings(StackSettings, argv, prog="poise up")
+    t0 = time.monotonic()
+    stack = Stack(settings, progress=_print)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        stack.start()
+        probe = first_token_probe(stack.gateway_url, settings.model)
+        _print(f"first token served {time.monotonic() - t0:.1f}s after start (probe TTFT {probe * 1000:.0f} ms)")
+        _print(f"try: curl -s {stack.gateway_url}/v1/completions -H 'content-type: application/json' "
+               f"-d '{{\"model\": \"{settings.model}\", \"prompt\": \"Hello\", \"max_tokens\": 8}}'")
+        _print("     poise admin status      (Ctrl-C stops the stack)")
+        while True:
+            time.sleep(1.0)
+            dead = stack.check_alive()
+            if dead:
+                _print(f"process(es) exited: {', '.join(dead)}; stopping (logs in {stack.run_dir / 'logs'})")
+                return 1
+    except KeyboardInterrupt:
+        _print("stopping")
+        return 0
+    finally:
+        stack.stop()
+
+
+def cmd_run(argv: list[str]) -> int:
+    settings = parse_settings(RunSettings, argv, prog="poise run")
+    t0 = time.monotonic()
+    stack = Stack(settings, progress=_print)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        stack.start()
+        probe = first_token_probe(stack.gateway_url, settings.model)
+        _print(f"first token served {time.monotonic() - t0:.1f}s after start (probe TTFT {probe * 1000:.0f} ms)")
+        title = f"poise run: {settings.trace}, {settings.prefill}P{settings.decode}D engine_sim ({settings.profile})"
+        result, _ = run_replay(settings, gateway_url=stack.gateway_url, model=settings.model, title=title, label="run")
+        dead = stack.check_alive()
+        if dead:
+            _print(f"warning: process(es) died during the run: {', '.join(dead)}")
+            return 1
+        return 0 if result.summary.requests_failed == 0 else 2
+    except KeyboardInterrupt:
+        _print("interrupted")
+        return 130
+    finally:
+        stack.stop()
+
+
+def cmd_bench(argv: list[str]) -> int:
+    settings = parse_settings(BenchSettings, argv, prog="poise bench")
+    current = read_current_stack() or {}
+    gateway_url = settings.gateway_url or current.get("gateway_url")
+    model = settings.model or current.get("model")
+    if not gateway_url or not model:
+        raise PoiseError("no gateway: pass --gateway-url and --model (or start one with `poise up`)")
+    run_replay(settings, gateway_url=gateway_url, model=model, title=f"poise bench: {settings.trace} against {gateway_url}",
+               label="bench")
+    return 0
+
+
+def cmd_admin(argv: list[str]) -> int:
+    from services.cli.admin import main as admin_main
+
+    return admin_main(argv)
+
+
+COMMANDS = {"up": cmd_up, "run": cmd_run, "bench": cmd_bench, "admin": cmd_admin}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help") or args[0] not in COMMANDS:
+        print(__doc__)
+        sys.exit(0 if args and args[0] in ("-h", "--help") else 2)
+    try:
+        sys.exit(COMMANDS[args[0]](args[1:]))
+    except PoiseError as exc:
+        print(f"poise: {exc}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

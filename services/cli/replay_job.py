@@ -1,0 +1,55 @@
+"""Replay a trace against a gateway and write the report: shared by ``poise run`` and ``poise bench``."""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from pydantic import Field
+
+from loadgen.progress import print_progress
+from loadgen.replay import ReplayResult, replay
+from loadgen.report import format_table, write_report
+from loadgen.slo import slo_for
+from loadgen.traces import load_trace
+from loadgen.workload import Workload
+from shared.settings import ServiceSettings
+
+
+class ReplaySettings(ServiceSettings):
+    """Which slice of which trace to replay, and where the report goes."""
+
+    trace: str = Field("azure-conv", description="Trace: azure-code, azure-conv, mooncake-conv, mooncake-synthetic, or a path to an Azure CSV / Mooncake JSONL file.")
+    start_s: float = Field(0.0, description="Where the slice starts in the trace, in seconds.")
+    duration_s: float | None = Field(180.0, description="Length of the slice in trace seconds (unset = to the end).")
+    max_requests: int | None = Field(None, description="Stop the slice after this many requests.")
+    rate_scale: float = Field(1.0, description="Request-rate multiplier: timestamps are divided by it (Arrow's method).")
+    endpoint: str = Field("completions", description="completions (token-id prompts, exact lengths) or chat (text prompts).")
+    out_dir: Path | None = Field(None, description="Report directory (default .poise/results/<run>-<timestamp>).")
+    timeout_s: float = Field(600.0, description="Per-request timeout in seconds.")
+    api_key: str | None = Field(None, description="Bearer API key for the gateway.")
+
+
+def select_workload(settings: ReplaySettings) -> Workload:
+    workload = load_trace(settings.trace)
+    return workload.slice(settings.start_s, settings.duration_s, settings.max_requests)
+
+
+def run_replay(settings: ReplaySettings, *, gateway_url: str, model: str, title: str, label: str) -> tuple[ReplayResult, Path]:
+    workload = select_workload(settings)
+    slo = slo_for(workload.name)
+    print(f"replaying {len(workload.requests)} requests of {workload.name} "
+          f"({workload.duration_s:.0f}s of trace at {settings.rate_scale:g}x rate) against {gateway_url}; "
+          f"SLO: TTFT {slo.ttft_s:g}s, TPOT {slo.tpot_s:g}s", file=sys.stderr)
+    result = asyncio.run(replay(
+        workload, gateway_url, model=model, endpoint=settings.endpoint, rate_scale=settings.rate_scale,  # type: ignore[arg-type]
+        slo=slo, timeout_s=settings.timeout_s, api_key=settings.api_key, progress=print_progress,
+    ))
+    out = settings.out_dir or Path(".poise") / "results" / f"{label}-{time.strftime('%Y%m%d-%H%M%S')}"
+    files = write_report(result, out, title=title, command=shlex.join(["poise", *sys.argv[1:]]), slo=slo)
+    print(format_table(result.summary, slo))
+    print(f"\nreport: {files.md}  {files.json}  {files.png}")
+    return result, out

@@ -1,0 +1,196 @@
+"""The dev stack as plain processes: nats-server, etcd, monitor, planner, migrator, gateway, and one worker
+sidecar per engine (each worker spawns its engine_sim). The same commands run in docker-compose.
+
+Processes start in dependency order and stop in reverse: workers first (they deregister, then stop their
+engines), then the gateway and the control plane, then etcd and NATS. Every process logs to
+``<run dir>/logs/<name>.log``. A ``stack.json`` in the run dir (and ``.poise/current.json``) tells
+``poise admin`` and ``poise bench`` where the stack is.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+from pydantic import Field
+
+from shared.devservers import EtcdServer, ManagedProcess, NatsServer, free_port
+from shared.errors import PoiseError
+from shared.latency import DEFAULT_PROFILE, load_profile
+from shared.settings import ServiceSettings, settings_config
+
+STATE_DIR = Path(".poise")
+
+
+class StackSettings(ServiceSettings):
+    """The local dev stack that ``poise up`` and ``poise run`` bring up."""
+
+    model_config = settings_config("POISE_STACK_")
+
+    prefill: int = Field(2, description="Number of prefill engines (engine_sim + worker sidecar each).")
+    decode: int = Field(2, description="Number of decode engines.")
+    colocated: int = Field(0, description="Number of colocated (SGLang disaggregation mode null) engines.")
+    profile: str = Field(DEFAULT_PROFILE, description="Latency profile of the simulated engines (name or JSON path).")
+    model: str = Field("meta-llama/Llama-3.1-8B-Instruct", description="Served model name.")
+    time_scale: float = Field(1.0, description="engine_sim compute time multiplier (0 = free compute).")
+    seed: int = Field(0, description="Seed of the simulated engines (token ids, stop lengths).")
+    namespace: str = Field("default", description="Poise namespace of this stack.")
+    host: str = Field("127.0.0.1", description="Address every process binds to.")
+    gateway_port: int = Field(8000, description="Gateway HTTP port (0 = a free port).")
+    monitor_port: int = Field(9100, description="Monitor /metrics port (0 = a free port).")
+    nats_port: int = Field(0, description="nats-server port (0 = a free port).")
+    etcd_port: int = Field(0, description="etcd client port (0 = a free port).")
+    run_dir: Path | None = Field(None, description="Where logs and stack.json go (default .poise/runs/<timestamp>).")
+    gateway_args: list[str] = Field(default_factory=list, description="Extra flags for the gateway (JSON list).")
+    ready_timeout_s: float = Field(60.0, description="How long to wait for every engine to register.")
+
+
+def _port(port: int, host: str) -> int:
+    return port or free_port(host)
+
+
+class Stack:
+    """Starts and stops the processes of one dev stack."""
+
+    def __init__(self, settings: StackSettings, progress: Callable[[str], None] | None = None) -> None:
+        self.settings = settings
+        self._progress = progress or (lambda line: None)
+        self._t0 = time.monotonic()
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self.run_dir = settings.run_dir or STATE_DIR / "runs" / stamp
+        self.processes: list[ManagedProcess] = []
+        self.engines: dict[str, str] = {}  # instance id -> engine URL
+        self.nats: NatsServer | None = None
+        self.etcd: EtcdServer | None = None
+        self.gateway_url = ""
+        self.monitor_url = ""
+        load_profile(settings.profile)  # fail now, not in four engine logs
+
+    def _say(self, message: str) -> None:
+        self._progress(f"[{time.monotonic() - self._t0:5.1f}s] {message}")
+
+    def _common(self) -> list[str]:
+        assert self.nats is not None and self.etcd is not None
+        return ["--namespace", self.settings.namespace, "--nats-url", self.nats.url, "--etcd-url", self.etcd.url]
+
+    def _spawn(self, name: str, module: str, args: list[str]) -> ManagedProcess:
+        proc = ManagedProcess(name, [sys.executable, "-m", module, *args], self.run_dir / "logs" / f"{name}.log")
+        self.processes.append(proc)
+        return proc
+
+    def start(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
+        s = self.settings
+        self.nats = NatsServer(self.run_dir, host=s.host, port=s.nats_port or None)
+        self._say(f"nats-server up at {self.nats.url}")
+        self.etcd = EtcdServer(self.run_dir, host=s.host, port=s.etcd_port or None)
+        self._say(f"etcd up at {self.etcd.url}")
+        common = self._common()
+        monitor_port = _port(s.monitor_port, s.host)
+        gateway_port = _port(s.gateway_port, s.host)
+        self.monitor_url = f"http://{s.host}:{monitor_port}"
+        self.gateway_url = f"http://{s.host}:{gateway_port}"
+        self._spawn("monitor", "services.monitor", [*common, "--http-host", s.host, "--http-port", str(monitor_port)])
+        self._spawn("planner", "services.planner", common)
+        self._spawn("migrator", "services.migrator", common)
+        self._spawn("gateway", "services.gateway", [*common, "--host", s.host, "--port", str(gateway_port), *s.gateway_args])
+        roles = ["prefill"] * s.prefill + ["decode"] * s.decode + ["null"] * s.colocated
+        counters = {"prefill": 0, "decode": 0, "null": 0}
+        for role in roles:
+            short = {"prefill": "p", "decode": "d", "null": "c"}[role]
+            instance_id = f"{short}{counters[role]}"
+            counters[role] += 1
+            engine_port = free_port(s.host)
+            self.engines[instance_id] = f"http://{s.host}:{engine_port}"
+            args = [*common, "--instance-id", instance_id, "--role", role, "--engine-kind", "sim",
+                    "--engine-host", s.host, "--engine-port", str(engine_port),
+                    "--profile", s.profile, "--model", s.model, "--time-scale", str(s.time_scale),
+                    "--seed", str(s.seed + len(self.processes)), "--log-dir", str(self.run_dir / "logs")]
+            if role == "prefill":
+                args += ["--bootstrap-port", str(free_port(s.host))]
+            self._spawn(f"worker-{instance_id}", "services.worker", args)
+        self._say(f"started {len(self.processes)} processes; waiting for {len(roles)} engines to register")
+        self._wait_ready(len(roles))
+        self._write_state()
+        self._say(f"stack ready: gateway {self.gateway_url}  (logs in {self.run_dir / 'logs'})")
+
+    def _wait_ready(self, engines: int) -> None:
+        deadline = time.monotonic() + self.settings.ready_timeout_s
+        seen = -1
+        with httpx.Client(timeout=1.0, trust_env=False) as client:
+            while time.monotonic() < deadline:
+                for proc in self.processes:
+                    if not proc.alive:
+                        raise PoiseError(f"{proc.name} exited with {proc.proc.returncode} during start-up; "
+                                         f"last lines of {proc.log_path}:\n{proc.tail()}")
+                try:
+                    health = client.get(self.gateway_url + "/health").json()
+                    count = int(health.get("instances", 0))
+                except (httpx.HTTPError, ValueError):
+                    count = -1
+                if count != seen and count >= 0:
+                    self._say(f"{count}/{engines} engines registered")
+                    seen = count
+                if count >= engines:
+                    return
+                time.sleep(0.1)
+        raise PoiseError(f"only {max(seen, 0)}/{engines} engines registered after {self.settings.ready_timeout_s:.0f}s; "
+                         f"see the logs in {self.run_dir / 'logs'}")
+
+    def _write_state(self) -> None:
+        assert self.nats is not None and self.etcd is not None
+        state = {"gateway_url": self.gateway_url, "monitor_url": self.monitor_url, "nats_url": self.nats.url,
+                 "etcd_url": self.etcd.url, "namespace": self.settings.namespace, "model": self.settings.model,
+                 "run_dir": str(self.run_dir), "engines": self.engines}
+        text = json.dumps(state, indent=2)
+        (self.run_dir / "stack.json").write_text(text)
+        STATE_DIR.mkdir(exist_ok=True)
+        (STATE_DIR / "current.json").write_text(text)
+
+    def check_alive(self) -> list[str]:
+        return [p.name for p in self.processes if not p.alive]
+
+    def stop(self) -> None:
+        # Workers first so they deregister while etcd is still there; then the rest in reverse start order.
+        workers = [p for p in self.processes if p.name.startswith("worker-")]
+        others = [p for p in self.processes if not p.name.startswith("worker-")]
+        for proc in workers:
+            if proc.alive:
+                proc.proc.terminate()
+        for proc in workers:
+            proc.stop(timeout_s=15)
+        for proc in reversed(others):
+            proc.stop()
+        self.processes.clear()
+        for server in (self.etcd, self.nats):
+            if server is not None:
+                server.stop()
+        self.etcd = self.nats = None
+        current = STATE_DIR / "current.json"
+        if current.exists():
+            try:
+                if json.loads(current.read_text()).get("run_dir") == str(self.run_dir):
+                    current.unlink()
+            except (OSError, ValueError):
+                pass
+        self._say("stack stopped")
+
+
+def read_current_stack() -> dict[str, str] | None:
+    """The stack ``poise up`` last started here, if it is still up."""
+    path = STATE_DIR / "current.json"
+    try:
+        return json.loads(path.read_text())  # type: ignore[no-any-return]
+    except (OSError, ValueError):
+        return None

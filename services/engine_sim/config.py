@@ -1,0 +1,85 @@
+"""engine_sim's settings: ``POISE_ENGINE_SIM_*`` env vars and ``--flags`` (see :func:`shared.settings.parse_settings`).
+
+Names follow SGLang's launch flags where one exists (``--disaggregation-mode`` → ``mode``,
+``--disaggregation-bootstrap-port`` → ``bootstrap_port``, ``--num-reserved-decode-tokens``, ...), so a
+stack file can describe a simulated engine and a real one the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from shared.latency import DEFAULT_PROFILE
+from shared.settings import ServiceSettings, settings_config
+
+Mode = Literal["prefill", "decode", "null"]
+
+SGLANG_DEFAULT_BOOTSTRAP_PORT = 8998  # --disaggregation-bootstrap-port default (sglang arg_groups/fields/disagg.py)
+
+
+class EngineSimSettings(ServiceSettings):
+    """engine_sim: an SGLang-API engine stand-in timed by Poise's latency model."""
+
+    model_config = settings_config("POISE_ENGINE_SIM_")
+
+    host: str = Field("127.0.0.1", description="Interface the HTTP API (and the bootstrap server) listen on.")
+    port: int = Field(30000, ge=0, le=65535, description="HTTP API port (SGLang's --port).")
+    mode: Mode = Field(
+        "null",
+        description="SGLang --disaggregation-mode: prefill, decode, or null (colocated prefill+decode).",
+    )
+    bootstrap_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="Port of the KV bootstrap server a prefill engine serves (SGLang --disaggregation-bootstrap-port); "
+        f"unset means SGLang's default {SGLANG_DEFAULT_BOOTSTRAP_PORT}. Used in prefill mode and after a switch to it.",
+    )
+    served_model_name: str = Field(
+        "meta-llama/Llama-3.1-8B-Instruct", description="Model name reported by /v1/models, /model_info and metrics."
+    )
+    profile: str = Field(DEFAULT_PROFILE, description="Latency profile: a built-in name or a path to a profile JSON.")
+    time_scale: float = Field(
+        1.0, ge=0.0, description="Multiplies every modelled time: 1 = the profiled GPU, 0 = free compute."
+    )
+    seed: int = Field(0, description="Seed for token ids and output lengths (deterministic per (seed, rid)).")
+    enable_pd_role_switch: bool = Field(True, description="Allow POST /pd_role_switch (SGLang --enable-pd-role-switch).")
+    kv_capacity_tokens: int | None = Field(
+        None, gt=0, description="KV cache size in tokens (SGLang max_total_num_tokens); unset = the profile's."
+    )
+    max_running_requests: int | None = Field(
+        None, gt=0, description="Most requests in the running batch; unset = the profile's."
+    )
+    chunked_prefill_size: int | None = Field(
+        None, gt=0, description="Most prefill tokens per forward pass; unset = the profile's."
+    )
+    num_reserved_decode_tokens: int = Field(
+        512, ge=0, description="KV reserved per request beyond its prompt when admitted to decode (SGLang's default 512)."
+    )
+    mean_output_tokens: float = Field(
+        256.0,
+        ge=1.0,
+        description="Mean output length when ignore_eos is false: the stop point is geometric, seeded by (seed, rid).",
+    )
+    context_length: int = Field(
+        131072, gt=1, description="Model context length: longer prompts (or prompt + max tokens) are rejected."
+    )
+    bootstrap_timeout_s: float = Field(
+        30.0,
+        gt=0.0,
+        description="How long a prefill request waits for its decode peer (and a decode waits for its prefill room) "
+        "before failing, like SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT.",
+    )
+    instance_id: str = Field("engine-sim", description="Name of this engine in logs and /server_info.")
+
+    @model_validator(mode="after")
+    def _check(self) -> EngineSimSettings:
+        if self.mode == "prefill" and self.bootstrap_port is not None and self.bootstrap_port == self.port:
+            raise ValueError("bootstrap_port must differ from port")
+        return self
+
+    def resolved_bootstrap_port(self) -> int:
+        """The bootstrap port a prefill role listens on."""
+        return SGLANG_DEFAULT_BOOTSTRAP_PORT if self.bootstrap_port is None else self.bootstrap_port

@@ -1,0 +1,389 @@
+"""Request parsing and response shapes of SGLang's HTTP API, for the endpoints engine_sim serves.
+
+Parsing is hand-written (not pydantic models) to keep the per-request cost low; it checks the fields
+engine_sim uses and ignores the rest, as SGLang's pydantic models ignore unknown fields. Shapes come from:
+
+- /generate: GenerateReqInput (sglang/srt/managers/io_struct.py) in, the tokenizer manager's output dict
+  out (sglang/srt/managers/tokenizer_manager.py: ``{"text", "output_ids", "meta_info"}``);
+- /v1/completions and /v1/chat/completions: CompletionRequest / ChatCompletionRequest and their responses
+  and stream chunks (sglang/srt/entrypoints/openai/protocol.py, serving_completions.py, serving_chat.py,
+  sse_utils.py, usage_processor.py);
+- errors: ErrorResponse (openai/protocol.py); the "Bad Request" type for malformed bodies is what SGLang's
+  RequestValidationError handler sends (entrypoints/http_server.py), "BadRequestError" what
+  OpenAIServingBase.create_error_response sends for a request it refuses.
+
+Prompt lengths: engine_sim has no tokenizer. Token-id prompts count exactly; text is estimated at
+ceil(chars / 4) and chat messages add a few template tokens each (shared/tokens.py, the same estimate the
+gateway uses, so both sides agree on a request's size).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any, Literal
+
+import orjson
+
+from services.engine_sim.requests import SimRequest
+from shared.tokens import EstimatingCounter, count_chat, count_prompt
+
+Kind = Literal["generate", "completion", "chat"]
+_COUNTER = EstimatingCounter()
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # CompletionRequest.max_tokens default
+DEFAULT_GENERATE_MAX_NEW_TOKENS = 128  # SamplingParams.max_new_tokens default
+WEIGHT_VERSION = "default"
+
+
+class SchemaError(ValueError):
+    """The body does not match the request model (SGLang: RequestValidationError -> 400 "Bad Request")."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class RequestRefused(ValueError):
+    """A well-formed request engine_sim will not run (SGLang: ValueError / _validate_request -> 400)."""
+
+
+@dataclass(slots=True)
+class GenRequest:
+    kind: Kind
+    model: str
+    prompt_tokens: int
+    max_new_tokens: int | None
+    stream: bool = False
+    include_usage: bool = False
+    ignore_eos: bool = False
+    rid: str | None = None
+    priority: int | None = None
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = None
+    bootstrap_room: int | None = None
+
+
+# -- field helpers ---------------------------------------------------------------------------------------
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _int(body: dict[str, Any], name: str, default: int | None = None) -> int | None:
+    v = body.get(name)
+    if v is None:
+        return default
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if not _is_int(v):
+        raise SchemaError(f"{name}: Input should be a valid integer, got {v!r}", name)
+    return v
+
+
+def _bool(body: dict[str, Any], name: str, default: bool = False) -> bool:
+    v = body.get(name)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise SchemaError(f"{name}: Input should be a valid boolean, got {v!r}", name)
+    return v
+
+
+def _str(body: dict[str, Any], name: str) -> str | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise SchemaError(f"{name}: Input should be a valid string, got {v!r}", name)
+    return v
+
+
+def _number(body: dict[str, Any], name: str) -> None:
+    v = body.get(name)
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
+        raise SchemaError(f"{name}: Input should be a valid number, got {v!r}", name)
+
+
+def _scalar(body: dict[str, Any], name: str) -> None:
+    """PD routing fields and rid may be lists in SGLang (batched requests); engine_sim serves one at a time."""
+    if isinstance(body.get(name), list):
+        raise RequestRefused(f"engine_sim does not support batched requests ({name} is a list)")
+
+
+def _stop(body: dict[str, Any]) -> None:
+    # Accepted and ignored: placeholder text never contains a stop string (documented in README).
+    v = body.get("stop")
+    if v is not None and not isinstance(v, str) and not (isinstance(v, list) and all(isinstance(s, str) for s in v)):
+        raise SchemaError(f"stop: Input should be a valid string or list of strings, got {v!r}", "stop")
+
+
+def _common(body: dict[str, Any], kind: Kind, model: str, prompt_tokens: int, max_new: int | None) -> GenRequest:
+    for name in ("rid", "bootstrap_host", "bootstrap_port", "bootstrap_room"):
+        _scalar(body, name)
+    for name in ("temperature", "top_p"):
+        _number(body, name)
+    _stop(body)
+    _int(body, "seed")
+    _str(body, "user")
+    hidden = body.get("return_hidden_states")
+    if hidden is not None and not isinstance(hidden, bool) and hidden != "last":
+        raise SchemaError("return_hidden_states: Input should be a valid boolean or 'last'", "return_hidden_states")
+    n = _int(body, "n", 1)
+    if n != 1:
+        raise RequestRefused(f"engine_sim supports n=1 only, got n={n}")
+    stream_options = body.get("stream_options")
+    include_usage = False
+    if stream_options is not None:
+        if not isinstance(stream_options, dict):
+            raise SchemaError("stream_options: Input should be a valid dictionary", "stream_options")
+        include_usage = _bool(stream_options, "include_usage")
+    return GenRequest(
+        kind=kind,
+        model=model,
+        prompt_tokens=prompt_tokens,
+        max_new_tokens=max_new,
+        stream=_bool(body, "stream"),
+        include_usage=include_usage,
+        ignore_eos=_bool(body, "ignore_eos"),
+        rid=_str(body, "rid"),
+        priority=_int(body, "priority"),
+        bootstrap_host=_str(body, "bootstrap_host"),
+        bootstrap_port=_int(body, "bootstrap_port"),
+        bootstrap_room=_int(body, "bootstrap_room"),
+    )
+
+
+def load_json(raw: bytes) -> dict[str, Any]:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise SchemaError(f"JSON decode error: {exc}") from None
+    if not isinstance(body, dict):
+        raise SchemaError("Input should be a valid dictionary or object to extract fields from")
+    return body
+
+
+def _model(body: dict[str, Any]) -> str:
+    return _str(body, "model") or "default"  # CompletionRequest.model defaults to "default"
+
+
+def _token_ids(v: list[Any], name: str) -> list[int]:
+    if not all(_is_int(t) for t in v):
+        raise SchemaError(f"{name}: Input should be a string or a list of integers", name)
+    return v
+
+
+# -- parsers -----------------------------------------------------------------------------------------------
+def parse_completion(body: dict[str, Any]) -> GenRequest:
+    """CompletionRequest (openai/protocol.py)."""
+    if "prompt" not in body:
+        raise SchemaError("prompt: Field required", "prompt")
+    prompt = body["prompt"]
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    if not prompt or (isinstance(prompt, list) and all(not p for p in prompt)):
+        raise RequestRefused("Prompt cannot be empty")  # OpenAIServingCompletion._validate_request
+    if isinstance(prompt, list):
+        if any(isinstance(p, str | list) for p in prompt):
+            raise RequestRefused("engine_sim does not support batched prompts: send one prompt per request")
+        prompt = _token_ids(prompt, "prompt")
+    elif not isinstance(prompt, str):
+        raise SchemaError("prompt: Input should be a valid string or list of token ids", "prompt")
+    max_tokens = _int(body, "max_tokens", DEFAULT_COMPLETION_MAX_TOKENS)
+    if max_tokens is not None and max_tokens <= 0:
+        raise SchemaError("max_tokens: Value error, max_tokens must be positive", "max_tokens")
+    return _common(body, "completion", _model(body), count_prompt(_COUNTER, prompt), max_tokens)
+
+
+def parse_chat(body: dict[str, Any]) -> GenRequest:
+    """ChatCompletionRequest (openai/protocol.py); max_completion_tokens wins over the deprecated max_tokens."""
+    if "messages" not in body:
+        raise SchemaError("messages: Field required", "messages")
+    messages = body["messages"]
+    if not isinstance(messages, list):
+        raise SchemaError("messages: Input should be a valid list", "messages")
+    if not messages:
+        raise RequestRefused("Messages cannot be empty.")  # OpenAIServingChat._validate_request
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise SchemaError(f"messages.{i}: each message needs a string 'role'", f"messages.{i}")
+        content = m.get("content")
+        if content is not None and not isinstance(content, str | list):
+            raise SchemaError(f"messages.{i}.content: Input should be a string or a list of parts",
+                              f"messages.{i}.content")
+    max_new = _int(body, "max_completion_tokens")
+    if max_new is None:
+        max_new = _int(body, "max_tokens")
+    return _common(body, "chat", _model(body), count_chat(_COUNTER, messages), max_new)
+
+
+def parse_generate(body: dict[str, Any]) -> GenRequest:
+    """GenerateReqInput (io_struct.py): text or input_ids, sampling_params.max_new_tokens / ignore_eos."""
+    text = body.get("text")
+    input_ids = body.get("input_ids")
+    if (text is None) == (input_ids is None):
+        raise RequestRefused("Either text, input_ids or input_embeds should be provided.")
+    if text is not None:
+        if isinstance(text, list):
+            if len(text) != 1:
+                raise RequestRefused("engine_sim does not support batched requests (text is a list)")
+            text = text[0]
+        if not isinstance(text, str):
+            raise SchemaError("text: Input should be a valid string", "text")
+        prompt_tokens = count_prompt(_COUNTER, text)
+    else:
+        if not isinstance(input_ids, list):
+            raise SchemaError("input_ids: Input should be a valid list", "input_ids")
+        if input_ids and isinstance(input_ids[0], list):
+            if len(input_ids) != 1:
+                raise RequestRefused("engine_sim does not support batched requests (input_ids is a list of lists)")
+            input_ids = input_ids[0]
+        prompt_tokens = len(_token_ids(input_ids, "input_ids"))
+    sp = body.get("sampling_params") or {}
+    if isinstance(sp, list):
+        raise RequestRefused("engine_sim does not support batched requests (sampling_params is a list)")
+    if not isinstance(sp, dict):
+        raise SchemaError("sampling_params: Input should be a valid dictionary", "sampling_params")
+    max_new = _int(sp, "max_new_tokens", DEFAULT_GENERATE_MAX_NEW_TOKENS)
+    _stop(sp)
+    for name in ("temperature", "top_p"):
+        _number(sp, name)
+    n = _int(sp, "n", 1)
+    if n != 1:
+        raise RequestRefused(f"engine_sim supports n=1 only, got n={n}")
+    gen = _common({k: v for k, v in body.items() if k not in ("n", "stop", "temperature", "top_p")}, "generate",
+                  "default", prompt_tokens, max_new)
+    gen.ignore_eos = _bool(sp, "ignore_eos")
+    return gen
+
+
+# -- errors ------------------------------------------------------------------------------------------------
+def error_body(message: str, err_type: str, code: int, param: str | None = None) -> dict[str, Any]:
+    """ErrorResponse (openai/protocol.py)."""
+    return {"object": "error", "message": message, "type": err_type, "param": param, "code": code}
+
+
+def stream_error_chunk(message: str, status: int) -> bytes:
+    """create_streaming_error_response: ``{"error": ErrorResponse}`` with the status' name as type."""
+    return b"data: " + orjson.dumps({"error": error_body(message, HTTPStatus(status).name, status)}) + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+# -- /generate ------------------------------------------------------------------------------------------------
+def generate_output(req: SimRequest, text: str, n_ids: int, finish: dict[str, Any] | None) -> dict[str, Any]:
+    """One /generate output (non-streaming, or one stream chunk: text and output_ids are cumulative, as SGLang
+    sends them unless --incremental-streaming-output)."""
+    meta: dict[str, Any] = {
+        "id": req.rid,
+        "finish_reason": _finish_json(finish),
+        "prompt_tokens": req.prompt_tokens,
+        "weight_version": WEIGHT_VERSION,
+        "num_retractions": req.num_retractions,
+        "reasoning_tokens": 0,
+        "completion_tokens": n_ids,
+        "cached_tokens": 0,
+    }
+    if finish is not None:
+        meta["e2e_latency"] = time.monotonic() - req.arrival_s
+    return {"text": text, "output_ids": req.output_ids[:n_ids], "meta_info": meta}
+
+
+def _finish_json(finish: dict[str, Any] | None) -> dict[str, Any] | None:
+    if finish is None or finish.get("status_code") is None:
+        return finish
+    return {**finish, "status_code": int(finish["status_code"])}
+
+
+# -- OpenAI ------------------------------------------------------------------------------------------------
+def usage(prompt_tokens: int, completion_tokens: int, *, exclude_none: bool = False) -> dict[str, Any]:
+    """UsageInfo as UsageProcessor.calculate_token_usage builds it (no cache report, no reasoning tokens)."""
+    u: dict[str, Any] = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
+                         "completion_tokens": completion_tokens}
+    if exclude_none:
+        u["reasoning_tokens"] = 0
+        return u
+    u.update({"prompt_tokens_details": None, "reasoning_tokens": 0, "completion_tokens_details": None})
+    return u
+
+
+def matched_stop(finish: dict[str, Any] | None) -> int | str | None:
+    return finish.get("matched") if finish else None
+
+
+def completion_response(req: SimRequest, model: str, text: str) -> dict[str, Any]:
+    """CompletionResponse (non-streaming)."""
+    return {
+        "id": req.rid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None,
+                     "finish_reason": req.finish["type"] if req.finish else None,
+                     "matched_stop": matched_stop(req.finish)}],
+        "usage": usage(req.prompt_tokens, len(req.output_ids)),
+        "metadata": {"weight_version": WEIGHT_VERSION},
+    }
+
+
+def completion_chunk(rid: str, created: int, model: str, text: str, finish: dict[str, Any] | None) -> bytes:
+    """CompletionStreamResponse.model_dump_json(): nulls included, sglext dropped."""
+    return b"data: " + orjson.dumps({
+        "id": rid, "object": "text_completion", "created": created, "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None,
+                     "finish_reason": finish["type"] if finish else None, "matched_stop": matched_stop(finish)}],
+        "usage": None,
+    }) + b"\n\n"
+
+
+def completion_usage_chunk(rid: str, created: int, model: str, prompt_tokens: int, completion_tokens: int) -> bytes:
+    """The final usage chunk: model_dump_json(exclude_none=True), empty choices."""
+    return b"data: " + orjson.dumps({
+        "id": rid, "object": "text_completion", "created": created, "model": model, "choices": [],
+        "usage": usage(prompt_tokens, completion_tokens, exclude_none=True),
+    }) + b"\n\n"
+
+
+def chat_response(req: SimRequest, model: str, text: str) -> dict[str, Any]:
+    """ChatCompletionResponse (non-streaming)."""
+    return {
+        "id": req.rid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": None},
+                     "logprobs": None, "finish_reason": req.finish["type"] if req.finish else None,
+                     "matched_stop": matched_stop(req.finish)}],
+        "usage": usage(req.prompt_tokens, len(req.output_ids)),
+        "metadata": {"weight_version": WEIGHT_VERSION},
+    }
+
+
+def chat_chunk(rid: str, created: int, model: str, *, role: str | None = None, content: str | None = None,
+               finish: dict[str, Any] | None = None) -> bytes:
+    """build_sse_content (openai/sse_utils.py): delta omits unset role/content but always has reasoning_content."""
+    delta: dict[str, Any] = {"reasoning_content": None}
+    if role is not None:
+        delta["role"] = role
+    if content is not None:
+        delta["content"] = content
+    return b"data: " + orjson.dumps({
+        "id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+        "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                     "finish_reason": finish["type"] if finish else None, "matched_stop": matched_stop(finish)}],
+    }) + b"\n\n"
+
+
+def chat_usage_chunk(rid: str, created: int, model: str, prompt_tokens: int, completion_tokens: int) -> bytes:
+    """ChatCompletionStreamResponse with usage, model_dump_json() (nulls kept)."""
+    return b"data: " + orjson.dumps({
+        "id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [],
+        "usage": usage(prompt_tokens, completion_tokens),
+    }) + b"\n\n"
+
+
+def model_card(model: str, max_model_len: int) -> dict[str, Any]:
+    """ModelCard (openai/protocol.py)."""
+    return {"id": model, "object": "model", "created": int(time.time()), "owned_by": "sglang", "root": model,
+            "parent": None, "max_model_len": max_model_len}

@@ -1,0 +1,99 @@
+"""One request inside engine_sim: where it is, the KV it holds, and the tokens it has produced.
+
+The HTTP handler owns nothing but a reference: the scheduler appends token ids to ``output_ids``, sets
+``finish`` once, and sets ``event`` to wake the handler, which reads from its own offset (the same
+``out_list`` + ``event`` handshake as SGLang's ``ReqState`` in tokenizer_manager.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any
+
+from services.engine_sim.tokens import TokenSource
+
+
+class Phase(enum.Enum):
+    INTAKE = "intake"  # received, not yet seen by the scheduler (it picks requests up between steps)
+    BOOTSTRAP = "bootstrap"  # prefill: waiting for the decode peer to claim its bootstrap room
+    WAITING = "waiting"  # prefill/null: queued for prefill, no KV yet
+    PREFILLING = "prefilling"  # prefill/null: KV allocated, prefill chunks in progress
+    INFLIGHT = "inflight"  # prefill: first token ready, KV held until the decode side has pulled it
+    PREALLOC = "prealloc"  # decode: waiting for KV space
+    TRANSFER = "transfer"  # decode: KV allocated, pulling from the prefill peer
+    READY = "ready"  # decode: KV arrived, waiting for a slot in the running batch
+    RUNNING = "running"  # decode/null: one token per decode step
+    RETRACTED = "retracted"  # decode: evicted from the batch for lack of KV (held on "host"), waits to return
+    FINISHED = "finished"
+
+
+# SGLang's finish reasons, as BaseFinishReason.to_json() renders them (sglang/srt/managers/schedule_batch.py).
+def finish_length(length: int) -> dict[str, Any]:
+    return {"type": "length", "length": length}
+
+
+def finish_stop(matched: int | str) -> dict[str, Any]:
+    return {"type": "stop", "matched": matched}
+
+
+def finish_abort(message: str = "Aborted", status_code: HTTPStatus | None = None) -> dict[str, Any]:
+    """A user abort has no status code (the response still succeeds); a failure carries one."""
+    return {"type": "abort", "message": message, "status_code": status_code, "err_type": None}
+
+
+@dataclass(eq=False, slots=True)
+class SimRequest:
+    rid: str
+    prompt_tokens: int
+    max_new_tokens: int
+    ignore_eos: bool = False
+    stream: bool = False
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = None
+    bootstrap_room: int | None = None
+    priority: int | None = None
+    stop_after: int = 0  # output length at which the request stops (the length model's draw, capped)
+
+    phase: Phase = Phase.INTAKE
+    created_unix_s: float = field(default_factory=time.time)
+    arrival_s: float = field(default_factory=time.monotonic)
+    prefill_len: int = 0  # tokens to prefill: the prompt, or prompt + generated after a retraction
+    prefilled: int = 0
+    recompute: bool = False  # re-prefilling after a retraction: no new first token at the end
+    kv_used: int = 0  # KV tokens actually filled
+    kv_reserved: int = 0  # KV tokens set aside at admission (>= kv_used until the request outgrows it)
+    output_ids: list[int] = field(default_factory=list)
+    first_token_id: int | None = None  # PD: the first token, held until it is handed over / emitted on decode
+    finish: dict[str, Any] | None = None
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    tokens: TokenSource | None = None
+    first_token_s: float | None = None  # monotonic time of the first output token
+    last_token_s: float | None = None
+    admitted_s: float | None = None  # left the queue (queue time = admitted - arrival)
+    prefill_done_unix_s: float | None = None
+    num_retractions: int = 0
+    handoff_task: asyncio.Task[None] | None = None  # decode: the KV pull
+    timer: asyncio.TimerHandle | None = None  # prefill: bootstrap / release timeout
+
+    @property
+    def finished(self) -> bool:
+        return self.finish is not None
+
+    @property
+    def context_tokens(self) -> int:
+        return self.prompt_tokens + len(self.output_ids)
+
+    @property
+    def status_code(self) -> int | None:
+        """The HTTP status an abort carries (None for a normal finish or a user abort)."""
+        if self.finish is None:
+            return None
+        code = self.finish.get("status_code")
+        return int(code) if code is not None else None
+
+    def notify(self) -> None:
+        self.event.set()

@@ -1,0 +1,1 @@
+"""The gateway: the OpenAI API in front of SGLang-style prefill/decode engines."""

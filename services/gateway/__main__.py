@@ -1,0 +1,25 @@
+"""``python -m services.gateway``: run the gateway until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import sys
+
+import uvicorn
+
+from services.gateway.app import create_app
+from services.gateway.config import GatewaySettings
+from services.gateway.service import GatewayService
+from shared.settings import configure_logging, parse_settings
+
+
+def main(argv: list[str] | None = None) -> None:
+    settings = parse_settings(GatewaySettings, argv, prog="python -m services.gateway")
+    configure_logging(settings.log_level, "gateway")
+    app = create_app(GatewayService(settings))
+    loop = "uvloop" if sys.platform != "win32" else "asyncio"
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=False, loop=loop,
+                timeout_graceful_shutdown=5)
+
+
+if __name__ == "__main__":
+    main()

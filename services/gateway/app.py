@@ -1,0 +1,187 @@
+"""The gateway's HTTP API: OpenAI ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, health, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from services.gateway.errors import APIError
+from services.gateway.flow import RequestFlow
+from services.gateway.service import GatewayService
+from services.gateway.validation import Endpoint, model_not_found, parse_request
+
+
+def _json(body: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
+def create_app(service: GatewayService) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await service.start()
+        try:
+            yield
+        finally:
+            await service.stop()
+
+    app = FastAPI(title="Poise gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
+    settings = service.settings
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> Response:
+        return exc.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return APIError(exc.status_code, str(exc.detail), type_=type_).response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
+        return APIError(400, str(exc)).response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> Response:
+        return APIError(500, f"internal error: {type(exc).__name__}: {exc}", type_="server_error").response()
+
+    def _authorize(request: Request) -> None:
+        if not settings.api_keys:
+            return
+        header = request.headers.get("authorization", "")
+        token = header[7:] if header.lower().startswith("bearer ") else ""
+        if not any(hmac.compare_digest(token, key) for key in settings.api_keys):
+            raise APIError(401, "Incorrect or missing API key: pass 'Authorization: Bearer <key>'",
+                           type_="invalid_request_error", code="invalid_api_key")
+
+    async def _serve(request: Request, endpoint: Endpoint) -> Response:
+        _authorize(request)
+        parsed = parse_request(await request.body(), endpoint, counter=service.counter,
+                               default_max_tokens=settings.default_max_tokens, max_tokens_limit=settings.max_tokens_limit)
+        served = service.cluster.served_models()
+        if parsed.model not in served:
+            if not served:
+                raise APIError(503, "no engine is registered yet", type_="service_unavailable", code="no_capacity")
+            raise model_not_found(parsed.model, served)
+        flow = service.new_flow(parsed)
+        service.metrics.inflight.inc()
+        try:
+            async with asyncio.timeout(settings.request_timeout_s):
+                await flow.start()
+        except BaseException as exc:
+            await flow.finish(status="error", error=str(exc))
+            service.metrics.inflight.dec()
+            service.record(flow)
+            if isinstance(exc, TimeoutError):
+                raise APIError(504, f"request timed out after {settings.request_timeout_s:.0f}s",
+                               type_="timeout_error", code="timeout") from None
+            raise
+        if parsed.stream:
+            return StreamingResponse(_stream(flow), media_type="text/event-stream",
+                                     headers={"cache-control": "no-cache", "x-request-id": flow.client_id})
+        return await _collect(request, flow)
+
+    async def _stream(flow: RequestFlow) -> AsyncIterator[bytes]:
+        status, error = "ok", None
+        deadline = flow.arrived + settings.request_timeout_s
+        try:
+            async with asyncio.timeout_at(asyncio.get_running_loop().time() + max(0.0, deadline - time.monotonic())):
+                async for event in flow.events():
+                    chunk = flow.sse_chunk(event)
+                    if chunk is not None:
+                        yield chunk
+            yield b"data: [DONE]\n\n"
+        except TimeoutError:
+            status, error = "error", "timeout"
+            yield _sse_error(504, f"request timed out after {settings.request_timeout_s:.0f}s", "timeout_error")
+        except (asyncio.CancelledError, GeneratorExit):
+            status, error = "aborted", "client disconnected"
+            raise
+        except Exception as exc:
+            status, error = "error", f"{type(exc).__name__}: {exc}"
+            yield _sse_error(502, f"the stream broke after the first token: {error}", "server_error")
+        finally:
+            await flow.finish(status=status, error=error)
+            service.metrics.inflight.dec()
+            service.record(flow)
+
+    async def _collect(request: Request, flow: RequestFlow) -> Response:
+        # A non-streaming client that hangs up must not leave both engines generating: watch for it.
+        work = asyncio.ensure_future(flow.collect())
+        gone = asyncio.ensure_future(_disconnected(request))
+        status, error = "ok", None
+        try:
+            async with asyncio.timeout(max(0.0, flow.arrived + settings.request_timeout_s - time.monotonic())):
+                done, _ = await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if work in done:
+                return _json(work.result())
+            status, error = "aborted", "client disconnected"
+            return Response(status_code=499)
+        except TimeoutError:
+            status, error = "error", "timeout"
+            raise APIError(504, f"request timed out after {settings.request_timeout_s:.0f}s", type_="timeout_error",
+                           code="timeout") from None
+        except Exception as exc:
+            status, error = "error", f"{type(exc).__name__}: {exc}"
+            raise APIError(502, f"the engine stream broke: {error}", type_="server_error") from None
+        finally:
+            for task in (work, gone):
+                task.cancel()
+            with contextlib.suppress(BaseException):
+                await work
+            await flow.finish(status=status, error=error)
+            service.metrics.inflight.dec()
+            service.record(flow)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _serve(request, "completions")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await _serve(request, "chat")
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        _authorize(request)
+        now = int(time.time())
+        return _json({"object": "list", "data": [
+            {"id": m, "object": "model", "created": now, "owned_by": "poise"} for m in service.cluster.served_models()
+        ]})
+
+    @app.get("/health")
+    async def health() -> Response:
+        ready = service.bus is not None and service.bus.is_connected
+        engines = service.cluster.instances
+        body = {"status": "ok" if ready else "degraded", "instances": len(engines),
+                "roles": sorted({i.role for i in engines.values()})}
+        return _json(body, 200 if ready else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+async def _disconnected(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _sse_error(status: int, message: str, type_: str) -> bytes:
+    body = {"error": {"message": message, "type": type_, "param": None, "code": status}}
+    return b"data: " + orjson.dumps(body) + b"\n\ndata: [DONE]\n\n"

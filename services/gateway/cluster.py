@@ -1,0 +1,79 @@
+"""The gateway's live view of the cluster: registrations (etcd), load reports (NATS), its own in-flight work.
+
+It turns them into the :class:`EngineView` snapshots that dispatch policies read. In-flight counters are
+updated synchronously at dispatch and completion, so back-to-back requests see each other even though
+load reports arrive only every ~250 ms.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from shared.policies import EngineView
+from shared.protocol import InstanceInfo, LoadReport
+
+
+@dataclass
+class _Inflight:
+    reqs: int = 0
+    tokens: int = 0
+
+
+class ClusterView:
+    def __init__(self) -> None:
+        self.instances: dict[str, InstanceInfo] = {}
+        self._loads: dict[str, tuple[LoadReport, float]] = {}
+        self._inflight: dict[str, _Inflight] = {}
+
+    # -- inputs ------------------------------------------------------------------------------------
+    def set_instances(self, instances: dict[str, InstanceInfo]) -> None:
+        self.instances = instances
+        for gone in set(self._loads) - set(instances):
+            del self._loads[gone]
+
+    async def on_load(self, report: LoadReport, subject: str) -> None:
+        self._loads[report.instance_id] = (report, time.monotonic())
+
+    def acquire(self, instance_id: str, tokens: int) -> None:
+        slot = self._inflight.setdefault(instance_id, _Inflight())
+        slot.reqs += 1
+        slot.tokens += tokens
+
+    def release(self, instance_id: str, tokens: int) -> None:
+        slot = self._inflight.get(instance_id)
+        if slot is not None:
+            slot.reqs = max(0, slot.reqs - 1)
+            slot.tokens = max(0, slot.tokens - tokens)
+
+    # -- outputs -----------------------------------------------------------------------------------
+    def served_models(self) -> list[str]:
+        return sorted({i.model for i in self.instances.values()})
+
+    def engines(self, model: str | None = None) -> list[EngineView]:
+        now = time.monotonic()
+        views = []
+        for info in self.instances.values():
+            if model is not None and info.model != model:
+                continue
+            load_entry = self._loads.get(info.instance_id)
+            slot = self._inflight.get(info.instance_id, _Inflight())
+            if load_entry is None:
+                views.append(EngineView(
+                    instance_id=info.instance_id, role=info.role, status=info.status,
+                    kv_capacity_tokens=info.kv_capacity_tokens, max_running_requests=info.max_running_requests,
+                    inflight_reqs=slot.reqs, inflight_tokens=slot.tokens,
+                ))
+                continue
+            load, received = load_entry
+            views.append(EngineView(
+                instance_id=info.instance_id, role=info.role, status=info.status, healthy=load.healthy,
+                kv_capacity_tokens=info.kv_capacity_tokens, max_running_requests=info.max_running_requests,
+                running_reqs=load.num_running_reqs, waiting_reqs=load.num_waiting_reqs, used_tokens=load.num_used_tokens,
+                queue_reqs=load.prefill_queue_reqs + load.decode_queue_reqs, load_age_s=now - received,
+                inflight_reqs=slot.reqs, inflight_tokens=slot.tokens,
+            ))
+        return views
+
+    def inflight_total(self) -> int:
+        return sum(s.reqs for s in self._inflight.values())

@@ -1,0 +1,216 @@
+"""The two HTTP legs of a disaggregated request, as SGLang's router sends them.
+
+The same body, with ``bootstrap_host/port/room`` and ``rid`` added, goes to the prefill engine (which
+answers once the prompt is prefilled and its KV is handed off) and to the decode engine (which streams the
+tokens). The gateway always streams the decode leg, even for non-streaming clients, so it can time the first
+token, count tokens and notice a dead leg before the client does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import orjson
+
+from shared.protocol import InstanceInfo
+
+log = logging.getLogger(__name__)
+
+ENGINE_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+
+class LegFailed(Exception):
+    """A leg failed before the first token: the request may be retried on another pair."""
+
+    def __init__(self, instance_id: str, message: str, status: int | None = None) -> None:
+        super().__init__(f"{instance_id}: {message}")
+        self.instance_id = instance_id
+        self.status = status
+
+
+def _error_message(content: bytes) -> str:
+    try:
+        body = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return content[:200].decode(errors="replace")
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict):
+            return str(err.get("message") or err)
+        return str(body.get("message") or err)
+    return str(body)
+
+
+def new_bootstrap_room() -> int:
+    # SGLang's router draws rooms the same way (random 63-bit); collisions are negligible.
+    return random.getrandbits(63)
+
+
+@dataclass
+class Event:
+    """One decoded SSE event of the decode stream."""
+
+    data: dict[str, Any]
+    at: float  # monotonic arrival time
+    text: str  # the content it carries ("" for role/usage/empty chunks)
+    finish_reason: str | None
+
+
+def _parse_event(line: bytes, endpoint: str) -> Event | None:
+    payload = orjson.loads(line)
+    choices = payload.get("choices") or []
+    text = ""
+    finish = None
+    if choices:
+        c = choices[0]
+        if endpoint == "chat":
+            text = (c.get("delta") or {}).get("content") or ""
+        else:
+            text = c.get("text") or ""
+        finish = c.get("finish_reason")
+    return Event(data=payload, at=time.monotonic(), text=text, finish_reason=finish)
+
+
+@dataclass
+class Attempt:
+    """One try of a request on one (prefill, decode) pair."""
+
+    rid: str
+    endpoint: str
+    prefill: InstanceInfo | None
+    decode: InstanceInfo
+    http: httpx.AsyncClient
+    prefill_task: asyncio.Task[None] | None = None
+    _response: httpx.Response | None = None
+    _stream_cm: Any = None
+    _lines: AsyncIterator[bytes] | None = None
+    buffered: list[Event] = field(default_factory=list)
+    finished: bool = False
+
+    def bodies(self, body: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        decode_body = dict(body)
+        decode_body["rid"] = self.rid
+        decode_body["stream"] = True
+        decode_body["stream_options"] = {"include_usage": True}
+        if self.prefill is None:
+            return None, decode_body
+        room = new_bootstrap_room()
+        decode_body["bootstrap_host"] = self.prefill.bootstrap_host
+        decode_body["bootstrap_port"] = self.prefill.bootstrap_port
+        decode_body["bootstrap_room"] = room
+        prefill_body = dict(decode_body)
+        prefill_body["stream"] = False
+        prefill_body.pop("stream_options", None)
+        return prefill_body, decode_body
+
+    async def start(self, body: dict[str, Any]) -> None:
+        prefill_body, decode_body = self.bodies(body)
+        path = ENGINE_PATHS[self.endpoint]
+        if self.prefill is not None and prefill_body is not None:
+            self.prefill_task = asyncio.create_task(self._run_prefill(self.prefill.url + path, prefill_body))
+        request = self.http.build_request("POST", self.decode.url + path, content=orjson.dumps(decode_body),
+                                          headers={"content-type": "application/json"})
+        try:
+            self._response = await self.http.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise LegFailed(self.decode.instance_id, f"cannot reach decode engine: {exc!r}") from exc
+        if self._response.status_code != 200:
+            content = await self._response.aread()
+            await self._response.aclose()
+            raise LegFailed(self.decode.instance_id, _error_message(content), self._response.status_code)
+        self._lines = self._response.aiter_lines().__aiter__()
+
+    async def _run_prefill(self, url: str, body: dict[str, Any]) -> None:
+        assert self.prefill is not None
+        try:
+            resp = await self.http.post(url, content=orjson.dumps(body), headers={"content-type": "application/json"})
+        except httpx.HTTPError as exc:
+            raise LegFailed(self.prefill.instance_id, f"cannot reach prefill engine: {exc!r}") from exc
+        if resp.status_code != 200:
+            raise LegFailed(self.prefill.instance_id, _error_message(resp.content), resp.status_code)
+
+    async def next_event(self) -> Event | None:
+        """The next decode event, or None at ``[DONE]`` / end of stream."""
+        if self.buffered:
+            return self.buffered.pop(0)
+        return await self._read_event()
+
+    async def _read_event(self) -> Event | None:
+        assert self._lines is not None
+        while True:
+            try:
+                line = await self._lines.__anext__()
+            except StopAsyncIteration:
+                return None
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                return None
+            try:
+                event = _parse_event(data.encode(), self.endpoint)
+            except orjson.JSONDecodeError:
+                log.warning("decode engine %s sent a malformed event: %.100s", self.decode.instance_id, data)
+                continue
+            if "error" in event.data and not event.data.get("choices"):
+                raise LegFailed(self.decode.instance_id, _error_message(data.encode()))
+            return event
+
+    async def wait_first_token(self, timeout_s: float) -> None:
+        """Read until the first content token, watching the prefill leg meanwhile.
+
+        Raises :class:`LegFailed` when either leg fails first, or on timeout; the events read are kept in
+        ``buffered`` and replayed by :meth:`next_event`.
+        """
+        deadline = time.monotonic() + timeout_s
+        reader: asyncio.Future[Event | None] | None = None
+        while True:
+            if reader is None:
+                reader = asyncio.ensure_future(self._read_event())
+            waiting: set[asyncio.Future[Any]] = {reader}
+            if self.prefill_task is not None and not self.prefill_task.done():
+                waiting.add(self.prefill_task)
+            done, _ = await asyncio.wait(waiting, timeout=max(0.0, deadline - time.monotonic()),
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                reader.cancel()
+                raise LegFailed(self.decode.instance_id, f"no first token within {timeout_s:.0f}s")
+            prefill_error = self.prefill_task.exception() if self.prefill_task in done else None  # type: ignore[union-attr]
+            if prefill_error is not None:
+                reader.cancel()
+                raise prefill_error
+            if reader not in done:
+                continue  # the prefill leg finished fine; keep waiting for the decode side
+            event, reader = reader.result(), None
+            if event is None:
+                raise LegFailed(self.decode.instance_id, "decode stream ended before the first token")
+            self.buffered.append(event)
+            if event.text or event.finish_reason:
+                return
+
+    async def close(self) -> None:
+        if self._response is not None:
+            with contextlib.suppress(httpx.HTTPError, RuntimeError):
+                await self._response.aclose()
+        if self.prefill_task is not None and not self.prefill_task.done():
+            self.prefill_task.cancel()
+        if self.prefill_task is not None:
+            with contextlib.suppress(BaseException):
+                await self.prefill_task
+
+    async def abort(self) -> None:
+        """Tell both engines to drop the request (best effort; they may have finished already)."""
+        targets = [i for i in (self.prefill, self.decode) if i is not None]
+        await asyncio.gather(*(self._abort_one(i) for i in targets), return_exceptions=True)
+
+    async def _abort_one(self, info: InstanceInfo) -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            await self.http.post(info.url + "/abort_request", json={"rid": self.rid}, timeout=2.0)

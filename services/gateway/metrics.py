@@ -1,0 +1,24 @@
+"""The gateway's Prometheus metrics (per-request TTFT/TPOT as clients see them)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120)
+_TPOT_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1)
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("poise_gateway_requests", "Finished requests by outcome", ["endpoint", "status"], registry=r)
+        self.rejections = Counter("poise_gateway_rejections", "Requests refused before dispatch", ["reason"], registry=r)
+        self.retries = Counter("poise_gateway_retries", "Attempts retried on another pair", registry=r)
+        self.ttft = Histogram("poise_gateway_ttft_seconds", "Time to first token seen by the client", buckets=_LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram("poise_gateway_tpot_seconds", "Mean time per output token after the first", buckets=_TPOT_BUCKETS, registry=r)
+        self.e2e = Histogram("poise_gateway_e2e_seconds", "End-to-end request latency", buckets=_LATENCY_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("poise_gateway_prompt_tokens", "Prompt tokens dispatched (estimated for text)", registry=r)
+        self.output_tokens = Counter("poise_gateway_output_tokens", "Output tokens streamed to clients", registry=r)
+        self.inflight = Gauge("poise_gateway_inflight_requests", "Requests in flight", registry=r)
+        self.instances = Gauge("poise_gateway_instances", "Registered instances by role and status", ["role", "status"], registry=r)

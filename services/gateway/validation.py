@@ -1,0 +1,166 @@
+"""Parse and validate OpenAI completion and chat requests before anything is dispatched.
+
+Hand-written rather than pydantic models: every rule gives the OpenAI error a client expects (message,
+``param``), unknown fields pass through to the engine untouched (SGLang accepts many extensions), and it
+stays cheap on the hot path.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import msgspec
+import orjson
+
+from services.gateway.errors import APIError, bad_request
+from shared.tokens import TokenCounter, count_chat, count_prompt
+
+Endpoint = Literal["completions", "chat"]
+CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "function"})
+
+
+class ParsedRequest(msgspec.Struct, kw_only=True):
+    endpoint: Endpoint
+    body: dict[str, Any]  # the client's body, normalised (max_tokens set), forwarded to the engines
+    model: str
+    stream: bool
+    include_usage: bool
+    max_tokens: int
+    input_tokens: int
+    priority: int | None
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(body: dict[str, Any], name: str, lo: float, hi: float) -> None:
+    v = body.get(name)
+    if v is None:
+        return
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or not lo <= v <= hi:
+        raise bad_request(f"'{name}' must be a number between {lo:g} and {hi:g}, got {v!r}", param=name)
+
+
+def _prompt(body: dict[str, Any]) -> str | list[int]:
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise bad_request("'prompt' is required", param="prompt")
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad_request("'prompt' must not be empty", param="prompt")
+        return prompt
+    if isinstance(prompt, list) and prompt:
+        if all(_is_int(t) for t in prompt):
+            if any(t < 0 for t in prompt):
+                raise bad_request("token ids in 'prompt' must be non-negative", param="prompt")
+            return prompt
+        if len(prompt) == 1 and isinstance(prompt[0], str | list):
+            body["prompt"] = prompt[0]
+            return _prompt(body)
+        raise bad_request("batched prompts are not supported: send one prompt (a string or a list of token ids) "
+                          "per request", param="prompt")
+    raise bad_request("'prompt' must be a non-empty string or a list of token ids", param="prompt")
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("'messages' must be a non-empty list", param="messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise bad_request(f"messages[{i}] must be an object", param=f"messages.[{i}]")
+        if m.get("role") not in CHAT_ROLES:
+            raise bad_request(f"messages[{i}].role must be one of {', '.join(sorted(CHAT_ROLES))}, got {m.get('role')!r}",
+                              param=f"messages.[{i}].role")
+        content = m.get("content")
+        if content is None and m.get("role") == "assistant":
+            continue
+        if isinstance(content, list):
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+                raise bad_request(f"messages[{i}].content parts must be text parts ({{'type': 'text', 'text': ...}})",
+                                  param=f"messages.[{i}].content")
+        elif not isinstance(content, str):
+            raise bad_request(f"messages[{i}].content must be a string or a list of text parts",
+                              param=f"messages.[{i}].content")
+    return messages
+
+
+def parse_request(raw: bytes, endpoint: Endpoint, *, counter: TokenCounter, default_max_tokens: int,
+                  max_tokens_limit: int) -> ParsedRequest:
+    """Validate a request body; raises :class:`APIError` (400) naming the offending parameter."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise bad_request("request body must be a JSON object")
+
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("'model' is required and must be a string", param="model")
+
+    if endpoint == "completions":
+        input_tokens = count_prompt(counter, _prompt(body))
+        max_name = "max_tokens"
+    else:
+        input_tokens = count_chat(counter, _messages(body))
+        max_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+
+    max_tokens = body.get(max_name)
+    if max_tokens is None:
+        max_tokens = default_max_tokens
+    elif not _is_int(max_tokens) or max_tokens < 1:
+        raise bad_request(f"'{max_name}' must be a positive integer, got {max_tokens!r}", param=max_name)
+    if max_tokens > max_tokens_limit:
+        raise bad_request(f"'{max_name}' is {max_tokens}, above this deployment's limit of {max_tokens_limit}",
+                          param=max_name)
+    body.pop("max_completion_tokens", None)
+    body["max_tokens"] = max_tokens
+
+    _number(body, "temperature", 0.0, 2.0)
+    _number(body, "top_p", 0.0, 1.0)
+    _number(body, "presence_penalty", -2.0, 2.0)
+    _number(body, "frequency_penalty", -2.0, 2.0)
+
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise bad_request("'stream' must be a boolean", param="stream")
+    options = body.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
+            raise bad_request("'stream_options' must be an object like {\"include_usage\": true}", param="stream_options")
+        if not stream:
+            raise bad_request("'stream_options' is only allowed when 'stream' is true", param="stream_options")
+        include_usage = bool(options.get("include_usage", False))
+
+    stop = body.get("stop")
+    if stop is not None:
+        stops = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
+            raise bad_request("'stop' must be a non-empty string or a list of up to 4 non-empty strings", param="stop")
+
+    n = body.get("n", 1)
+    if not _is_int(n) or n < 1:
+        raise bad_request(f"'n' must be a positive integer, got {n!r}", param="n")
+    if n != 1:
+        raise bad_request("'n' > 1 is not supported: send separate requests", param="n")
+
+    for flag in ("ignore_eos", "echo", "logprobs") if endpoint == "completions" else ("ignore_eos",):
+        if flag in body and flag != "logprobs" and not isinstance(body[flag], bool):
+            raise bad_request(f"'{flag}' must be a boolean", param=flag)
+
+    priority = body.get("priority")
+    if priority is not None and not _is_int(priority):
+        raise bad_request("'priority' must be an integer", param="priority")
+
+    return ParsedRequest(endpoint=endpoint, body=body, model=model, stream=stream, include_usage=include_usage,
+                         max_tokens=max_tokens, input_tokens=input_tokens, priority=priority)
+
+
+def model_not_found(model: str, served: list[str]) -> APIError:
+    names = ", ".join(served) if served else "none (no engine registered yet)"
+    return APIError(404, f"The model '{model}' does not exist or is not served here. Served models: {names}",
+                    param="model", code="model_not_found")

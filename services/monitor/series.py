@@ -1,0 +1,93 @@
+"""The monitor's rolling series: request events and load samples folded into one :class:`SeriesPoint` per interval.
+
+Pure and synchronous (no clock, no I/O): the caller feeds events and loads as they arrive and calls
+:meth:`SeriesBuilder.roll` at each interval boundary with the wall-clock time. The simulator can drive the
+same class with virtual time.
+
+What an interval counts:
+
+- ``arrivals``: requests whose :class:`RequestEvent` reached the monitor in the interval, whatever their
+  outcome. The gateway reports a request once, when it finishes, so this series trails true arrivals by
+  about one request latency; the total over time is exact.
+- ``completed`` and the means/percentiles: the subset with ``status == "ok"``; ``mean_*_tokens`` are 0 and
+  the p90s ``None`` when nothing completed (or no latency was reported).
+- ``mean_running_reqs``: for each instance, the mean of ``num_running_reqs`` over its healthy load samples in
+  the interval, summed over instances: the cluster's mean concurrency.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from shared.protocol import LoadReport, RequestEvent, SeriesPoint
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (``q`` in [0, 100]); ``None`` for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+@dataclass
+class _Interval:
+    arrivals: int = 0
+    completed: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    ttfts: list[float] = field(default_factory=list)
+    tpots: list[float] = field(default_factory=list)
+    running_sum: dict[str, float] = field(default_factory=dict)  # instance -> sum of running reqs samples
+    running_n: dict[str, int] = field(default_factory=dict)  # instance -> number of samples
+
+
+class SeriesBuilder:
+    """Accumulates one open interval starting at ``start_unix_s``; :meth:`roll` closes it."""
+
+    def __init__(self, start_unix_s: float) -> None:
+        self.start_unix_s = start_unix_s
+        self._cur = _Interval()
+
+    def add_event(self, event: RequestEvent) -> None:
+        cur = self._cur
+        cur.arrivals += 1
+        if event.status != "ok":
+            return
+        cur.completed += 1
+        cur.input_tokens += event.input_tokens
+        cur.output_tokens += event.output_tokens
+        if event.ttft_s is not None:
+            cur.ttfts.append(event.ttft_s)
+        if event.tpot_s is not None:
+            cur.tpots.append(event.tpot_s)
+
+    def add_load(self, load: LoadReport) -> None:
+        if not load.healthy:
+            return
+        cur = self._cur
+        cur.running_sum[load.instance_id] = cur.running_sum.get(load.instance_id, 0.0) + load.num_running_reqs
+        cur.running_n[load.instance_id] = cur.running_n.get(load.instance_id, 0) + 1
+
+    def roll(self, now_unix_s: float) -> SeriesPoint:
+        """Close the interval ``[start, now)``, return its point and open the next one at ``now``."""
+        cur = self._cur
+        interval_s = max(0.0, now_unix_s - self.start_unix_s)
+        running = sum(cur.running_sum[i] / cur.running_n[i] for i in cur.running_sum)
+        point = SeriesPoint(
+            start_unix_s=self.start_unix_s,
+            interval_s=interval_s,
+            arrivals=cur.arrivals,
+            arrival_rate_rps=cur.arrivals / interval_s if interval_s > 0 else 0.0,
+            completed=cur.completed,
+            mean_input_tokens=cur.input_tokens / cur.completed if cur.completed else 0.0,
+            mean_output_tokens=cur.output_tokens / cur.completed if cur.completed else 0.0,
+            mean_running_reqs=running,
+            ttft_p90_s=percentile(cur.ttfts, 90),
+            tpot_p90_s=percentile(cur.tpots, 90),
+        )
+        self.start_unix_s = now_unix_s
+        self._cur = _Interval()
+        return point

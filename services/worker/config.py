@@ -1,0 +1,77 @@
+"""Worker sidecar settings (env prefix ``POISE_WORKER_``, or the matching ``--flags``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from shared.latency import DEFAULT_PROFILE
+from shared.protocol import Subjects
+from shared.protocol.messages import EngineKind, Role
+from shared.settings import ControlPlaneSettings, settings_config
+
+SGLANG_DEFAULT_BOOTSTRAP_PORT = 8998
+
+
+class WorkerSettings(ControlPlaneSettings):
+    """The sidecar next to one engine: launch or attach, register, report load, carry out role switches."""
+
+    model_config = settings_config("POISE_WORKER_")
+
+    instance_id: str = Field(description="This engine's id in the cluster (letters, digits, _ and -); names its etcd key and NATS subjects.")
+    role: Role | None = Field(None, description="PD role to launch the engine with: prefill, decode or null (colocated). Required for sim/sglang; unset with attach = read it from the engine's /server_info.")
+    engine_kind: EngineKind = Field("sim", description="sim = spawn engine_sim; sglang = spawn python -m sglang.launch_server; attach = use a running engine at engine_url.")
+    engine_host: str = Field("127.0.0.1", description="Address the spawned engine binds to.")
+    engine_port: int = Field(0, ge=0, le=65535, description="HTTP port of the spawned engine; 0 = pick a free port.")
+    advertise_host: str | None = Field(None, description="Host that other processes use to reach the engine (its URL and the bootstrap_host decode engines pull KV from); unset = engine_host.")
+    bootstrap_port: int | None = Field(None, ge=0, le=65535, description="KV bootstrap server port of a PD-mode engine (prefill, and decode after a switch to prefill); 0 = pick a free port; unset = SGLang's default 8998 for sglang, a free port for sim (many engines share a host), the engine's own for attach.")
+    engine_url: str | None = Field(None, description="Base URL of the running engine (attach only), e.g. http://10.0.0.5:30000.")
+    model: str | None = Field(None, description="Served model name clients ask for; unset = the profile's model (sim), model_path (sglang) or what the engine reports (attach).")
+    profile: str = Field(DEFAULT_PROFILE, description="Latency profile name or .json path: engine_sim's timing, and the capacity fallback when the engine does not report it.")
+    time_scale: float = Field(1.0, ge=0.0, description="engine_sim only: multiplies every modelled duration (1.0 = the profiled GPU).")
+    seed: int = Field(0, description="engine_sim only: random seed.")
+    load_interval_s: float = Field(0.25, gt=0.0, description="Seconds between /v1/loads reads, each published as a LoadReport.")
+    lease_ttl_s: int = Field(5, ge=1, description="etcd lease TTL in seconds: the instance key disappears this long after the sidecar dies.")
+    drain_timeout_s: float = Field(60.0, gt=0.0, description="Longest wait, in seconds, for the engine to go idle before a role switch (a command's own shorter timeout wins).")
+    health_timeout_s: float = Field(600.0, gt=0.0, description="Seconds to wait for the engine's /health after (re)start (SGLang loads weights and captures CUDA graphs first).")
+    unhealthy_after_s: float = Field(5.0, gt=0.0, description="Seconds of failing /v1/loads after which a running engine is taken out of the registry (it returns when it answers again).")
+    restart_backoff_s: float = Field(1.0, gt=0.0, description="First delay, in seconds, before restarting an engine that exited; doubles per consecutive failure.")
+    restart_backoff_max_s: float = Field(30.0, gt=0.0, description="Upper bound of the restart delay, in seconds.")
+    engine_timeout_s: float = Field(5.0, gt=0.0, description="HTTP timeout, in seconds, of each health/load call to the engine.")
+    stop_timeout_s: float = Field(15.0, gt=0.0, description="Seconds between SIGTERM and SIGKILL when stopping the engine.")
+    log_dir: Path = Field(Path("logs"), description="Directory of the engine's log file (engine-<instance_id>.log).")
+    # -- sglang only ---------------------------------------------------------------------------------
+    model_path: str | None = Field(None, description="sglang only: --model-path (Hugging Face id or local directory).")
+    tp: int = Field(1, ge=1, description="sglang only: tensor-parallel size (--tp).")
+    transfer_backend: Literal["mooncake", "nixl"] = Field("mooncake", description="sglang only: --disaggregation-transfer-backend (runtime role switch needs mooncake).")
+    ib_device: str | None = Field(None, description="sglang only: --disaggregation-ib-device, e.g. mlx5_0.")
+    mem_fraction_static: float | None = Field(None, gt=0.0, lt=1.0, description="sglang only: --mem-fraction-static (share of GPU memory for weights and KV).")
+    extra_args: list[str] = Field(default_factory=list, description="Extra engine command-line arguments, appended as given (JSON list).")
+
+    @field_validator("instance_id")
+    @classmethod
+    def _valid_id(cls, value: str) -> str:
+        Subjects().load(value)  # raises ValueError for ids that are not NATS subject tokens
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> WorkerSettings:
+        if self.engine_kind == "attach":
+            if not self.engine_url:
+                raise ValueError("engine_kind=attach needs engine_url")
+        else:
+            if self.role is None:
+                raise ValueError(f"engine_kind={self.engine_kind} needs a role (prefill, decode or null)")
+            if self.engine_url:
+                raise ValueError("engine_url is only for engine_kind=attach (spawned engines use engine_host/engine_port)")
+        if self.engine_kind == "sglang" and not self.model_path:
+            raise ValueError("engine_kind=sglang needs model_path")
+        if self.restart_backoff_max_s < self.restart_backoff_s:
+            raise ValueError("restart_backoff_max_s must be >= restart_backoff_s")
+        return self
+
+    @property
+    def public_host(self) -> str:
+        return self.advertise_host or self.engine_host

@@ -1,0 +1,167 @@
+"""How the sidecar starts an engine: the command line (a pure function) and the child process.
+
+:func:`build_engine_command` turns :class:`WorkerSettings` into argv for engine_sim or SGLang (``None`` for
+``attach``); it is unit-tested and does no I/O. :class:`EngineProcess` runs that argv as a child in its own
+session with output appended to a log file, and stops it with SIGTERM, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+from services.worker.config import SGLANG_DEFAULT_BOOTSTRAP_PORT, WorkerSettings
+from shared.protocol.messages import Role
+
+log = logging.getLogger(__name__)
+
+
+def _pd_mode(role: Role | None) -> bool:
+    return role in ("prefill", "decode")
+
+
+def build_engine_command(settings: WorkerSettings, *, python: str = sys.executable,
+                         role: Role | None = None) -> list[str] | None:
+    """The engine's argv, or ``None`` when the sidecar attaches to a running engine.
+
+    ``role`` overrides ``settings.role`` (a restart after a role switch relaunches in the current role).
+    Ports must already be concrete (see :func:`resolve_ports`).
+    """
+    if settings.engine_kind == "attach":
+        return None
+    role = role or settings.role
+    if role is None:
+        raise ValueError(f"engine_kind={settings.engine_kind} needs a role")
+    if settings.engine_port == 0 or (_pd_mode(role) and not settings.bootstrap_port):
+        raise ValueError("resolve ports before building the engine command (engine_port/bootstrap_port unset or 0)")
+    if settings.engine_kind == "sim":
+        return _sim_command(settings, python, role)
+    return _sglang_command(settings, python, role)
+
+
+def _sim_command(s: WorkerSettings, python: str, role: Role) -> list[str]:
+    cmd = [python, "-m", "services.engine_sim",
+           "--host", s.engine_host, "--port", str(s.engine_port), "--mode", role]
+    if _pd_mode(role):
+        cmd += ["--bootstrap-port", str(s.bootstrap_port)]
+    if s.model:
+        cmd += ["--served-model-name", s.model]
+    cmd += ["--profile", s.profile, "--time-scale", repr(s.time_scale), "--seed", str(s.seed),
+            "--instance-id", s.instance_id, "--enable-pd-role-switch"]
+    return cmd + list(s.extra_args)
+
+
+def _sglang_command(s: WorkerSettings, python: str, role: Role) -> list[str]:
+    assert s.model_path is not None  # WorkerSettings guarantees it for sglang
+    cmd = [python, "-m", "sglang.launch_server", "--model-path", s.model_path]
+    if s.model:
+        cmd += ["--served-model-name", s.model]
+    cmd += ["--host", s.engine_host, "--port", str(s.engine_port), "--tp", str(s.tp)]
+    if s.mem_fraction_static is not None:
+        cmd += ["--mem-fraction-static", repr(s.mem_fraction_static)]
+    if _pd_mode(role):
+        cmd += ["--disaggregation-mode", role,
+                "--disaggregation-bootstrap-port", str(s.bootstrap_port),
+                "--disaggregation-transfer-backend", s.transfer_backend]
+        if s.ib_device:
+            cmd += ["--disaggregation-ib-device", s.ib_device]
+        cmd += ["--enable-pd-role-switch"]
+    cmd += ["--enable-metrics"]
+    return cmd + list(s.extra_args)
+
+
+def resolve_ports(settings: WorkerSettings, free_port: Callable[[str], int]) -> WorkerSettings:
+    """Make the ports of a spawned engine concrete: 0 means a free port on ``engine_host``; an unset bootstrap
+    port means SGLang's default 8998 for sglang and a free port for sim. ``attach`` is left as it is."""
+    if settings.engine_kind == "attach":
+        return settings
+    update: dict[str, int] = {}
+    if settings.engine_port == 0:
+        update["engine_port"] = free_port(settings.engine_host)
+    if settings.bootstrap_port == 0 or (settings.bootstrap_port is None and settings.engine_kind == "sim"):
+        update["bootstrap_port"] = free_port(settings.engine_host)
+    elif settings.bootstrap_port is None:
+        update["bootstrap_port"] = SGLANG_DEFAULT_BOOTSTRAP_PORT
+    return settings.model_copy(update=update) if update else settings
+
+
+class EngineProcess:
+    """One run of the engine as a child process (its own session, so a terminal's Ctrl-C reaches only us)."""
+
+    def __init__(self, argv: list[str], log_path: Path, *, env: dict[str, str] | None = None) -> None:
+        self.argv = argv
+        self.log_path = log_path
+        self._env = env
+        self._proc: asyncio.subprocess.Process | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.returncode if self._proc is not None else None
+
+    def _open_log(self) -> IO[bytes]:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        log_file.write(f"--- starting: {' '.join(self.argv)}\n".encode())
+        log_file.flush()
+        return log_file
+
+    async def start(self) -> None:
+        self._log = self._open_log()  # a local file append: not worth a thread
+        env = {**os.environ, **(self._env or {}), "PYTHONUNBUFFERED": "1"}
+        self._proc = await asyncio.create_subprocess_exec(
+            *self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=self._log, stderr=asyncio.subprocess.STDOUT,
+            env=env, start_new_session=True,
+        )
+        log.info("engine started (pid %d), log %s", self._proc.pid, self.log_path)
+
+    async def wait(self) -> int:
+        """Wait for the process to exit and return its exit code."""
+        assert self._proc is not None
+        return await self._proc.wait()
+
+    async def stop(self, timeout_s: float = 15.0) -> int | None:
+        """SIGTERM the engine's process group, SIGKILL it after ``timeout_s``; idempotent."""
+        proc = self._proc
+        if proc is not None and proc.returncode is None:
+            self._signal(proc, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), timeout_s)
+            except TimeoutError:
+                log.warning("engine pid %d ignored SIGTERM for %.0fs; killing it", proc.pid, timeout_s)
+                self._signal(proc, signal.SIGKILL)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(proc.wait(), 5)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        return proc.returncode if proc is not None else None
+
+    @staticmethod
+    def _signal(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None:
+        # The engine runs in its own session; SGLang spawns scheduler/detokenizer children, so signal the group.
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(sig)
+
+    def tail(self, lines: int = 20) -> str:
+        """The last lines of the engine's log (for error messages)."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""

@@ -1,0 +1,484 @@
+"""The worker sidecar service: one per engine.
+
+- **start**: launch the engine (engine_sim or SGLang) or attach to one, wait for ``/health``, read its
+  capacity from ``/server_info``, register an :class:`InstanceInfo` in etcd under a lease.
+- **load loop**: every ``load_interval_s`` read ``/v1/loads`` and publish a :class:`LoadReport` on
+  ``Subjects.load(id)`` (``healthy=False`` with the error when the read fails). An engine whose loads fail
+  for ``unhealthy_after_s`` is taken out of the registry until it answers again.
+- **role commands** on ``Subjects.worker_command(id)``: mark the instance ``draining`` (gateways stop
+  sending), wait until ``/v1/loads`` shows it idle, ``POST /pd_role_switch``, re-register in the new role.
+  Any failure re-registers the old role as ``ready`` and answers ``ok=false`` with the reason.
+- **supervision**: a spawned engine that exits is deregistered, restarted with exponential back-off (in its
+  current role) and registered again.
+- **stop**: deregister first (no new traffic), then stop the engine, then close the connections.
+
+Admin: ``Subjects.admin("worker-<id>")`` answers ``status`` and ``set-role role=<prefill|decode>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from typing import Any
+
+import httpx
+
+from services.worker.config import SGLANG_DEFAULT_BOOTSTRAP_PORT, WorkerSettings
+from services.worker.launcher import EngineProcess, build_engine_command, resolve_ports
+from shared.bus import Bus, bus_from_settings
+from shared.devservers import free_port
+from shared.engine_client import EngineClient, EngineLoads, EngineServerInfo
+from shared.errors import ConfigError, EngineError, EngineTimeout, PoiseError
+from shared.latency import LatencyProfile, load_profile
+from shared.protocol import (
+    AdminReply,
+    InstanceInfo,
+    Keys,
+    LoadReport,
+    RoleCommand,
+    RoleCommandReply,
+    ServiceStatus,
+    Subjects,
+)
+from shared.protocol.messages import InstanceStatus, Role
+from shared.registry import ETCD_ERRORS, InstanceRegistration, Registry
+from shared.runtime import AdminEndpoint, StopOnce, Uptime, replica_id, require_arg
+
+log = logging.getLogger(__name__)
+
+_ROLES: tuple[Role, ...] = ("prefill", "decode", "null")
+_RESTART_ERRORS: tuple[type[BaseException], ...] = (PoiseError, OSError, *ETCD_ERRORS)
+_SWITCH_ERRORS: tuple[type[BaseException], ...] = (PoiseError, *ETCD_ERRORS)
+
+
+class DrainTimeout(PoiseError, TimeoutError):
+    """The engine did not go idle within the drain timeout of a role switch."""
+
+
+def worker_admin_service(instance_id: str) -> str:
+    """The admin service name of one sidecar (``Subjects.admin(...)`` takes it)."""
+    return f"worker-{instance_id}"
+
+
+def load_report(instance_id: str, role: Role, status: InstanceStatus, loads: EngineLoads, ts_unix_s: float) -> LoadReport:
+    """A :class:`LoadReport` from one ``/v1/loads`` reading."""
+    return LoadReport(
+        instance_id=instance_id, role=role, status=status, ts_unix_s=ts_unix_s, healthy=True,
+        num_running_reqs=loads.num_running_reqs, num_waiting_reqs=loads.num_waiting_reqs,
+        num_waiting_uncached_tokens=loads.num_waiting_uncached_tokens, num_used_tokens=loads.num_used_tokens,
+        max_total_num_tokens=loads.max_total_num_tokens, token_usage=loads.token_usage,
+        gen_throughput_tps=loads.gen_throughput_tps, prefill_queue_reqs=loads.prefill_queue_reqs,
+        decode_queue_reqs=loads.decode_queue_reqs,
+    )
+
+
+class WorkerService:
+    """The sidecar of one engine (see the module docstring for what it does)."""
+
+    name = "worker"
+
+    def __init__(self, settings: WorkerSettings) -> None:
+        self.settings = resolve_ports(settings, free_port)
+        s = self.settings
+        self.instance_id = s.instance_id
+        self.subjects = Subjects(s.namespace)
+        self.keys = Keys(s.namespace)
+        self.url = (s.engine_url or "").rstrip("/") if s.engine_kind == "attach" else f"http://{s.public_host}:{s.engine_port}"
+        self.role: Role | None = s.role
+        self.status: InstanceStatus = "starting"
+        self.restarts = 0
+        self.last_loads: EngineLoads | None = None
+        self.last_error: str | None = None
+        self._replica_id = replica_id()
+        self._uptime = Uptime()
+        self._bus: Bus | None = None
+        self._registry: Registry | None = None
+        self._registration: InstanceRegistration | None = None
+        self._http: httpx.AsyncClient | None = None
+        self._client: EngineClient | None = None
+        self._admin: AdminEndpoint | None = None
+        self._command_sub: Any = None
+        self._engine: EngineProcess | None = None
+        self._engine_info: EngineServerInfo | None = None
+        self._profile: LatencyProfile | None = None
+        self._registered = False
+        self._restarting = False  # the supervisor owns the registration while it restarts the engine
+        self._failing_since: float | None = None  # monotonic time loads started failing
+        self._health_deregistered = False
+        self._reg_lock = asyncio.Lock()
+        self._switch_lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stop = StopOnce()
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    async def __aenter__(self) -> WorkerService:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @property
+    def registered(self) -> bool:
+        return self._registered
+
+    @property
+    def engine_pid(self) -> int | None:
+        return self._engine.pid if self._engine is not None else None
+
+    async def start(self) -> None:
+        s = self.settings
+        try:
+            self._profile = load_profile(s.profile)
+        except ConfigError as exc:
+            if s.engine_kind == "sim":
+                raise
+            log.warning("no latency profile for capacity fallbacks: %s", exc)
+        self._bus = bus_from_settings(s, name=f"poise-worker-{self.instance_id}")
+        await self._bus.connect()
+        self._registry = Registry(s.etcd_url, self.keys)
+        await self._registry.connect()
+        self._registration = InstanceRegistration(self._registry, ttl_s=s.lease_ttl_s)
+        self._http = httpx.AsyncClient(timeout=s.engine_timeout_s, trust_env=False)  # no proxies to engines
+        self._client = EngineClient(self.url, self._http, engine_id=self.instance_id, timeout_s=s.engine_timeout_s)
+
+        if s.engine_kind != "attach":
+            await self._launch()
+        await self._wait_healthy()
+        await self._read_engine_info()
+        async with self._reg_lock:
+            await self._register("ready")
+
+        self._command_sub = await self._bus.serve(
+            self.subjects.worker_command(self.instance_id), RoleCommand, self._on_role_command,
+            error_reply=self._command_error, concurrent=True,
+        )
+        self._admin = AdminEndpoint(self._bus, self.subjects, worker_admin_service(self.instance_id), self.service_status)
+        self._admin.register("set-role", self._admin_set_role, "set-role role=prefill|decode [drain_timeout_s=<s>]")
+        await self._admin.start()
+        self._tasks.append(asyncio.create_task(self._load_loop(), name=f"loads-{self.instance_id}"))
+        if self._engine is not None:
+            self._tasks.append(asyncio.create_task(self._supervise(), name=f"supervise-{self.instance_id}"))
+        log.info("worker %s: %s engine %s registered as %s", self.instance_id, s.engine_kind, self.url, self.role)
+
+    async def stop(self) -> None:
+        await self._stop.run(self._stop_once)
+
+    async def _stop_once(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        if self._admin is not None:
+            await self._admin.stop()
+        if self._command_sub is not None:
+            with contextlib.suppress(Exception):
+                await self._command_sub.unsubscribe()
+        if self._registration is not None:  # first, so gateways stop sending before the engine goes away
+            async with self._reg_lock:  # a role command still running cannot re-register after this
+                with contextlib.suppress(*ETCD_ERRORS):
+                    await self._registration.deregister()
+                self._registered = False
+        if self._engine is not None:
+            await self._engine.stop(self.settings.stop_timeout_s)
+        if self._http is not None:
+            await self._http.aclose()
+        if self._bus is not None:
+            await self._bus.close()
+        if self._registry is not None:
+            await self._registry.close()
+
+    # -- engine process ----------------------------------------------------------------------------
+    async def _launch(self) -> None:
+        argv = build_engine_command(self.settings, role=self.role)
+        assert argv is not None
+        log_path = self.settings.log_dir / f"engine-{self.instance_id}.log"
+        self._engine = EngineProcess(argv, log_path)
+        await self._engine.start()
+
+    async def _wait_healthy(self) -> None:
+        assert self._client is not None
+        timeout_s = self.settings.health_timeout_s
+        deadline = time.monotonic() + timeout_s
+        last = "no answer yet"
+        delay = 0.05
+        while True:
+            engine = self._engine
+            if engine is not None and engine.returncode is not None:
+                raise EngineError(self.instance_id, f"engine exited with code {engine.returncode} before it became "
+                                  f"healthy; last lines of {engine.log_path}:\n{engine.tail()}")
+            try:
+                if await self._client.health():
+                    return
+                last = "/health answered 503 (starting)"
+            except EngineError as exc:
+                last = str(exc)
+            if time.monotonic() >= deadline:
+                tail = f"; last lines of {engine.log_path}:\n{engine.tail()}" if engine is not None else ""
+                raise EngineTimeout(self.instance_id, f"{self.url}/health not OK after {timeout_s:.0f}s ({last}){tail}")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    async def _read_engine_info(self) -> None:
+        assert self._client is not None
+        try:
+            self._engine_info = await self._client.server_info()
+        except EngineError as exc:
+            log.warning("cannot read /server_info (%s); capacity from /v1/loads or the profile", exc)
+            self._engine_info = None
+        with contextlib.suppress(EngineError):
+            self.last_loads = await self._client.loads()
+        reported = self._engine_info.disaggregation_mode if self._engine_info else None
+        if reported is None and self.last_loads is not None:
+            reported = self.last_loads.mode
+        if reported is not None and reported not in _ROLES:
+            log.warning("engine reports unknown disaggregation mode %r", reported)
+            reported = None
+        if self.settings.engine_kind == "attach":
+            if self.role is not None and reported is not None and reported != self.role:
+                log.warning("engine at %s runs as %s, not %s as configured; registering %s", self.url, reported,
+                            self.role, reported)
+            self.role = reported or self.role or "null"
+
+    async def _supervise(self) -> None:
+        """Restart a spawned engine that exits, with exponential back-off; re-register once it is healthy."""
+        s = self.settings
+        failures = 0
+        while True:
+            engine = self._engine
+            assert engine is not None
+            started = time.monotonic()
+            code = await engine.wait()
+            if self._stop.stopping:
+                return
+            if time.monotonic() - started > s.restart_backoff_max_s:
+                failures = 0  # it ran a good while: start the back-off over
+            log.error("engine of %s exited with code %s; last lines of %s:\n%s", self.instance_id, code,
+                      engine.log_path, engine.tail())
+            self.last_error = f"engine exited with code {code}"
+            self._restarting = True
+            async with self._reg_lock:
+                await self._deregister()
+            await engine.stop(s.stop_timeout_s)  # closes the log file
+            while True:
+                delay = min(s.restart_backoff_s * 2 ** failures, s.restart_backoff_max_s)
+                failures += 1
+                log.info("restarting the engine of %s in %.1fs", self.instance_id, delay)
+                await asyncio.sleep(delay)
+                try:
+                    await self._launch()
+                    await self._wait_healthy()
+                    await self._read_engine_info()
+                    async with self._reg_lock:
+                        await self._register("ready")
+                    break
+                except _RESTART_ERRORS as exc:
+                    log.error("restart of %s failed: %s", self.instance_id, exc)
+                    self.last_error = f"restart failed: {exc}"
+                    if self._engine is not None:
+                        await self._engine.stop(s.stop_timeout_s)
+            self.restarts += 1
+            self._restarting = False
+            self._failing_since = None
+            self._health_deregistered = False
+
+    # -- registration ------------------------------------------------------------------------------
+    def _instance_info(self, status: InstanceStatus) -> InstanceInfo:
+        s = self.settings
+        info, loads, profile = self._engine_info, self.last_loads, self._profile
+        role: Role = self.role or "null"
+        capacity = (info.max_total_num_tokens if info else None) or (loads.max_total_num_tokens if loads else 0) \
+            or (profile.kv_capacity_tokens if profile else 0)
+        max_running = (info.max_running_requests if info else None) or (loads.max_running_requests if loads else 0) \
+            or (profile.max_running_requests if profile else 0)
+        bootstrap_port: int | None
+        if s.engine_kind == "attach":
+            bootstrap_port = (info.disaggregation_bootstrap_port if info else None) or s.bootstrap_port \
+                or SGLANG_DEFAULT_BOOTSTRAP_PORT
+            host = httpx.URL(self.url).host or s.public_host
+        else:
+            bootstrap_port, host = s.bootstrap_port, s.public_host
+        model = s.model or (info.served_model_name if info else None) or s.model_path \
+            or (profile.model if profile else "default")
+        return InstanceInfo(
+            instance_id=self.instance_id, role=role, status=status, engine_kind=s.engine_kind, url=self.url,
+            bootstrap_host=host, bootstrap_port=bootstrap_port if role != "null" else None, model=model,
+            profile=s.profile, kv_capacity_tokens=int(capacity), max_running_requests=int(max_running),
+            sidecar=self._replica_id, registered_at_unix_s=time.time(),
+        )
+
+    async def _register(self, status: InstanceStatus) -> None:
+        """(Re-)write the instance record; the caller holds ``_reg_lock``."""
+        assert self._registration is not None
+        await self._registration.register(self._instance_info(status))
+        self.status = status
+        self._registered = True
+
+    async def _deregister(self) -> None:
+        """Remove the instance record; the caller holds ``_reg_lock``."""
+        assert self._registration is not None
+        self.status = "starting"
+        if self._registered:
+            with contextlib.suppress(*ETCD_ERRORS):
+                await self._registration.deregister()
+            self._registered = False
+
+    async def _set_status(self, status: InstanceStatus) -> None:
+        async with self._reg_lock:
+            if self._registered:
+                await self._register(status)
+
+    # -- load loop ---------------------------------------------------------------------------------
+    async def _load_loop(self) -> None:
+        s = self.settings
+        assert self._client is not None and self._bus is not None
+        while True:
+            t0 = time.monotonic()
+            try:
+                loads = await self._client.loads()
+            except EngineError as exc:
+                self.last_error = str(exc)
+                report = LoadReport(instance_id=self.instance_id, role=self.role or "null", status=self.status,
+                                    ts_unix_s=time.time(), healthy=False, error=str(exc))
+                await self._on_loads_failed(t0)
+            else:
+                self.last_loads = loads
+                report = load_report(self.instance_id, self.role or "null", self.status, loads, time.time())
+                await self._on_loads_ok()
+            try:
+                await self._bus.publish(self.subjects.load(self.instance_id), report)
+            except PoiseError as exc:  # not connected; nats-py reconnects by itself
+                log.debug("load report not published: %s", exc)
+            except Exception as exc:  # nats-py raises its own errors while reconnecting
+                log.warning("load report not published: %s", exc)
+            await asyncio.sleep(max(0.0, s.load_interval_s - (time.monotonic() - t0)))
+
+    async def _on_loads_failed(self, now: float) -> None:
+        if self._failing_since is None:
+            self._failing_since = now
+        if (self._registered and not self._restarting and not self._switch_lock.locked()
+                and now - self._failing_since >= self.settings.unhealthy_after_s):
+            log.warning("engine of %s has not answered /v1/loads for %.1fs; deregistering until it does",
+                        self.instance_id, now - self._failing_since)
+            async with self._reg_lock:
+                await self._deregister()
+            self._health_deregistered = True
+
+    async def _on_loads_ok(self) -> None:
+        self._failing_since = None
+        if self._health_deregistered and not self._restarting:
+            try:
+                async with self._reg_lock:
+                    await self._register("ready")
+                self._health_deregistered = False
+                log.info("engine of %s answers again; registered", self.instance_id)
+            except ETCD_ERRORS as exc:
+                log.warning("re-registration failed: %s", exc)
+
+    # -- role commands -----------------------------------------------------------------------------
+    def _command_error(self, message: str) -> RoleCommandReply:
+        role = self.role or "null"
+        return RoleCommandReply(command_id="", instance_id=self.instance_id, ok=False, message=message,
+                                old_role=role, new_role=role)
+
+    async def _on_role_command(self, cmd: RoleCommand) -> RoleCommandReply:
+        old: Role = self.role or "null"
+
+        def reply(ok: bool, message: str) -> RoleCommandReply:
+            return RoleCommandReply(command_id=cmd.command_id, instance_id=self.instance_id, ok=ok, message=message,
+                                    old_role=old, new_role=self.role or "null")
+
+        if self._switch_lock.locked():
+            return reply(False, "another role switch is in progress")
+        async with self._switch_lock:
+            old = self.role or "null"
+            if cmd.new_role == old:
+                return reply(True, f"already {old}")
+            if "null" in (cmd.new_role, old):
+                return reply(False, f"cannot switch {old} -> {cmd.new_role}: runtime role switch is only between "
+                                    "prefill and decode")
+            if not self._registered or self._restarting or self._stop.stopping:
+                return reply(False, "the engine is not serving (restarting, unhealthy or stopping)")
+            timeout_s = min(cmd.drain_timeout_s, self.settings.drain_timeout_s) if cmd.drain_timeout_s > 0 \
+                else self.settings.drain_timeout_s
+            log.info("role switch %s -> %s (%s): draining up to %.1fs", old, cmd.new_role, cmd.reason or "no reason",
+                     timeout_s)
+            t0 = time.monotonic()
+            try:
+                await self._set_status("draining")
+                await self._wait_idle(timeout_s)
+                await self._set_status("switching")
+                assert self._client is not None
+                result = await self._client.pd_role_switch(cmd.new_role)
+            except _SWITCH_ERRORS as exc:
+                log.warning("role switch of %s to %s failed: %s", self.instance_id, cmd.new_role, exc)
+                try:
+                    await self._set_status("ready")
+                except ETCD_ERRORS as restore_exc:
+                    log.error("could not restore %s to ready: %s", self.instance_id, restore_exc)
+                return reply(False, f"role switch {old} -> {cmd.new_role} failed: {exc}")
+            self.role = cmd.new_role
+            await self._set_status("ready")
+            took = time.monotonic() - t0
+            log.info("role switch of %s: %s -> %s in %.2fs", self.instance_id, old, cmd.new_role, took)
+            return reply(True, f"{old} -> {cmd.new_role} in {took:.2f}s: {result.get('message', '') or 'ok'}")
+
+    async def _wait_idle(self, timeout_s: float) -> None:
+        """Return once two consecutive ``/v1/loads`` reads show the engine idle; raise :class:`DrainTimeout`."""
+        assert self._client is not None
+        deadline = time.monotonic() + timeout_s
+        poll_s = min(self.settings.load_interval_s, 0.1)
+        idle_reads = 0
+        last = "no load reading"
+        while True:
+            try:
+                loads = await self._client.loads()
+                idle_reads = idle_reads + 1 if loads.idle else 0
+                last = (f"running={loads.num_running_reqs} waiting={loads.num_waiting_reqs} "
+                        f"prefill_queue={loads.prefill_queue_reqs} decode_queue={loads.decode_queue_reqs}")
+            except EngineError as exc:
+                idle_reads = 0
+                last = str(exc)
+            if idle_reads >= 2:
+                return
+            if time.monotonic() >= deadline:
+                raise DrainTimeout(f"engine not idle after {timeout_s:.1f}s ({last})")
+            await asyncio.sleep(poll_s)
+
+    async def switch_role(self, new_role: Role, *, reason: str = "", drain_timeout_s: float | None = None) -> RoleCommandReply:
+        """In-process equivalent of a :class:`RoleCommand` (what the NATS handler and ``set-role`` run)."""
+        return await self._on_role_command(RoleCommand(
+            command_id=uuid.uuid4().hex, new_role=new_role, reason=reason,
+            drain_timeout_s=drain_timeout_s if drain_timeout_s is not None else self.settings.drain_timeout_s,
+        ))
+
+    # -- admin -------------------------------------------------------------------------------------
+    async def _admin_set_role(self, args: dict[str, str]) -> AdminReply:
+        role = require_arg(args, "role")
+        if role not in _ROLES:
+            raise ValueError(f"role must be one of {', '.join(_ROLES)}")
+        timeout = float(args["drain_timeout_s"]) if "drain_timeout_s" in args else None
+        result = await self.switch_role(role, reason=args.get("reason", "admin set-role"),
+                                        drain_timeout_s=timeout)
+        return AdminReply(ok=result.ok, message=result.message, status=self.service_status())
+
+    def service_status(self) -> ServiceStatus:
+        loads = self.last_loads
+        return ServiceStatus(
+            service="worker", replica_id=self._replica_id, is_leader=False, policy=self.settings.engine_kind,
+            policy_note=f"sidecar of {self.instance_id}: {self.settings.engine_kind} engine at {self.url}",
+            uptime_s=self._uptime(),
+            details={
+                "instance_id": self.instance_id, "role": self.role, "status": self.status,
+                "registered": self._registered, "url": self.url, "engine_pid": self.engine_pid,
+                "restarts": self.restarts, "switching": self._switch_lock.locked(), "last_error": self.last_error,
+                "running_reqs": loads.num_running_reqs if loads else None,
+                "waiting_reqs": loads.num_waiting_reqs if loads else None,
+                "token_usage": loads.token_usage if loads else None,
+            },
+        )

@@ -1,0 +1,66 @@
+"""Pool policies: which engines should change PD role (the planner's decision, Arrow Alg. 3-4 / DOPD later).
+
+A policy is pure: ``decide(snapshot, now_s)`` reads a :class:`ClusterSnapshot` (every registered instance
+with its latest load and the monitor's rolling series) and returns a :class:`PoolDecision`. ``None`` or a
+decision with no changes means "keep every role as it is". The planner carries changes out by sending a
+``RoleCommand`` to each instance's sidecar (drain, ``/pd_role_switch``, re-register); the simulator applies
+them to its own engines. A policy never talks to anything.
+
+Imports nothing from asyncio, nats, aetcd, httpx or fastapi.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import msgspec
+
+from shared.protocol.messages import ClusterSnapshot, Role
+
+
+class RoleChange(msgspec.Struct, frozen=True, kw_only=True):
+    """Move one instance to ``new_role`` (prefill <-> decode; SGLang flips only between those two)."""
+
+    instance_id: str
+    new_role: Role
+    reason: str  # human-readable, ends up in the sidecar's log and the planner's status
+
+
+class PoolDecision(msgspec.Struct, frozen=True, kw_only=True):
+    """What a pool policy wants now. An empty ``changes`` list means no change."""
+
+    changes: list[RoleChange] = msgspec.field(default_factory=list)
+    next_decision_at_s: float | None = None  # when to ask again (same clock as now_s); None = the planner's interval
+
+
+class PoolPolicy(Protocol):
+    """Decides PD roles from a cluster snapshot. ``decide`` returns ``None`` when it has no opinion (no change)."""
+
+    name: str  # the registry key
+    note: str  # one line for ``poise admin status``: what this policy does
+
+    def decide(self, snapshot: ClusterSnapshot, now_s: float) -> PoolDecision | None: ...
+
+
+class StaticPools:
+    """Keeps the registered roles: the P:D split is whatever the operator launched."""
+
+    name = "static"
+    note = "static: keeps the registered roles; adaptive P:D (Arrow/DOPD) comes in a later release"
+
+    def decide(self, snapshot: ClusterSnapshot, now_s: float) -> PoolDecision | None:
+        return PoolDecision()
+
+
+POOL_POLICIES: dict[str, Callable[[], PoolPolicy]] = {
+    StaticPools.name: StaticPools,
+}
+
+
+def make_pool_policy(name: str) -> PoolPolicy:
+    try:
+        factory = POOL_POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown pool policy {name!r}; known: {', '.join(sorted(POOL_POLICIES))}") from None
+    return factory()

@@ -1,0 +1,67 @@
+"""A small open-loop HTTP load client for the benchmarks: Poisson arrivals, per-request latency."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+
+@dataclass
+class Phase:
+    """Latencies of one (target, rate) run."""
+
+    target: str
+    rate_rps: float
+    latencies_s: list[float] = field(default_factory=list)
+    errors: int = 0
+    sent: int = 0
+    late_s: list[float] = field(default_factory=list)  # how late each send was (client saturation)
+
+
+def percentile(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    k = (len(s) - 1) * p / 100
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+async def open_loop(url: str, body: dict[str, object], *, rate_rps: float, duration_s: float, target: str,
+                    seed: int = 0, warmup: int = 20) -> Phase:
+    phase = Phase(target=target, rate_rps=rate_rps)
+    rng = random.Random(seed)
+    limits = httpx.Limits(max_connections=4000, max_keepalive_connections=4000)
+    async with httpx.AsyncClient(timeout=30.0, limits=limits, trust_env=False) as client:
+        for _ in range(warmup):  # open connections and warm both servers before measuring
+            await client.post(url, json=body)
+
+        async def one(at: float) -> None:
+            phase.late_s.append(time.monotonic() - at)
+            t0 = time.monotonic()
+            try:
+                resp = await client.post(url, json=body)
+                ok = resp.status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            if ok:
+                phase.latencies_s.append(time.monotonic() - t0)
+            else:
+                phase.errors += 1
+
+        tasks = []
+        start = time.monotonic()
+        t = 0.0
+        while t < duration_s:
+            t += rng.expovariate(rate_rps)
+            delay = start + t - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(start + t)))
+            phase.sent += 1
+        await asyncio.gather(*tasks)
+    return phase

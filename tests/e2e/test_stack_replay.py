@@ -1,0 +1,119 @@
+"""End to end: the whole stack as processes (real NATS, etcd, gateway, control plane, 2P+2D engine_sim),
+a slice of the real Azure conversation trace replayed through it, and the report checked against the
+per-request records."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from loadgen.metrics import percentile, summarize
+from loadgen.replay import replay
+from loadgen.report import write_report
+from loadgen.slo import slo_for
+from loadgen.traces import load_trace
+from services.cli.stack import Stack, StackSettings
+
+pytestmark = pytest.mark.e2e
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    run_dir = tmp_path_factory.mktemp("stack")
+    settings = StackSettings(prefill=2, decode=2, gateway_port=0, monitor_port=0, run_dir=run_dir, model=MODEL)
+    s = Stack(settings, progress=print)
+    s.start()
+    yield s
+    s.stop()
+
+
+def test_trace_replay_completes_every_request(stack: Stack, tmp_path: Path) -> None:
+    workload = load_trace("azure-conv").slice(0.0, None, 200)
+    slo = slo_for("azure-conv")
+
+    async def go():  # type: ignore[no-untyped-def]
+        return await replay(workload, stack.gateway_url, model=MODEL, rate_scale=2.0, slo=slo, timeout_s=120)
+
+    result = asyncio.run(go())
+    records = result.records
+    assert len(records) == 200
+    failed = [r for r in records if r.status != "ok"]
+    assert not failed, f"{len(failed)} failed, first: {failed[0].error}"
+    for r in records:
+        assert r.output_tokens_received == r.output_tokens_expected, r
+        assert r.first_token_s is not None and r.first_token_s <= r.finished_s
+
+    # The report must be what the records say, recomputed independently here.
+    summary = summarize(records, slo, result.wall_s)
+    ttfts = [r.first_token_s - r.sent_s for r in records]  # type: ignore[operator]
+    assert summary.ttft_p50_s == pytest.approx(percentile(ttfts, 50))
+    met = sum(1 for r in records if r.ttft_s <= slo.ttft_s and r.tpot_s <= slo.tpot_s)  # type: ignore[operator]
+    assert summary.slo_attainment == pytest.approx(met / len(records))
+    files = write_report(result, tmp_path, title="e2e", slo=slo)
+    doc = json.loads(files.json.read_text())
+    assert doc["summary"]["requests_total"] == 200 and len(doc["records"]) == 200
+    assert files.png.stat().st_size > 10_000
+    # The simulated H100 serves this slice comfortably: most requests meet Arrow's SLOs.
+    assert summary.slo_attainment > 0.8
+
+
+def test_malformed_requests_do_not_disturb_others(stack: Stack) -> None:
+    async def go() -> tuple[list[int], list[httpx.Response]]:
+        async with httpx.AsyncClient(timeout=60, trust_env=False) as client:
+            url = stack.gateway_url + "/v1/completions"
+            good = [client.post(url, json={"model": MODEL, "prompt": list(range(50 + i)), "max_tokens": 20,
+                                           "ignore_eos": True}) for i in range(6)]
+            bad = [
+                client.post(url, content=b"{oops"),
+                client.post(url, json={"model": MODEL, "prompt": "x", "max_tokens": -1}),
+                client.post(url, json={"model": "no-such-model", "prompt": "x"}),
+                client.post(url, json={"model": MODEL, "messages": "hi"}),
+            ]
+            responses = await asyncio.gather(*good, *bad)
+            return [r.status_code for r in responses[6:]], list(responses[:6])
+
+    bad_status, good = asyncio.run(go())
+    assert bad_status == [400, 400, 404, 400]
+    for r in good:
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["usage"]["completion_tokens"] == 20 and body["object"] == "text_completion"
+
+
+def test_chat_stream_and_non_stream(stack: Stack) -> None:
+    url = stack.gateway_url + "/v1/chat/completions"
+    with httpx.Client(timeout=60, trust_env=False) as client:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 12, "ignore_eos": True}
+        r = client.post(url, json=body)
+        assert r.status_code == 200, r.text
+        assert r.json()["object"] == "chat.completion" and r.json()["usage"]["completion_tokens"] == 12
+        chunks = []
+        with client.stream("POST", url, json={**body, "stream": True, "stream_options": {"include_usage": True}}) as s:
+            assert s.headers["content-type"].startswith("text/event-stream")
+            chunks = [line for line in s.iter_lines() if line.startswith("data:")]
+        assert chunks[-1] == "data: [DONE]"
+        payloads = [json.loads(c[5:]) for c in chunks[:-1]]
+        assert all(p["object"] == "chat.completion.chunk" for p in payloads)
+        assert len({p["id"] for p in payloads}) == 1
+        assert payloads[-1]["usage"]["completion_tokens"] == 12
+
+
+def test_admin_status_lists_instances_over_nats(stack: Stack) -> None:
+    assert stack.nats is not None
+    out = subprocess.run(
+        [sys.executable, "-m", "services.cli", "admin", "--nats-url", stack.nats.url, "status", "--json"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    roles = sorted(i["info"]["role"] for i in doc["snapshot"]["instances"])
+    assert roles == ["decode", "decode", "prefill", "prefill"]
+    assert doc["services"]["planner"]["status"]["policy"]

@@ -1,0 +1,407 @@
+"""engine_sim's scheduler driven in-process (no HTTP): token counts, determinism, KV admission and
+accounting, real-time pacing, chunked prefill, abort, pause, role switch, and an in-process PD pair."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+from services.engine_sim.config import EngineSimSettings
+from services.engine_sim.engine import SimEngine
+from services.engine_sim.requests import Phase, SimRequest
+from services.engine_sim.tokens import EOS_TOKEN_ID, TokenSource, draw_output_length
+
+
+def make_engine(**overrides: Any) -> SimEngine:
+    settings: dict[str, Any] = {"time_scale": 0.0, "bootstrap_timeout_s": 5.0}
+    settings.update(overrides)
+    return SimEngine(EngineSimSettings(**settings))
+
+
+@asynccontextmanager
+async def running(*engines: SimEngine) -> AsyncIterator[None]:
+    for e in engines:
+        await e.start()
+    try:
+        yield
+    finally:
+        for e in engines:
+            await e.stop()
+
+
+async def until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Poll the engine's state (it changes between scheduler steps; there is no event to wait on)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.001)
+
+
+async def finish(engine: SimEngine, req: SimRequest, timeout_s: float = 10.0) -> SimRequest:
+    await asyncio.wait_for(engine.wait_for(req), timeout_s)
+    assert req.finished
+    return req
+
+
+@pytest.mark.asyncio
+async def test_ignore_eos_generates_exactly_max_tokens() -> None:
+    engine = make_engine()
+    async with running(engine):
+        reqs = [engine.submit(prompt_tokens=100 + i, max_new_tokens=37, ignore_eos=True, rid=f"r{i}") for i in range(8)]
+        for req in reqs:
+            await finish(engine, req)
+            assert len(req.output_ids) == 37
+            assert req.finish == {"type": "length", "length": 37}
+            assert EOS_TOKEN_ID not in req.output_ids
+        assert engine.kv.used == 0 and engine.kv.reserved == 0
+        assert engine.is_idle()
+
+
+@pytest.mark.asyncio
+async def test_tokens_are_deterministic_per_seed_and_rid() -> None:
+    async def ids(seed: int, rid: str) -> list[int]:
+        engine = make_engine(seed=seed)
+        async with running(engine):
+            req = engine.submit(prompt_tokens=10, max_new_tokens=20, ignore_eos=True, rid=rid)
+            return list((await finish(engine, req)).output_ids)
+
+    a = await ids(7, "same")
+    assert a == await ids(7, "same")
+    assert a != await ids(8, "same")
+    assert a != await ids(7, "other")
+    # The sequence is TokenSource's, so another engine (the decode side of a PD pair) can continue it.
+    src = TokenSource(7, "same")
+    assert a == [src.next() for _ in range(20)]
+
+
+@pytest.mark.asyncio
+async def test_length_model_stops_with_eos_deterministically() -> None:
+    engine = make_engine(mean_output_tokens=8.0, seed=3)
+    async with running(engine):
+        for i in range(20):
+            rid = f"len{i}"
+            req = await finish(engine, engine.submit(prompt_tokens=5, max_new_tokens=30, rid=rid))
+            drawn = draw_output_length(3, rid, 8.0)
+            if drawn < 30:
+                assert len(req.output_ids) == drawn
+                assert req.output_ids[-1] == EOS_TOKEN_ID
+                assert req.finish == {"type": "stop", "matched": EOS_TOKEN_ID}
+            else:
+                assert len(req.output_ids) == 30
+                assert req.finish == {"type": "length", "length": 30}
+    lengths = [draw_output_length(0, f"x{i}", 256.0) for i in range(4000)]
+    assert 230 < sum(lengths) / len(lengths) < 280  # geometric with the configured mean
+
+
+@pytest.mark.asyncio
+async def test_kv_limit_makes_a_request_wait() -> None:
+    # 1000 KV tokens: A reserves 600 + min(100, 512) = 700, B needs 700 too, so B waits for A.
+    engine = make_engine(kv_capacity_tokens=1000, time_scale=0.1)
+    async with running(engine):
+        a = engine.submit(prompt_tokens=600, max_new_tokens=100, ignore_eos=True, rid="a")
+        b = engine.submit(prompt_tokens=600, max_new_tokens=100, ignore_eos=True, rid="b")
+        await asyncio.sleep(0.01)
+        assert a.phase is Phase.RUNNING and b.phase is Phase.WAITING
+        assert engine.load_snapshot()["num_waiting_reqs"] == 1
+        await finish(engine, a)
+        await finish(engine, b)
+        assert b.admitted_s is not None and a.last_token_s is not None and b.admitted_s >= a.last_token_s
+        assert len(b.output_ids) == 100
+
+
+@pytest.mark.asyncio
+async def test_kv_never_exceeds_capacity_and_retracts_instead() -> None:
+    # Reservations (prompt + 8) fit many requests, but their outputs (200 each) do not: growth must retract.
+    engine = make_engine(kv_capacity_tokens=2000, num_reserved_decode_tokens=8)
+    peak = {"used": 0, "reserved": 0}
+    apply = engine._apply
+
+    def checked_apply(step: Any) -> None:
+        apply(step)
+        peak["used"] = max(peak["used"], engine.kv.used)
+        peak["reserved"] = max(peak["reserved"], engine.kv.reserved)
+        assert engine.kv.used <= engine.kv.reserved <= engine.capacity
+
+    engine._apply = checked_apply  # type: ignore[method-assign]
+    async with running(engine):
+        reqs = [engine.submit(prompt_tokens=100, max_new_tokens=200, ignore_eos=True, rid=f"k{i}") for i in range(12)]
+        for req in reqs:
+            await finish(engine, req, 30.0)
+            assert len(req.output_ids) == 200
+        assert engine.num_retracted_total > 0
+        assert any(r.num_retractions for r in reqs)
+        assert engine.kv.used == 0 and engine.kv.reserved == 0
+    assert peak["reserved"] <= 2000 and peak["used"] > 1500
+
+
+@pytest.mark.asyncio
+async def test_real_time_pacing_follows_the_latency_model() -> None:
+    engine = make_engine(time_scale=1.0)
+    async with running(engine):
+        lat = engine.latency
+        expected = lat.prefill_time_s(1000) + sum(lat.decode_step_time_s(1, 1000 + k) for k in range(1, 10))
+        t0 = time.monotonic()
+        req = await finish(engine, engine.submit(prompt_tokens=1000, max_new_tokens=10, ignore_eos=True))
+        elapsed = time.monotonic() - t0
+        assert len(req.output_ids) == 10
+        assert expected * 0.95 <= elapsed <= expected + 0.25
+        assert req.first_token_s is not None
+        assert req.first_token_s - req.arrival_s >= lat.prefill_time_s(1000) * 0.95
+
+
+@pytest.mark.asyncio
+async def test_chunked_prefill_splits_long_prompts() -> None:
+    engine = make_engine(time_scale=0.01, chunked_prefill_size=4096)
+    async with running(engine):
+        req = await finish(engine, engine.submit(prompt_tokens=10000, max_new_tokens=1, ignore_eos=True))
+        assert len(req.output_ids) == 1
+        lat = engine.latency
+        chunks = lat.prefill_time_s(4096, 0) + lat.prefill_time_s(4096, 4096) + lat.prefill_time_s(1808, 8192)
+        assert engine.total_prefill_tokens == 10000
+        assert engine.total_prefill_busy_us == pytest.approx(chunks * 1e6, abs=5)
+
+
+@pytest.mark.asyncio
+async def test_max_running_requests_caps_the_batch() -> None:
+    engine = make_engine(max_running_requests=3, time_scale=0.001)
+    async with running(engine):
+        reqs = [engine.submit(prompt_tokens=10, max_new_tokens=50, ignore_eos=True) for _ in range(7)]
+        seen = 0
+        while not all(r.finished for r in reqs):
+            seen = max(seen, len(engine._running) + len(engine._prefilling))
+            assert len(engine._running) <= 3
+            await asyncio.sleep(0.001)
+        assert seen == 3
+
+
+@pytest.mark.asyncio
+async def test_abort_frees_kv_and_ends_the_stream() -> None:
+    engine = make_engine(time_scale=0.05)
+    async with running(engine):
+        req = engine.submit(prompt_tokens=2000, max_new_tokens=5000, ignore_eos=True, rid="victim", stream=True)
+        queued = engine.submit(prompt_tokens=10, max_new_tokens=5, rid="queued")
+        got: list[int] = []
+
+        async def read() -> dict[str, Any] | None:
+            async for new, fin in engine.outputs(req):
+                got.extend(new)
+                if fin is not None:
+                    return fin
+            return None
+
+        reader = asyncio.create_task(read())
+        await until(lambda: len(req.output_ids) >= 3)
+        assert engine.kv.used > 2000
+        assert engine.abort("victim") == 1
+        fin = await asyncio.wait_for(reader, 2)
+        assert fin == {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
+        assert got == req.output_ids
+        await finish(engine, queued)
+        assert engine.kv.used == 0 and engine.is_idle()
+        assert engine.abort("no-such-rid") == 0
+        metrics = engine.metrics.render(engine.gauges()).decode()
+        assert 'sglang:num_aborted_requests_total{engine_type="unified"' in metrics
+        assert any(line.startswith("sglang:num_aborted_requests_total{") and line.endswith(" 1.0")
+                   for line in metrics.splitlines())
+
+
+@pytest.mark.asyncio
+async def test_abort_all_and_pause_in_place() -> None:
+    engine = make_engine(time_scale=0.01)
+    async with running(engine):
+        req = engine.submit(prompt_tokens=10, max_new_tokens=1000, ignore_eos=True)
+        await until(lambda: len(req.output_ids) >= 2)
+        engine.pause("in_place")
+        await asyncio.sleep(0.03)
+        frozen = len(req.output_ids)
+        await asyncio.sleep(0.05)
+        assert len(req.output_ids) == frozen and not req.finished
+        engine.resume()
+        await until(lambda: len(req.output_ids) > frozen)
+        engine.pause("abort")  # SGLang's default mode: abort everything, then pause
+        assert req.finish is not None and req.finish["type"] == "abort"
+        late = engine.submit(prompt_tokens=10, max_new_tokens=3)
+        await asyncio.sleep(0.03)
+        assert not late.finished
+        engine.resume()
+        await finish(engine, late)
+
+
+@pytest.mark.asyncio
+async def test_request_validation_like_sglang() -> None:
+    engine = make_engine(context_length=1000, kv_capacity_tokens=500)
+    async with running(engine):
+        with pytest.raises(ValueError, match="longer than the model's context length"):
+            engine.submit(prompt_tokens=1000, max_new_tokens=1)
+        with pytest.raises(ValueError, match="maximum context length"):
+            engine.submit(prompt_tokens=900, max_new_tokens=200)
+        engine.submit(prompt_tokens=10, max_new_tokens=1000 - 10, rid="dup")
+        with pytest.raises(ValueError, match="Duplicate request ID"):
+            engine.submit(prompt_tokens=10, max_new_tokens=1, rid="dup")
+        too_big = engine.submit(prompt_tokens=600, max_new_tokens=10)
+        await finish(engine, too_big)
+        assert too_big.status_code == 400 and "exceeds the maximum number of tokens" in too_big.finish["message"]
+        capped = engine.submit(prompt_tokens=400, max_new_tokens=500, ignore_eos=True)
+        await finish(engine, capped, 20)
+        assert len(capped.output_ids) == 100  # max_new_tokens capped to what the KV pool can hold
+
+
+@pytest.mark.asyncio
+async def test_pd_modes_reject_requests_without_bootstrap_room() -> None:
+    engine = make_engine(mode="decode")
+    async with running(engine):
+        req = await finish(engine, engine.submit(prompt_tokens=10, max_new_tokens=5, rid="noroom"))
+        assert req.status_code == 400
+        assert req.finish["message"] == ("Invalid request: Disaggregated request received without bootstrap room id. "
+                                         "req.rid='noroom'")
+
+
+@pytest.mark.asyncio
+async def test_in_process_pd_pair_hands_off_by_bootstrap_room() -> None:
+    prefill = make_engine(mode="prefill", bootstrap_port=0, seed=5)
+    decode = make_engine(mode="decode", seed=5)
+    colocated = make_engine(seed=5)
+    async with running(prefill, decode, colocated):
+        port = prefill.bootstrap_port
+        assert port
+        room = dict(bootstrap_host="127.0.0.1", bootstrap_port=port, bootstrap_room=42)
+        d = decode.submit(prompt_tokens=300, max_new_tokens=12, ignore_eos=True, rid="pd", **room)
+        await asyncio.sleep(0.05)
+        assert d.phase is Phase.TRANSFER  # the decode peer claimed the room and waits for the prefill
+        p = prefill.submit(prompt_tokens=300, max_new_tokens=12, ignore_eos=True, rid="pd", **room)
+        await finish(decode, d)
+        await finish(prefill, p)
+        assert p.finish == {"type": "length", "length": 0} and len(p.output_ids) == 1
+        assert len(d.output_ids) == 12 and d.output_ids[0] == p.output_ids[0]
+        ref = await finish(colocated, colocated.submit(prompt_tokens=300, max_new_tokens=12, ignore_eos=True, rid="pd"))
+        assert d.output_ids == ref.output_ids  # PD gives the colocated engine's tokens for the same rid
+        assert prefill.kv.used == 0 and decode.kv.used == 0
+        assert prefill.is_idle() and decode.is_idle() and len(prefill.rooms) == 0
+
+
+@pytest.mark.asyncio
+async def test_prefill_waits_for_its_decode_peer_then_times_out() -> None:
+    prefill = make_engine(mode="prefill", bootstrap_port=0, bootstrap_timeout_s=0.2)
+    async with running(prefill):
+        p = prefill.submit(prompt_tokens=50, max_new_tokens=4, rid="lonely", bootstrap_host="127.0.0.1",
+                           bootstrap_port=prefill.bootstrap_port, bootstrap_room=7)
+        await asyncio.sleep(0.05)
+        assert p.phase is Phase.BOOTSTRAP
+        assert prefill.load_snapshot()["disaggregation"]["prefill_bootstrap_queue_reqs"] == 1
+        await finish(prefill, p)
+        assert p.status_code == 500 and p.finish["message"].startswith("Prefill bootstrap failed")
+        assert prefill.is_idle()
+
+
+@pytest.mark.asyncio
+async def test_decode_fails_when_the_prefill_peer_is_unreachable() -> None:
+    decode = make_engine(mode="decode", bootstrap_timeout_s=0.5)
+    async with running(decode):
+        d = decode.submit(prompt_tokens=50, max_new_tokens=4, bootstrap_host="127.0.0.1", bootstrap_port=1,
+                          bootstrap_room=9)
+        await finish(decode, d)
+        assert d.status_code == 500 and d.finish["message"].startswith("Decode handshake failed")
+        assert decode.kv.used == 0
+
+
+@pytest.mark.asyncio
+async def test_role_switch_preconditions_and_success() -> None:
+    engine = make_engine(mode="decode", bootstrap_port=0, time_scale=0.01)
+    async with running(engine):
+        busy = engine.submit(prompt_tokens=10, max_new_tokens=5, bootstrap_host="127.0.0.1", bootstrap_port=1,
+                             bootstrap_room=1)
+        r = await engine.pd_role_switch("prefill")
+        assert r.to_dict() == {"success": False, "message": "instance is not idle; drain all requests before switching",
+                               "old_role": "decode", "new_role": "prefill", "safe_to_restore": True}
+        engine.abort(busy.rid)
+        r = await engine.pd_role_switch("bogus")
+        assert not r.success and r.message == "invalid new_role='bogus'" and r.safe_to_restore
+        r = await engine.pd_role_switch("prefill", prepare_only=True)
+        assert r.success and r.message == "ready" and engine.mode == "decode"
+        r = await engine.pd_role_switch("decode")
+        assert r.success and r.message == "ok" and r.safe_to_restore is False
+        t0 = time.monotonic()
+        r = await engine.pd_role_switch("prefill")
+        assert r.to_dict() == {"success": True, "message": "ok", "old_role": "decode", "new_role": "prefill",
+                               "safe_to_restore": False}
+        assert time.monotonic() - t0 >= engine.latency.role_switch_time_s() * 0.9
+        assert engine.mode == "prefill" and engine.bootstrap_port
+        r = await engine.pd_role_switch("decode")
+        assert r.success and engine.mode == "decode" and engine.bootstrap_port is None
+
+    colocated = make_engine()
+    async with running(colocated):
+        r = await colocated.pd_role_switch("decode")
+        assert not r.success and r.message == "instance is not running in PD disaggregation mode"
+    disabled = make_engine(mode="prefill", bootstrap_port=0, enable_pd_role_switch=False)
+    async with running(disabled):
+        r = await disabled.pd_role_switch("decode")
+        assert r.to_dict() == {"success": False, "message": "--enable-pd-role-switch is not set on this server",
+                               "old_role": "prefill", "new_role": "decode", "safe_to_restore": True}
+
+
+@pytest.mark.asyncio
+async def test_load_snapshot_and_metrics_use_sglang_names() -> None:
+    engine = make_engine(mode="decode", enable_pd_role_switch=False)
+    async with running(engine):
+        snap = engine.load_snapshot()
+        for key in ("num_running_reqs", "num_waiting_reqs", "num_waiting_uncached_tokens", "num_used_tokens",
+                    "num_total_tokens", "max_total_num_tokens", "max_running_requests", "token_usage",
+                    "gen_throughput", "cache_hit_rate", "utilization", "total_prefill_uncached_tokens",
+                    "total_prefill_busy_us", "decode_moments"):
+            assert key in snap
+        assert set(snap["disaggregation"]) == {
+            "mode", "prefill_bootstrap_queue_reqs", "prefill_inflight_queue_reqs", "decode_prealloc_queue_reqs",
+            "decode_transfer_queue_reqs", "decode_retracted_queue_reqs", "kv_transfer_speed_gb_s",
+            "kv_transfer_latency_ms"}
+        assert snap["max_total_num_tokens"] == engine.profile.kv_capacity_tokens
+        text = engine.metrics.render(engine.gauges()).decode()
+        assert 'sglang:num_running_reqs{engine_type="decode",model_name="meta-llama/Llama-3.1-8B-Instruct"' in text
+        for name in ("sglang:num_queue_reqs", "sglang:token_usage", "sglang:gen_throughput",
+                     "sglang:prompt_tokens_total", "sglang:generation_tokens_total",
+                     "sglang:time_to_first_token_seconds", "sglang:inter_token_latency_seconds",
+                     "sglang:e2e_request_latency_seconds", "sglang:num_aborted_requests_total",
+                     "sglang:kv_transfer_latency_ms", "sglang:num_decode_prealloc_queue_reqs",
+                     "sglang:num_decode_transfer_queue_reqs", "sglang:num_prefill_bootstrap_queue_reqs",
+                     "sglang:num_prefill_inflight_queue_reqs"):
+            assert f"# TYPE {name}" in text or f"# HELP {name}" in text, name
+
+
+@pytest.mark.asyncio
+async def test_decode_abort_during_transfer_fails_the_prefill_side() -> None:
+    prefill = make_engine(mode="prefill", bootstrap_port=0, time_scale=1.0)
+    decode = make_engine(mode="decode")
+    async with running(prefill, decode):
+        room = dict(bootstrap_host="127.0.0.1", bootstrap_port=prefill.bootstrap_port, bootstrap_room=77)
+        p = prefill.submit(prompt_tokens=8000, max_new_tokens=4, rid="long", **room)  # ~0.3 s of prefill
+        d = decode.submit(prompt_tokens=8000, max_new_tokens=4, rid="long", **room)
+        await until(lambda: p.phase is Phase.PREFILLING)
+        assert d.phase is Phase.TRANSFER
+        decode.abort("long")
+        await finish(prefill, p, 5)
+        assert p.status_code == 500 and p.finish["message"].startswith("Prefill transfer failed")
+        assert prefill.kv.used == 0 and prefill.is_idle()
+
+
+@pytest.mark.asyncio
+async def test_decode_engine_retracts_and_resumes_under_kv_pressure() -> None:
+    prefill = make_engine(mode="prefill", bootstrap_port=0)
+    decode = make_engine(mode="decode", kv_capacity_tokens=2000, num_reserved_decode_tokens=8)
+    async with running(prefill, decode):
+        pairs = []
+        for i in range(10):
+            room = dict(bootstrap_host="127.0.0.1", bootstrap_port=prefill.bootstrap_port, bootstrap_room=500 + i)
+            kw = dict(prompt_tokens=100, max_new_tokens=200, ignore_eos=True, rid=f"dr{i}", **room)
+            pairs.append((prefill.submit(**kw), decode.submit(**kw)))
+        for p, d in pairs:
+            await finish(decode, d, 30)
+            await finish(prefill, p, 30)
+            assert len(d.output_ids) == 200 and d.finish == {"type": "length", "length": 200}
+        assert decode.num_retracted_total > 0
+        assert decode.kv.used == 0 and decode.is_idle() and prefill.is_idle()

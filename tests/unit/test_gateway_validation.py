@@ -1,0 +1,87 @@
+"""Request validation: every bad input gets a 400 naming the parameter."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from services.gateway.errors import APIError
+from services.gateway.validation import parse_request
+from shared.tokens import EstimatingCounter, count_chat
+
+COUNTER = EstimatingCounter()
+
+
+def parse(body: Any, endpoint: str = "completions") -> Any:
+    raw = body if isinstance(body, bytes) else orjson.dumps(body)
+    return parse_request(raw, endpoint, counter=COUNTER, default_max_tokens=256, max_tokens_limit=4096)  # type: ignore[arg-type]
+
+
+def test_token_id_prompt_is_counted_exactly() -> None:
+    p = parse({"model": "m", "prompt": list(range(700)), "max_tokens": 9, "stream": True, "stream_options": {"include_usage": True}})
+    assert (p.input_tokens, p.max_tokens, p.stream, p.include_usage) == (700, 9, True, True)
+
+
+def test_text_prompt_uses_the_documented_estimate() -> None:
+    assert parse({"model": "m", "prompt": "x" * 401}).input_tokens == 101
+
+
+def test_defaults_and_chat_max_completion_tokens() -> None:
+    p = parse({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 7}, "chat")
+    assert p.max_tokens == 7 and p.body["max_tokens"] == 7 and "max_completion_tokens" not in p.body
+    assert p.input_tokens == count_chat(COUNTER, [{"role": "user", "content": "hi"}])
+    assert parse({"model": "m", "prompt": "a"}).max_tokens == 256
+
+
+def test_unknown_fields_pass_through() -> None:
+    p = parse({"model": "m", "prompt": "a", "ignore_eos": True, "return_hidden_states": True, "custom": 1})
+    assert p.body["custom"] == 1 and p.body["return_hidden_states"] is True
+
+
+@pytest.mark.parametrize("body, param", [
+    (b"{not json", None),
+    (b"[1, 2]", None),
+    ({"prompt": "a"}, "model"),
+    ({"model": 3, "prompt": "a"}, "model"),
+    ({"model": "m"}, "prompt"),
+    ({"model": "m", "prompt": ""}, "prompt"),
+    ({"model": "m", "prompt": ["a", "b"]}, "prompt"),
+    ({"model": "m", "prompt": [1, -2]}, "prompt"),
+    ({"model": "m", "prompt": "a", "max_tokens": 0}, "max_tokens"),
+    ({"model": "m", "prompt": "a", "max_tokens": "9"}, "max_tokens"),
+    ({"model": "m", "prompt": "a", "max_tokens": 5000}, "max_tokens"),
+    ({"model": "m", "prompt": "a", "temperature": 3}, "temperature"),
+    ({"model": "m", "prompt": "a", "temperature": True}, "temperature"),
+    ({"model": "m", "prompt": "a", "top_p": -0.1}, "top_p"),
+    ({"model": "m", "prompt": "a", "stream": "yes"}, "stream"),
+    ({"model": "m", "prompt": "a", "stream_options": {"include_usage": True}}, "stream_options"),
+    ({"model": "m", "prompt": "a", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"model": "m", "prompt": "a", "stop": 5}, "stop"),
+    ({"model": "m", "prompt": "a", "n": 2}, "n"),
+    ({"model": "m", "prompt": "a", "priority": "high"}, "priority"),
+])
+def test_bad_completion_requests(body: Any, param: str | None) -> None:
+    with pytest.raises(APIError) as info:
+        parse(body)
+    err = info.value
+    assert err.status == 400 and err.param == param
+    assert err.body()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("messages, param", [
+    (None, "messages"),
+    ([], "messages"),
+    (["hi"], "messages.[0]"),
+    ([{"role": "robot", "content": "x"}], "messages.[0].role"),
+    ([{"role": "user", "content": 5}], "messages.[0].content"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}], "messages.[0].content"),
+])
+def test_bad_chat_requests(messages: Any, param: str) -> None:
+    body = {"model": "m"}
+    if messages is not None:
+        body["messages"] = messages
+    with pytest.raises(APIError) as info:
+        parse(body, "chat")
+    assert info.value.status == 400 and info.value.param == param

@@ -1,0 +1,88 @@
+"""The latency model: shapes from the papers, profile loading, chunk additivity."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from shared.errors import ConfigError
+from shared.latency import DEFAULT_PROFILE, LatencyModel, available_profiles, load_profile, save_profile
+
+
+@pytest.fixture
+def model() -> LatencyModel:
+    return LatencyModel(load_profile(DEFAULT_PROFILE))
+
+
+def test_default_profile_is_documented() -> None:
+    profile = load_profile(DEFAULT_PROFILE)
+    assert DEFAULT_PROFILE in available_profiles()
+    assert profile.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2  # Llama-3.1-8B, bf16 KV
+    assert len(profile.provenance) >= 5
+
+
+def test_prefill_is_convex_in_length(model: LatencyModel) -> None:
+    t1, t2, t4 = (model.prefill_time_s(n) for n in (2000, 4000, 8000))
+    assert t1 < t2 < t4
+    # Quadratic term: the second doubling costs more than the first.
+    assert (t4 - t2) > (t2 - t1)
+
+
+def test_chunks_add_up_to_the_whole_prefill(model: LatencyModel) -> None:
+    whole = model.prefill_work_s(8192)
+    chunks = sum(model.prefill_work_s(1024, done) for done in range(0, 8192, 1024))
+    assert chunks == pytest.approx(whole, rel=1e-12)
+
+
+def test_decode_step_linear_in_context_and_batch(model: LatencyModel) -> None:
+    assert model.decode_step_time_s(0, 0) == 0.0
+    base = model.decode_step_time_s(8, 8000)
+    assert model.decode_step_time_s(8, 16000) - base == pytest.approx(model.profile.decode_s_per_context_token * 8000)
+    assert model.decode_step_time_s(16, 8000) - base == pytest.approx(model.profile.decode_s_per_seq * 8)
+
+
+def test_transfer_time_is_bytes_over_bandwidth(model: LatencyModel) -> None:
+    p = model.profile
+    assert model.kv_transfer_time_s(1000) == pytest.approx(p.transfer_overhead_s + 1000 * p.kv_bytes_per_token / p.transfer_bytes_per_s)
+
+
+def test_time_scale_zero_makes_compute_free() -> None:
+    free = LatencyModel(load_profile(), time_scale=0.0)
+    assert free.prefill_time_s(4000) == 0.0
+    assert free.decode_step_time_s(64, 100_000) == 0.0
+    assert free.kv_transfer_time_s(4000) == 0.0
+
+
+def test_mixed_step_pays_one_overhead(model: LatencyModel) -> None:
+    mixed = model.mixed_step_time_s(4, 4000, [(512, 0)])
+    assert mixed == pytest.approx(model.decode_step_time_s(4, 4000) + model.prefill_work_s(512))
+
+
+def test_profiles_load_from_files(tmp_path: Path) -> None:
+    profile = load_profile()
+    path = tmp_path / "custom.json"
+    save_profile(msgspec.structs.replace(profile, name="custom", decode_overhead_s=0.02), path)
+    loaded = load_profile(path)
+    assert loaded.name == "custom" and loaded.decode_overhead_s == 0.02
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"prefill_s_per_token": -1.0}, "negative"),
+    ({"kv_capacity_tokens": 0}, "must be positive"),
+    ({"transfer_bytes_per_s": 0.0}, "must be positive"),
+])
+def test_bad_profiles_are_rejected(tmp_path: Path, change: dict[str, float], message: str) -> None:
+    data = msgspec.to_builtins(load_profile())
+    data.update(change)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=message):
+        load_profile(path)
+
+
+def test_unknown_profile_names_the_builtins() -> None:
+    with pytest.raises(ConfigError, match=DEFAULT_PROFILE):
+        load_profile("no-such-profile")
