@@ -76,7 +76,7 @@ class EngineSimSettings(ServiceSettings):
 
     @model_validator(mode="after")
     def _check(self) -> EngineSimSettings:
-        if self.mode == "prefill" and self.bootstrap_port is not None and self.bootstrap_port == self.port:
+        if self.bootstrap_port is not None and self.bootstrap_port == self.port and self.port != 0:
             raise ValueError("bootstrap_port must differ from port")
         return self
 

@@ -36,6 +36,7 @@ async def serve(settings: EngineSimSettings, loop_name: str = "asyncio") -> None
         port=settings.port,
         log_level="warning",
         access_log=False,
+        loop=loop_name,  # informational here: the loop is already running (main() picks uvloop if installed)
         lifespan="on",
         timeout_keep_alive=30,
         timeout_graceful_shutdown=5,  # open streams get this long to finish after SIGTERM

@@ -17,7 +17,9 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging(settings.log_level, "gateway")
     app = create_app(GatewayService(settings))
     loop = "uvloop" if sys.platform != "win32" else "asyncio"
+    # proxy_headers off: no X-Forwarded-* rewriting on the hot path (nothing here sits behind a proxy by default).
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=False, loop=loop,
+                proxy_headers=False, server_header=False,
                 timeout_graceful_shutdown=5)
 
 

@@ -8,8 +8,6 @@ then ends it with an error event (resuming mid-answer is the recompute-migration
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -17,7 +15,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import orjson
 
 from services.gateway.cluster import ClusterView
@@ -25,6 +22,7 @@ from services.gateway.errors import APIError
 from services.gateway.legs import Attempt, Event, LegFailed
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.validation import ParsedRequest
+from shared.http1 import Http1Pool
 from shared.policies import DispatchPolicy, Placement, RequestView
 
 log = logging.getLogger(__name__)
@@ -45,7 +43,7 @@ class Outcome:
 
 
 class RequestFlow:
-    def __init__(self, parsed: ParsedRequest, *, cluster: ClusterView, policy: DispatchPolicy, http: httpx.AsyncClient,
+    def __init__(self, parsed: ParsedRequest, *, cluster: ClusterView, policy: DispatchPolicy, http: Http1Pool,
                  metrics: GatewayMetrics, retries: int, first_token_timeout_s: float) -> None:
         self.parsed = parsed
         self.cluster = cluster
@@ -186,21 +184,28 @@ class RequestFlow:
                 "choices": [choice], "usage": usage}
 
     # -- ending ------------------------------------------------------------------------------------
-    async def finish(self, *, status: str = "ok", error: str | None = None) -> None:
-        """Release engine slots; abort the legs unless the decode stream ran to its end."""
+    def conclude(self, *, status: str = "ok", error: str | None = None) -> Attempt | None:
+        """Settle the outcome and release the engines' slots; returns the attempt still to clean up.
+
+        Synchronous on purpose: it runs in ``finally`` blocks of cancelled tasks (a client that hung up),
+        where any ``await`` would be cancelled again before it could do anything.
+        """
         if self.outcome.status == "ok":
             self.outcome.status, self.outcome.error = status, error
         attempt, self.attempt = self.attempt, None
-        if attempt is not None:
-            if not attempt.finished:
-                if self.outcome.status == "ok":
-                    self.outcome.status = "aborted"
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(attempt.abort())
-            await attempt.close()
+        if attempt is not None and not attempt.finished and self.outcome.status == "ok":
+            self.outcome.status = "aborted"
         self._release()
         if not self.outcome.output_tokens:
             self.outcome.output_tokens = self.outcome.content_chunks
+        return attempt
+
+    @staticmethod
+    async def cleanup(attempt: Attempt) -> None:
+        """Abort both legs unless the decode stream ran to its end, and close the connections."""
+        if not attempt.finished:
+            await attempt.abort()
+        await attempt.close()
 
     def ttft_s(self) -> float | None:
         return None if self.outcome.first_token_at is None else self.outcome.first_token_at - self.arrived

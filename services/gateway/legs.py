@@ -17,9 +17,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import orjson
 
+from shared.http1 import Http1Pool, Response
 from shared.protocol import InstanceInfo
 
 log = logging.getLogger(__name__)
@@ -87,10 +87,9 @@ class Attempt:
     endpoint: str
     prefill: InstanceInfo | None
     decode: InstanceInfo
-    http: httpx.AsyncClient
+    http: Http1Pool
     prefill_task: asyncio.Task[None] | None = None
-    _response: httpx.Response | None = None
-    _stream_cm: Any = None
+    _response: Response | None = None
     _lines: AsyncIterator[bytes] | None = None
     buffered: list[Event] = field(default_factory=list)
     finished: bool = False
@@ -116,26 +115,24 @@ class Attempt:
         path = ENGINE_PATHS[self.endpoint]
         if self.prefill is not None and prefill_body is not None:
             self.prefill_task = asyncio.create_task(self._run_prefill(self.prefill.url + path, prefill_body))
-        request = self.http.build_request("POST", self.decode.url + path, content=orjson.dumps(decode_body),
-                                          headers={"content-type": "application/json"})
         try:
-            self._response = await self.http.send(request, stream=True)
-        except httpx.HTTPError as exc:
+            self._response = await self.http.request("POST", self.decode.url + path, orjson.dumps(decode_body))
+            if self._response.status != 200:
+                content = await self._response.read()
+                self._response.close()
+                raise LegFailed(self.decode.instance_id, _error_message(content), self._response.status)
+        except OSError as exc:  # includes TimeoutError
             raise LegFailed(self.decode.instance_id, f"cannot reach decode engine: {exc!r}") from exc
-        if self._response.status_code != 200:
-            content = await self._response.aread()
-            await self._response.aclose()
-            raise LegFailed(self.decode.instance_id, _error_message(content), self._response.status_code)
         self._lines = self._response.aiter_lines().__aiter__()
 
     async def _run_prefill(self, url: str, body: dict[str, Any]) -> None:
         assert self.prefill is not None
         try:
-            resp = await self.http.post(url, content=orjson.dumps(body), headers={"content-type": "application/json"})
-        except httpx.HTTPError as exc:
+            status, content = await self.http.post_json(url, orjson.dumps(body))
+        except OSError as exc:
             raise LegFailed(self.prefill.instance_id, f"cannot reach prefill engine: {exc!r}") from exc
-        if resp.status_code != 200:
-            raise LegFailed(self.prefill.instance_id, _error_message(resp.content), resp.status_code)
+        if status != 200:
+            raise LegFailed(self.prefill.instance_id, _error_message(content), status)
 
     async def next_event(self) -> Event | None:
         """The next decode event, or None at ``[DONE]`` / end of stream."""
@@ -150,18 +147,21 @@ class Attempt:
                 line = await self._lines.__anext__()
             except StopAsyncIteration:
                 return None
-            if not line.startswith("data:"):
+            if not line.startswith(b"data:"):
                 continue
             data = line[5:].strip()
-            if data == "[DONE]":
+            if data == b"[DONE]":
+                # Read the body's end too, so the connection goes back to the pool instead of being closed.
+                async for _ in self._lines:
+                    pass
                 return None
             try:
-                event = _parse_event(data.encode(), self.endpoint)
+                event = _parse_event(data, self.endpoint)
             except orjson.JSONDecodeError:
-                log.warning("decode engine %s sent a malformed event: %.100s", self.decode.instance_id, data)
+                log.warning("decode engine %s sent a malformed event: %.100r", self.decode.instance_id, data)
                 continue
             if "error" in event.data and not event.data.get("choices"):
-                raise LegFailed(self.decode.instance_id, _error_message(data.encode()))
+                raise LegFailed(self.decode.instance_id, _error_message(data))
             return event
 
     async def wait_first_token(self, timeout_s: float) -> None:
@@ -198,8 +198,7 @@ class Attempt:
 
     async def close(self) -> None:
         if self._response is not None:
-            with contextlib.suppress(httpx.HTTPError, RuntimeError):
-                await self._response.aclose()
+            self._response.close()
         if self.prefill_task is not None and not self.prefill_task.done():
             self.prefill_task.cancel()
         if self.prefill_task is not None:
@@ -212,5 +211,5 @@ class Attempt:
         await asyncio.gather(*(self._abort_one(i) for i in targets), return_exceptions=True)
 
     async def _abort_one(self, info: InstanceInfo) -> None:
-        with contextlib.suppress(httpx.HTTPError):
-            await self.http.post(info.url + "/abort_request", json={"rid": self.rid}, timeout=2.0)
+        with contextlib.suppress(OSError):
+            await asyncio.wait_for(self.http.post_json(info.url + "/abort_request", orjson.dumps({"rid": self.rid})), 2.0)

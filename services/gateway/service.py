@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
 import time
-
-import httpx
+from collections.abc import Coroutine
+from typing import Any
 
 from services.gateway.cluster import ClusterView
 from services.gateway.config import GatewaySettings
 from services.gateway.flow import RequestFlow
 from services.gateway.metrics import GatewayMetrics
 from shared.bus import Bus, bus_from_settings
+from shared.http1 import Http1Pool
 from shared.policies import DispatchParams, DispatchPolicy, make_dispatch_policy
 from shared.protocol import (
     AdminCommand,
@@ -24,6 +24,7 @@ from shared.protocol import (
     Keys,
     LoadReport,
     RequestEvent,
+    RequestEventBatch,
     ServiceStatus,
     Subjects,
 )
@@ -31,6 +32,8 @@ from shared.registry import InstanceWatcher, Registry
 from shared.tokens import TokenCounter, make_counter
 
 log = logging.getLogger(__name__)
+
+EVENT_FLUSH_INTERVAL_S = 0.25
 
 
 class GatewayService:
@@ -46,18 +49,17 @@ class GatewayService:
         self.replica_id = f"{socket.gethostname()}:{os.getpid()}"
         self.bus: Bus | None = None
         self.registry: Registry | None = None
-        self.http: httpx.AsyncClient | None = None
+        self.http: Http1Pool | None = None
         self._watcher: InstanceWatcher | None = None
         self._started_at = time.monotonic()
         self._stopped = False
         self._background: set[asyncio.Task[None]] = set()
+        self._events: list[RequestEvent] = []
+        self._flusher: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         s = self.settings
-        self.http = httpx.AsyncClient(
-            timeout=httpx.Timeout(connect=s.engine_connect_timeout_s, read=s.first_token_timeout_s, write=30.0, pool=30.0),
-            limits=httpx.Limits(max_connections=4096, max_keepalive_connections=1024),
-        )
+        self.http = Http1Pool(connect_timeout_s=s.engine_connect_timeout_s)
         self.bus = bus_from_settings(s, f"gateway-{self.replica_id}")
         await self.bus.connect()
         await self.bus.subscribe(self.subjects.load_all(), LoadReport, self.cluster.on_load)
@@ -67,6 +69,7 @@ class GatewayService:
         await self.registry.connect()
         self._watcher = InstanceWatcher(self.registry, on_change=self._on_instances)
         await self._watcher.start()
+        self._flusher = asyncio.create_task(self._flush_events_loop(), name="request-event-flusher")
         log.info("gateway ready on %s:%d (policy %s, %d instances)", s.host, s.port, self.policy.name,
                  len(self.cluster.instances))
 
@@ -74,8 +77,11 @@ class GatewayService:
         if self._stopped:
             return
         self._stopped = True
-        for task in list(self._background):
-            task.cancel()
+        if self._flusher is not None:
+            self._flusher.cancel()
+        if self._background:  # let in-flight aborts reach the engines before the client pool closes
+            await asyncio.wait(list(self._background), timeout=5)
+        await self._flush_events()
         if self._watcher is not None:
             await self._watcher.stop()
         if self.registry is not None:
@@ -95,6 +101,23 @@ class GatewayService:
         assert self.http is not None
         return RequestFlow(parsed, cluster=self.cluster, policy=self.policy, http=self.http, metrics=self.metrics,
                            retries=self.settings.retries, first_token_timeout_s=self.settings.first_token_timeout_s)
+
+    def finish(self, flow: RequestFlow, *, status: str = "ok", error: str | None = None) -> None:
+        """End a request: settle and record it now, abort/close its legs in a task of the service's own.
+
+        Called from ``finally`` blocks that may run inside a cancelled task; nothing here awaits, so the
+        abort reaches the engines even when the client's task is gone.
+        """
+        attempt = flow.conclude(status=status, error=error)
+        self.metrics.inflight.dec()
+        self.record(flow)
+        if attempt is not None:
+            self.spawn(flow.cleanup(attempt))
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def record(self, flow: RequestFlow) -> None:
         """Metrics and the monitor's event for a finished request (never blocks the response)."""
@@ -118,14 +141,21 @@ class GatewayService:
                 status=o.status,  # type: ignore[arg-type]
                 error=o.error,
             )
-            task = asyncio.create_task(self._publish_event(event))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._events.append(event)
 
-    async def _publish_event(self, event: RequestEvent) -> None:
-        assert self.bus is not None
-        with contextlib.suppress(Exception):
-            await self.bus.publish(self.subjects.request_events(), event)
+    async def _flush_events_loop(self) -> None:
+        while True:
+            await asyncio.sleep(EVENT_FLUSH_INTERVAL_S)
+            await self._flush_events()
+
+    async def _flush_events(self) -> None:
+        if not self._events or self.bus is None or not self.bus.is_connected:
+            return
+        events, self._events = self._events, []
+        try:
+            await self.bus.publish(self.subjects.request_events(), RequestEventBatch(gateway=self.replica_id, events=events))
+        except Exception as exc:  # telemetry must never fail a request; the monitor just misses a batch
+            log.warning("could not publish %d request events: %s", len(events), exc)
 
     async def _admin(self, cmd: AdminCommand) -> AdminReply:
         if cmd.verb != "status":

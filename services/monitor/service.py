@@ -1,6 +1,6 @@
 """The monitor service: the cluster's telemetry in one place.
 
-Inputs: :class:`LoadReport` on ``Subjects.load_all()`` (sidecars, ~4 Hz each), :class:`RequestEvent` on
+Inputs: :class:`LoadReport` on ``Subjects.load_all()`` (sidecars, ~4 Hz each), :class:`RequestEventBatch` on
 ``Subjects.request_events()`` (gateways), and the etcd instance registry (mirrored by
 :class:`InstanceWatcher`). Outputs:
 
@@ -36,6 +36,7 @@ from shared.protocol import (
     Keys,
     LoadReport,
     RequestEvent,
+    RequestEventBatch,
     SeriesPoint,
     ServiceStatus,
     SnapshotReply,
@@ -111,7 +112,7 @@ class MonitorService:
         await self._watcher.start()
         self.builder = SeriesBuilder(self._wall())
         self._subs.append(await self._bus.subscribe(self.subjects.load_all(), LoadReport, self._on_load))
-        self._subs.append(await self._bus.subscribe(self.subjects.request_events(), RequestEvent, self._on_event))
+        self._subs.append(await self._bus.subscribe(self.subjects.request_events(), RequestEventBatch, self._on_events))
         self._subs.append(await self._bus.serve(
             self.subjects.monitor_snapshot(), SnapshotRequest, self._on_snapshot_request,
             error_reply=lambda m: SnapshotReply(ok=False, message=m), queue=SNAPSHOT_QUEUE,
@@ -156,7 +157,11 @@ class MonitorService:
         self.builder.add_load(report)
         self.counters.load_reports += 1
 
-    async def _on_event(self, event: RequestEvent, subject: str) -> None:
+    async def _on_events(self, batch: RequestEventBatch, subject: str) -> None:
+        for event in batch.events:
+            self._on_event(event)
+
+    def _on_event(self, event: RequestEvent) -> None:
         self.builder.add_event(event)
         c = self.counters
         c.events += 1

@@ -87,6 +87,15 @@ class RequestEvent(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None = None
 
 
+class RequestEventBatch(msgspec.Struct, frozen=True, kw_only=True):
+    """Finished requests of one gateway, batched (~4 per second) so telemetry costs one publish, not one
+    per request, at hundreds of requests per second."""
+
+    schema: Literal["poise.v1.request_event_batch"] = "poise.v1.request_event_batch"
+    gateway: str  # replica id of the publishing gateway
+    events: list[RequestEvent]
+
+
 class SeriesPoint(msgspec.Struct, frozen=True, kw_only=True):
     """One interval of the monitor's rolling series (what the planner forecasts from)."""
 

@@ -32,7 +32,7 @@ class Subjects:
         return f"{self._root}.load.*"
 
     def request_events(self) -> str:
-        """Per-request :class:`RequestEvent` from gateways (what the monitor builds series from)."""
+        """Finished requests (:class:`RequestEventBatch`) from gateways: what the monitor builds series from."""
         return f"{self._root}.events.requests"
 
     def audit_events(self) -> str:

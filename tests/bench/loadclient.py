@@ -20,6 +20,7 @@ class Phase:
     errors: int = 0
     sent: int = 0
     late_s: list[float] = field(default_factory=list)  # how late each send was (client saturation)
+    wall_s: float = 0.0
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -32,7 +33,9 @@ def percentile(values: list[float], p: float) -> float:
 
 
 async def open_loop(url: str, body: dict[str, object], *, rate_rps: float, duration_s: float, target: str,
-                    seed: int = 0, warmup: int = 20) -> Phase:
+                    seed: int = 0, warmup: int = 20, grace_s: float = 10.0) -> Phase:
+    """Send at ``rate_rps`` for ``duration_s``; requests still open ``grace_s`` later count as errors
+    (a saturated server would otherwise keep a phase going for as long as its queue takes to drain)."""
     phase = Phase(target=target, rate_rps=rate_rps)
     rng = random.Random(seed)
     limits = httpx.Limits(max_connections=4000, max_keepalive_connections=4000)
@@ -63,5 +66,9 @@ async def open_loop(url: str, body: dict[str, object], *, rate_rps: float, durat
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(one(start + t)))
             phase.sent += 1
-        await asyncio.gather(*tasks)
+        _, pending = await asyncio.wait(tasks, timeout=max(0.0, start + duration_s + grace_s - time.monotonic()))
+        for task in pending:
+            task.cancel()
+        phase.errors += len(pending)
+        phase.wall_s = time.monotonic() - start
     return phase

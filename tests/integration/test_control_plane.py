@@ -30,6 +30,7 @@ from shared.protocol import (
     Keys,
     LoadReport,
     RequestEvent,
+    RequestEventBatch,
     RoleCommand,
     RoleCommandReply,
     SnapshotReply,
@@ -81,11 +82,12 @@ async def test_monitor_snapshot_series_and_metrics(nats_server: NatsServer, etcd
                                                           token_usage=0.25))
         await bus.publish(subjects.load("ghost"), LoadReport(instance_id="ghost", role="decode", status="ready",
                                                              ts_unix_s=time.time()))
-        for i in range(4):
-            await bus.publish(subjects.request_events(), RequestEvent(
-                rid=f"r{i}", model="m", arrived_unix_s=time.time(), finished_unix_s=time.time(), prefill_id="p0",
-                decode_id="d0", input_tokens=100, output_tokens=20, ttft_s=0.2, tpot_s=0.01,
-                status="ok" if i else "error"))
+        events = [RequestEvent(
+            rid=f"r{i}", model="m", arrived_unix_s=time.time(), finished_unix_s=time.time(), prefill_id="p0",
+            decode_id="d0", input_tokens=100, output_tokens=20, ttft_s=0.2, tpot_s=0.01,
+            status="ok" if i else "error") for i in range(4)]
+        await bus.publish(subjects.request_events(), RequestEventBatch(gateway="g", events=events[:1]))
+        await bus.publish(subjects.request_events(), RequestEventBatch(gateway="g", events=events[1:]))
         await _until(lambda: monitor.counters.load_reports == 2 and monitor.counters.events == 4)
         monitor.roll()
 

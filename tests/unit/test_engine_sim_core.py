@@ -405,3 +405,17 @@ async def test_decode_engine_retracts_and_resumes_under_kv_pressure() -> None:
             assert len(d.output_ids) == 200 and d.finish == {"type": "length", "length": 200}
         assert decode.num_retracted_total > 0
         assert decode.kv.used == 0 and decode.is_idle() and prefill.is_idle()
+
+
+@pytest.mark.asyncio
+async def test_decode_repolls_while_the_prefill_is_still_running() -> None:
+    prefill = make_engine(mode="prefill", bootstrap_port=0, time_scale=1.0)
+    decode = make_engine(mode="decode", bootstrap_timeout_s=0.1)  # each long-poll gives up after 0.1 s (202)
+    async with running(prefill, decode):
+        room = dict(bootstrap_host="127.0.0.1", bootstrap_port=prefill.bootstrap_port, bootstrap_room=88)
+        p = prefill.submit(prompt_tokens=8000, max_new_tokens=3, ignore_eos=True, rid="slow", **room)  # ~0.3 s
+        d = decode.submit(prompt_tokens=8000, max_new_tokens=3, ignore_eos=True, rid="slow", **room)
+        await finish(decode, d, 5)
+        await finish(prefill, p, 5)
+        assert len(d.output_ids) == 3 and p.finish == {"type": "length", "length": 0}
+        assert d.first_token_s is not None and d.first_token_s - d.arrival_s >= prefill.latency.prefill_time_s(8000)

@@ -1,0 +1,219 @@
+"""The gateway against real NATS, etcd and engine_sim processes: retries, aborts, rejections, auth.
+
+Instances are registered in etcd directly (the sidecar's job, tested elsewhere), so a test can register an
+engine that is not there and watch the gateway route around it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import pytest_asyncio
+import uvicorn
+
+from services.gateway.app import create_app
+from services.gateway.config import GatewaySettings
+from services.gateway.service import GatewayService
+from shared.devservers import EtcdServer, ManagedProcess, NatsServer, free_port, wait_for_port
+from shared.protocol import InstanceInfo, Keys
+from shared.registry import InstanceRegistration, Registry
+
+MODEL = "test-model"
+pytestmark = pytest.mark.asyncio
+
+
+class SimEngine:
+    def __init__(self, tmp: Path, mode: str, time_scale: float) -> None:
+        self.port, self.bootstrap_port = free_port(), free_port()
+        self.mode = mode
+        self.proc = ManagedProcess(f"engine-{mode}", [
+            sys.executable, "-m", "services.engine_sim", "--mode", mode, "--port", str(self.port),
+            "--bootstrap-port", str(self.bootstrap_port), "--time-scale", str(time_scale),
+            "--served-model-name", MODEL, "--bootstrap-timeout-s", "5",
+        ], tmp / f"engine-{mode}-{self.port}.log")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def info(self, instance_id: str) -> InstanceInfo:
+        return _info(instance_id, self.mode, self.url, self.bootstrap_port)
+
+
+def _info(instance_id: str, role: str, url: str, bootstrap_port: int | None) -> InstanceInfo:
+    return InstanceInfo(instance_id=instance_id, role=role, engine_kind="sim", url=url,  # type: ignore[arg-type]
+                        bootstrap_host="127.0.0.1", bootstrap_port=bootstrap_port, model=MODEL, profile="test",
+                        kv_capacity_tokens=380_000, max_running_requests=256, sidecar="test",
+                        registered_at_unix_s=time.time())
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SimEngine]]:
+    tmp = tmp_path_factory.mktemp("gw-engines")
+    # time_scale 0.2: a 1000-token stream lasts ~1.5 s, long enough to hang up in the middle of it.
+    started = {"prefill": SimEngine(tmp, "prefill", 0.2), "decode": SimEngine(tmp, "decode", 0.2)}
+    for e in started.values():
+        wait_for_port("127.0.0.1", e.port, 30, e.proc.proc)
+    yield started
+    for e in started.values():
+        e.proc.stop()
+
+
+def _dead_port() -> int:
+    # A port nothing listens on: connecting fails at once, like an engine that just died.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest_asyncio.fixture
+async def cluster(nats_server: NatsServer, etcd_server: EtcdServer) -> AsyncIterator[tuple[Registry, str]]:
+    namespace = f"t{uuid.uuid4().hex[:8]}"
+    registry = Registry(etcd_server.url, Keys(namespace))
+    await registry.connect()
+    yield registry, namespace
+    await registry.close()
+
+
+@contextlib.asynccontextmanager
+async def gateway(nats_server: NatsServer, etcd_server: EtcdServer, namespace: str, **overrides: object) -> AsyncIterator[tuple[str, GatewayService]]:
+    port = free_port()
+    settings = GatewaySettings(namespace=namespace, nats_url=nats_server.url, etcd_url=etcd_server.url, port=port,
+                               first_token_timeout_s=10, **overrides)  # type: ignore[arg-type]
+    service = GatewayService(settings)
+    server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=port, log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:  # noqa: ASYNC110 - uvicorn offers no event to wait on
+        await asyncio.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}", service
+    finally:
+        server.should_exit = True
+        await task
+
+
+async def register(registry: Registry, *infos: InstanceInfo) -> list[InstanceRegistration]:
+    regs = []
+    for info in infos:
+        reg = InstanceRegistration(registry, ttl_s=5)
+        await reg.register(info)
+        regs.append(reg)
+    return regs
+
+
+async def wait_instances(service: GatewayService, n: int) -> None:
+    deadline = time.monotonic() + 5
+    while len(service.cluster.instances) < n:
+        assert time.monotonic() < deadline, "gateway did not see the instances"
+        await asyncio.sleep(0.02)
+
+
+BODY = {"model": MODEL, "prompt": list(range(100)), "max_tokens": 16, "ignore_eos": True}
+
+
+async def test_retries_on_another_pair_when_a_leg_is_dead(cluster, engines, nats_server, etcd_server) -> None:  # type: ignore[no-untyped-def]
+    registry, ns = cluster
+    # "d0" sorts first, so least-load tries the dead engine first and must retry on d1.
+    await register(registry, engines["prefill"].info("p0"), _info("d0", "decode", f"http://127.0.0.1:{_dead_port()}", None),
+                   engines["decode"].info("d1"))
+    async with gateway(nats_server, etcd_server, ns) as (url, service):
+        await wait_instances(service, 3)
+        async with httpx.AsyncClient(timeout=30) as client:
+            r = await client.post(url + "/v1/completions", json=BODY)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 16
+        assert service.metrics.retries._value.get() == 1  # type: ignore[attr-defined]
+
+
+async def test_both_attempts_failing_is_a_502_not_a_hang(cluster, engines, nats_server, etcd_server) -> None:  # type: ignore[no-untyped-def]
+    registry, ns = cluster
+    await register(registry, engines["prefill"].info("p0"),
+                   _info("d0", "decode", f"http://127.0.0.1:{_dead_port()}", None),
+                   _info("d1", "decode", f"http://127.0.0.1:{_dead_port()}", None))
+    async with gateway(nats_server, etcd_server, ns) as (url, service):
+        await wait_instances(service, 3)
+        async with httpx.AsyncClient(timeout=30) as client:
+            r = await client.post(url + "/v1/completions", json=BODY)
+            assert r.status_code == 502
+            assert r.json()["error"]["code"] == "engine_error"
+            # The prefill engine must not be left holding the aborted requests.
+            loads = (await client.get(engines["prefill"].url + "/v1/loads")).json()["loads"][0]
+            assert loads["num_running_reqs"] == 0 and loads["num_waiting_reqs"] == 0
+
+
+async def test_client_disconnect_aborts_both_legs(cluster, engines, nats_server, etcd_server) -> None:  # type: ignore[no-untyped-def]
+    registry, ns = cluster
+    await register(registry, engines["prefill"].info("p0"), engines["decode"].info("d0"))
+    async with gateway(nats_server, etcd_server, ns) as (url, service):
+        await wait_instances(service, 2)
+        async with httpx.AsyncClient(timeout=30) as client:
+            body = {**BODY, "max_tokens": 1000, "stream": True}
+            async with client.stream("POST", url + "/v1/completions", json=body) as r:
+                assert r.status_code == 200
+                lines = 0
+                async for line in r.aiter_lines():
+                    lines += line.startswith("data:")
+                    if lines >= 5:
+                        break  # hang up mid-stream
+            deadline = time.monotonic() + 5
+            while True:
+                loads = (await client.get(engines["decode"].url + "/v1/loads")).json()["loads"][0]
+                if loads["num_running_reqs"] == 0:
+                    break
+                assert time.monotonic() < deadline, f"decode engine still running the request: {loads}"
+                await asyncio.sleep(0.05)
+            metrics = (await client.get(engines["decode"].url + "/metrics")).text
+        assert "sglang:num_aborted_requests_total" in metrics
+        deadline = time.monotonic() + 5
+        while service.cluster.inflight_total():  # the gateway released its slots too
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        assert service.metrics.requests.labels("completions", "aborted")._value.get() == 1  # type: ignore[attr-defined]
+
+
+async def test_no_engines_is_503_and_unknown_model_is_404(cluster, engines, nats_server, etcd_server) -> None:  # type: ignore[no-untyped-def]
+    registry, ns = cluster
+    async with gateway(nats_server, etcd_server, ns) as (url, service), httpx.AsyncClient(timeout=30) as client:
+        r = await client.post(url + "/v1/completions", json=BODY)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "no_capacity"
+        await register(registry, engines["decode"].info("d0"))  # a decode engine alone cannot serve
+        await wait_instances(service, 1)
+        r = await client.post(url + "/v1/completions", json=BODY)
+        assert r.status_code == 503 and "no ready prefill+decode pair" in r.json()["error"]["message"]
+        r = await client.post(url + "/v1/completions", json={**BODY, "model": "other"})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+
+
+async def test_full_engines_get_429_with_retry_after(cluster, engines, nats_server, etcd_server) -> None:  # type: ignore[no-untyped-def]
+    registry, ns = cluster
+    await register(registry, engines["prefill"].info("p0"), engines["decode"].info("d0"))
+    async with gateway(nats_server, etcd_server, ns, max_pending_per_engine=2) as (url, service):
+        await wait_instances(service, 2)
+        async with httpx.AsyncClient(timeout=60) as client:
+            long = {**BODY, "max_tokens": 400}
+            results = await asyncio.gather(*(client.post(url + "/v1/completions", json=long) for _ in range(5)))
+        codes = sorted(r.status_code for r in results)
+        assert codes.count(200) >= 2 and 429 in codes, codes
+        rejected = next(r for r in results if r.status_code == 429)
+        assert rejected.headers["retry-after"] == "1" and rejected.json()["error"]["type"] == "rate_limit_error"
+
+
+async def test_api_keys_are_enforced(cluster, engines, nats_server, etcd_server) -> None:  # type: ignore[no-untyped-def]
+    registry, ns = cluster
+    await register(registry, engines["prefill"].info("p0"), engines["decode"].info("d0"))
+    async with gateway(nats_server, etcd_server, ns, api_keys=["sekrit"]) as (url, service):
+        await wait_instances(service, 2)
+        async with httpx.AsyncClient(timeout=30) as client:
+            r = await client.post(url + "/v1/completions", json=BODY)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+            r = await client.post(url + "/v1/completions", json=BODY, headers={"authorization": "Bearer sekrit"})
+            assert r.status_code == 200
