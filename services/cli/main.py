@@ -16,6 +16,7 @@ import time
 from types import FrameType
 
 import httpx
+from pydantic import Field
 
 from services.cli.replay_job import ReplaySettings, run_replay
 from services.cli.stack import Stack, StackSettings, read_current_stack
@@ -34,8 +35,8 @@ class BenchSettings(ReplaySettings):
 
     model_config = settings_config("POISE_BENCH_")
 
-    gateway_url: str | None = None
-    model: str | None = None
+    gateway_url: str | None = Field(None, description="Gateway base URL (default: the stack `poise up` started here).")
+    model: str | None = Field(None, description="Model name to request (default: the running stack's model).")
 
 
 def _print(line: str) -> None:

@@ -8,6 +8,7 @@ then ends it with an error event (resuming mid-answer is the recompute-migration
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 import uuid
@@ -26,6 +27,15 @@ from shared.http1 import Http1Pool
 from shared.policies import DispatchPolicy, Placement, RequestView
 
 log = logging.getLogger(__name__)
+
+
+_ID_PREFIX = uuid.uuid4().hex[:16]
+_ID_COUNTER = itertools.count()
+
+
+def _next_id() -> str:
+    # Unique per gateway process without a uuid4 (an os.urandom call) per request.
+    return f"{_ID_PREFIX}{next(_ID_COUNTER):08x}"
 
 
 @dataclass
@@ -52,7 +62,7 @@ class RequestFlow:
         self.metrics = metrics
         self.retries = retries
         self.first_token_timeout_s = first_token_timeout_s
-        self.client_id = ("chatcmpl-" if parsed.endpoint == "chat" else "cmpl-") + uuid.uuid4().hex
+        self.client_id = ("chatcmpl-" if parsed.endpoint == "chat" else "cmpl-") + _next_id()
         self.created = int(time.time())
         self.arrived = time.monotonic()
         self.arrived_unix = time.time()

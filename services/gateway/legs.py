@@ -172,6 +172,21 @@ class Attempt:
         """
         deadline = time.monotonic() + timeout_s
         reader: asyncio.Future[Event | None] | None = None
+        while self.prefill_task is None or self.prefill_task.done():
+            # Common case (colocated engine, or the prefill leg already answered): no race to watch, so read
+            # without the task and wait() machinery.
+            if self.prefill_task is not None and self.prefill_task.exception() is not None:
+                raise self.prefill_task.exception()  # type: ignore[misc]
+            try:
+                async with asyncio.timeout_at(asyncio.get_running_loop().time() + max(0.0, deadline - time.monotonic())):
+                    event = await self._read_event()
+            except TimeoutError:
+                raise LegFailed(self.decode.instance_id, f"no first token within {timeout_s:.0f}s") from None
+            if event is None:
+                raise LegFailed(self.decode.instance_id, "decode stream ended before the first token")
+            self.buffered.append(event)
+            if event.text or event.finish_reason:
+                return
         while True:
             if reader is None:
                 reader = asyncio.ensure_future(self._read_event())

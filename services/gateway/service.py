@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
 import time
 from collections.abc import Coroutine
 from typing import Any
@@ -18,8 +16,6 @@ from shared.bus import Bus, bus_from_settings
 from shared.http1 import Http1Pool
 from shared.policies import DispatchParams, DispatchPolicy, make_dispatch_policy
 from shared.protocol import (
-    AdminCommand,
-    AdminReply,
     InstanceInfo,
     Keys,
     LoadReport,
@@ -29,6 +25,7 @@ from shared.protocol import (
     Subjects,
 )
 from shared.registry import InstanceWatcher, Registry
+from shared.runtime import AdminEndpoint, replica_id
 from shared.tokens import TokenCounter, make_counter
 
 log = logging.getLogger(__name__)
@@ -46,11 +43,12 @@ class GatewayService:
         self.policy: DispatchPolicy = make_dispatch_policy(
             settings.dispatch_policy, DispatchParams(max_pending_per_engine=settings.max_pending_per_engine))
         self.counter: TokenCounter = make_counter(settings.tokenizer)
-        self.replica_id = f"{socket.gethostname()}:{os.getpid()}"
+        self.replica_id = replica_id()
         self.bus: Bus | None = None
         self.registry: Registry | None = None
         self.http: Http1Pool | None = None
         self._watcher: InstanceWatcher | None = None
+        self._admin: AdminEndpoint | None = None
         self._started_at = time.monotonic()
         self._stopped = False
         self._background: set[asyncio.Task[None]] = set()
@@ -63,8 +61,8 @@ class GatewayService:
         self.bus = bus_from_settings(s, f"gateway-{self.replica_id}")
         await self.bus.connect()
         await self.bus.subscribe(self.subjects.load_all(), LoadReport, self.cluster.on_load)
-        await self.bus.serve(self.subjects.admin("gateway"), AdminCommand, self._admin,
-                             error_reply=lambda m: AdminReply(ok=False, message=m), queue="gateway-admin")
+        self._admin = AdminEndpoint(self.bus, self.subjects, "gateway", self._status)
+        await self._admin.start()
         self.registry = Registry(s.etcd_url, self.keys)
         await self.registry.connect()
         self._watcher = InstanceWatcher(self.registry, on_change=self._on_instances)
@@ -82,6 +80,8 @@ class GatewayService:
         if self._background:  # let in-flight aborts reach the engines before the client pool closes
             await asyncio.wait(list(self._background), timeout=5)
         await self._flush_events()
+        if self._admin is not None:
+            await self._admin.stop()
         if self._watcher is not None:
             await self._watcher.stop()
         if self.registry is not None:
@@ -157,13 +157,11 @@ class GatewayService:
         except Exception as exc:  # telemetry must never fail a request; the monitor just misses a batch
             log.warning("could not publish %d request events: %s", len(events), exc)
 
-    async def _admin(self, cmd: AdminCommand) -> AdminReply:
-        if cmd.verb != "status":
-            return AdminReply(ok=False, message=f"unknown verb {cmd.verb!r}; the gateway answers: status")
-        return AdminReply(ok=True, status=ServiceStatus(
+    def _status(self) -> ServiceStatus:
+        return ServiceStatus(
             service="gateway", replica_id=self.replica_id, is_leader=True, policy=self.policy.name,
             policy_note="dispatch: least pending prompt tokens (prefill), least KV use (decode)",
             uptime_s=time.monotonic() - self._started_at,
             details={"inflight": self.cluster.inflight_total(), "instances": len(self.cluster.instances),
                      "listen": f"{self.settings.host}:{self.settings.port}", "token_counter": getattr(self.counter, "name", "")},
-        ))
+        )

@@ -138,7 +138,12 @@ def _markdown(result: dict[str, Any], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # so the stack's finally blocks stop every process it started
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _interrupt)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration-s", type=float, default=10.0, help="seconds per (target, rate) phase")
     parser.add_argument("--rates", default="100,500", help="overhead rates, req/s")

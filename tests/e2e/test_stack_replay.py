@@ -117,3 +117,41 @@ def test_admin_status_lists_instances_over_nats(stack: Stack) -> None:
     roles = sorted(i["info"]["role"] for i in doc["snapshot"]["instances"])
     assert roles == ["decode", "decode", "prefill", "prefill"]
     assert doc["services"]["planner"]["status"]["policy"]
+
+
+def test_poise_bench_replays_against_the_running_gateway(stack: Stack, tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    proc = subprocess.run(
+        [sys.executable, "-m", "services.cli", "bench", "--gateway-url", stack.gateway_url, "--model", MODEL,
+         "--trace", "azure-code", "--max-requests", "20", "--rate-scale", "4", "--out-dir", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["summary"]["requests_total"] == 20 and doc["summary"]["requests_failed"] == 0
+    assert doc["summary"]["token_mismatches"] == 0
+
+
+def test_admin_set_role_flips_an_engine_and_back(stack: Stack) -> None:
+    assert stack.nats is not None
+
+    def admin(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "services.cli", "admin", "--nats-url", stack.nats.url, *args],  # type: ignore[union-attr]
+                              capture_output=True, text=True, timeout=150)
+
+    def roles() -> dict[str, str]:
+        doc = json.loads(admin("status", "--json").stdout)
+        return {i["info"]["instance_id"]: i["info"]["role"] for i in doc["snapshot"]["instances"]}
+
+    flipped = admin("set-role", "d1", "prefill")
+    assert flipped.returncode == 0, flipped.stdout + flipped.stderr
+    assert roles()["d1"] == "prefill"
+    # The flipped engine now serves prefill legs: requests still complete with 3 prefill + 1 decode.
+    with httpx.Client(timeout=60, trust_env=False) as client:
+        for i in range(4):
+            r = client.post(stack.gateway_url + "/v1/completions",
+                            json={"model": MODEL, "prompt": list(range(30 + i)), "max_tokens": 5, "ignore_eos": True})
+            assert r.status_code == 200, r.text
+    back = admin("set-role", "d1", "decode")
+    assert back.returncode == 0, back.stdout + back.stderr
+    assert roles()["d1"] == "decode"
