@@ -22,11 +22,12 @@ _STREAM_LIMIT = 1 << 20  # longest header block / line we accept
 
 
 def split_url(url: str) -> tuple[str, int, str]:
-    """``http://host:port/base`` → (host, port, base path without a trailing slash)."""
+    """``http://host:port/path?query`` → (host, port, request target ``/path?query``)."""
     parts = urlsplit(url)
     if parts.scheme != "http" or not parts.hostname:
         raise ValueError(f"only http://host:port URLs are supported, got {url!r}")
-    return parts.hostname, parts.port or 80, parts.path.rstrip("/")
+    target = parts.path or "/"
+    return parts.hostname, parts.port or 80, f"{target}?{parts.query}" if parts.query else target
 
 
 class Response:
@@ -114,9 +115,9 @@ class Http1Pool:
     async def request(self, method: str, url: str, body: bytes | None = None, *,
                       content_type: str = "application/json") -> Response:
         """Send a request and read the response head; the body is left for the caller to read."""
-        host, port, path = split_url(url)
+        host, port, target = split_url(url)
         peer = (host, port)
-        head = (f"{method} {path or '/'} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Length: {len(body) if body else 0}\r\n"
+        head = (f"{method} {target} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Length: {len(body) if body else 0}\r\n"
                 f"Content-Type: {content_type}\r\nAccept: */*\r\n\r\n").encode()
         payload = head + body if body else head
         for attempt in (0, 1):
@@ -141,13 +142,16 @@ class Http1Pool:
                 raise
         raise AssertionError("unreachable")
 
-    async def post_json(self, url: str, body: bytes) -> tuple[int, bytes]:
-        """POST and read the whole response body."""
-        response = await self.request("POST", url, body)
+    async def fetch(self, method: str, url: str, body: bytes | None = None) -> tuple[int, bytes]:
+        """Send a request and read the whole response body: (status, body)."""
+        response = await self.request(method, url, body)
         try:
             return response.status, await response.read()
         finally:
             response.close()
+
+    async def post_json(self, url: str, body: bytes) -> tuple[int, bytes]:
+        return await self.fetch("POST", url, body)
 
     async def _read_head(self, peer: tuple[str, int], conn: _Conn) -> Response:
         raw = await conn[0].readuntil(b"\r\n\r\n")

@@ -43,7 +43,6 @@ from typing import Any
 
 from services.engine_sim.config import EngineSimSettings, Mode
 from services.engine_sim.handoff import (
-    BootstrapClient,
     BootstrapServer,
     HandoffError,
     RoomRegistry,
@@ -61,6 +60,7 @@ from services.engine_sim.requests import (
     finish_stop,
 )
 from services.engine_sim.tokens import EOS_TOKEN_ID, TokenSource, draw_output_length
+from shared.http1 import Http1Pool
 from shared.latency import LatencyModel, LatencyProfile, load_profile
 
 log = logging.getLogger(__name__)
@@ -137,7 +137,7 @@ class SimEngine:
         self._started = False
         self._task: asyncio.Task[None] | None = None
         self._bg: set[asyncio.Task[Any]] = set()
-        self._client: BootstrapClient | None = None
+        self._client: Http1Pool | None = None
         self._bootstrap_server: BootstrapServer | None = None
         self._prev_deadline = 0.0
         self.startup_unix_s = time.time()
@@ -155,7 +155,7 @@ class SimEngine:
     async def start(self) -> None:
         if self._started:
             return
-        self._client = BootstrapClient()  # one keep-alive pool shared by every KV pull
+        self._client = Http1Pool()  # one keep-alive pool shared by every KV pull
         if self.mode == "prefill":
             await self._start_bootstrap()
         self._task = asyncio.create_task(self._run(), name="engine-sim-scheduler")

@@ -37,6 +37,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from services.engine_sim.requests import Phase, SimRequest
+from shared.http1 import Http1Pool
 
 if TYPE_CHECKING:
     from services.engine_sim.engine import SimEngine
@@ -275,98 +276,16 @@ class HandoffError(Exception):
         self.kind = kind
 
 
-class BootstrapClient:
-    """A small keep-alive HTTP/1.1 client for the two bootstrap calls, shared by all of a decode engine's pulls.
+async def pull_kv(client: Http1Pool, host: str, port: int, room: int, timeout_s: float) -> dict[str, Any]:
+    """Decode side of step 1: claim the room and wait for the prefill to finish.
 
-    Not httpx: a pull runs once per request, and httpx costs ~1 ms of CPU per call here (its pool scans every
-    connection, and httpcore retries ``import sniffio`` on each call), which at the gateway benchmark's
-    500 req/s would be most of a core. This client costs ~40 us. It speaks just what the bootstrap server
-    sends back: a status line, headers, and a Content-Length body.
+    ``client`` is the engine's one keep-alive pool, shared by every pull (a pull runs once per request).
     """
-
-    def __init__(self, max_idle_per_peer: int = 64) -> None:
-        self._idle: dict[tuple[str, int], list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]] = {}
-        self._max_idle = max_idle_per_peer
-        self._closed = False
-
-    async def request(self, method: str, host: str, port: int, target: str, body: bytes | None,
-                      timeout_s: float) -> tuple[int, bytes]:
-        """Send one request; returns (status, body). Raises OSError/TimeoutError when the peer fails."""
-        peer = (host, port)
-        head = (f"{method} {target} HTTP/1.1\r\nHost: {host}:{port}\r\n"
-                f"Content-Length: {len(body) if body else 0}\r\n").encode()
-        if body:
-            head += b"Content-Type: application/json\r\n"
-        payload = head + b"\r\n" + (body or b"")
-        for attempt in (0, 1):
-            conn, reused = self._checkout(peer)
-            if conn is None:
-                conn = await asyncio.wait_for(asyncio.open_connection(host, port), min(timeout_s, 10.0))
-            reader, writer = conn
-            try:
-                async with asyncio.timeout(timeout_s):
-                    writer.write(payload)
-                    status, resp_body, keep = await self._read_response(reader)
-            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
-                writer.close()
-                if reused and attempt == 0:  # the server closed an idle keep-alive connection: retry once
-                    continue
-                raise OSError(f"{method} {target}: {exc!r}") from exc
-            except BaseException:  # timeout or cancellation mid-request: the connection is in an unknown state
-                writer.close()
-                raise
-            if keep and not self._closed and len(self._idle.setdefault(peer, [])) < self._max_idle:
-                self._idle[peer].append(conn)
-            else:
-                writer.close()
-            return status, resp_body
-        raise AssertionError("unreachable")
-
-    def _checkout(self, peer: tuple[str, int]) -> tuple[tuple[asyncio.StreamReader, asyncio.StreamWriter] | None, bool]:
-        idle = self._idle.get(peer)
-        while idle:
-            reader, writer = idle.pop()
-            if not reader.at_eof() and not writer.is_closing():
-                return (reader, writer), True
-            writer.close()
-        return None, False
-
-    @staticmethod
-    async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
-        head = await reader.readuntil(b"\r\n\r\n")
-        lines = head.split(b"\r\n")
-        parts = lines[0].split(b" ", 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
-            raise OSError(f"bad status line {lines[0][:80]!r}")
-        status = int(parts[1])
-        length = 0
-        keep = parts[0] == b"HTTP/1.1"
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            if name == b"content-length":
-                length = int(value.strip())
-            elif name == b"connection":
-                keep = value.strip().lower() != b"close"
-            elif name == b"transfer-encoding":
-                raise OSError("chunked responses are not expected from the bootstrap server")
-        return status, await reader.readexactly(length) if length else b"", keep
-
-    async def aclose(self) -> None:
-        self._closed = True
-        for conns in self._idle.values():
-            for _, writer in conns:
-                writer.close()
-        self._idle.clear()
-
-
-async def pull_kv(client: BootstrapClient, host: str, port: int, room: int, timeout_s: float) -> dict[str, Any]:
-    """Decode side of step 1: claim the room and wait for the prefill to finish."""
-    target = f"/poise_sim/kv/{room}?timeout_s={timeout_s:g}"
+    url = f"http://{host}:{port}/poise_sim/kv/{room}?timeout_s={timeout_s:g}"
     t0 = time.monotonic()
     while True:
         try:
-            status, body = await client.request("GET", host, port, target, None, timeout_s + 10.0)
+            status, body = await asyncio.wait_for(client.fetch("GET", url), timeout_s + 10.0)
         except (OSError, TimeoutError) as exc:
             raise HandoffError("handshake", f"bootstrap server {host}:{port} unreachable: {exc}") from exc
         if status == 202:
@@ -382,9 +301,9 @@ async def pull_kv(client: BootstrapClient, host: str, port: int, room: int, time
         raise HandoffError(kind, f"bootstrap server {host}:{port} answered {status}: {info.get('message', '')}")
 
 
-async def release_kv(client: BootstrapClient, host: str, port: int, room: int, body: dict[str, Any]) -> None:
+async def release_kv(client: Http1Pool, host: str, port: int, room: int, body: dict[str, Any]) -> None:
     """Decode side of step 2 (or the abort notice). Best effort: the prefill times out a lost release."""
     try:
-        await client.request("POST", host, port, f"/poise_sim/kv/{room}/release", orjson.dumps(body), 10.0)
+        await asyncio.wait_for(client.post_json(f"http://{host}:{port}/poise_sim/kv/{room}/release", orjson.dumps(body)), 10.0)
     except (OSError, TimeoutError) as exc:
         log.warning("release of bootstrap_room %s at %s:%s failed: %s", room, host, port, exc)
