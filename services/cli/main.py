@@ -61,15 +61,31 @@ def first_token_probe(gateway_url: str, model: str, timeout_s: float = 30.0) -> 
     raise PoiseError("probe request got no token")
 
 
+def start_stack(settings: StackSettings) -> Stack:
+    """Bring the stack up and serve one token through it; SIGTERM then unwinds like Ctrl-C (clean stop).
+
+    The caller owns the stack and must ``stop()`` it, also when this raises.
+    """
+    t0 = time.monotonic()
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    stack = Stack(settings, progress=_print)
+    stack.start()
+    try:
+        probe = first_token_probe(stack.gateway_url, settings.model)
+    except BaseException:
+        stack.stop()
+        raise
+    _print(f"first token served {time.monotonic() - t0:.1f}s after start (probe TTFT {probe * 1000:.0f} ms)")
+    return stack
+
+
 def cmd_up(argv: list[str]) -> int:
     settings = parse_settings(StackSettings, argv, prog="poise up")
-    t0 = time.monotonic()
-    stack = Stack(settings, progress=_print)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        stack.start()
-        probe = first_token_probe(stack.gateway_url, settings.model)
-        _print(f"first token served {time.monotonic() - t0:.1f}s after start (probe TTFT {probe * 1000:.0f} ms)")
+        stack = start_stack(settings)
+    except KeyboardInterrupt:
+        return 130
+    try:
         _print(f"try: curl -s {stack.gateway_url}/v1/completions -H 'content-type: application/json' "
                f"-d '{{\"model\": \"{settings.model}\", \"prompt\": \"Hello\", \"max_tokens\": 8}}'")
         _print("     poise admin status      (Ctrl-C stops the stack)")
@@ -88,13 +104,11 @@ def cmd_up(argv: list[str]) -> int:
 
 def cmd_run(argv: list[str]) -> int:
     settings = parse_settings(RunSettings, argv, prog="poise run")
-    t0 = time.monotonic()
-    stack = Stack(settings, progress=_print)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        stack.start()
-        probe = first_token_probe(stack.gateway_url, settings.model)
-        _print(f"first token served {time.monotonic() - t0:.1f}s after start (probe TTFT {probe * 1000:.0f} ms)")
+        stack = start_stack(settings)
+    except KeyboardInterrupt:
+        return 130
+    try:
         title = f"poise run: {settings.trace}, {settings.prefill}P{settings.decode}D engine_sim ({settings.profile})"
         result, _ = run_replay(settings, gateway_url=stack.gateway_url, model=settings.model, title=title, label="run")
         dead = stack.check_alive()

@@ -4,22 +4,19 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator, model_validator
 
+from shared.elected import ElectedServiceSettings
 from shared.policies.pools import POOL_POLICIES
-from shared.settings import ControlPlaneSettings, settings_config
+from shared.settings import settings_config
 
 
-class PlannerSettings(ControlPlaneSettings):
+class PlannerSettings(ElectedServiceSettings):
     """Leader-elected loop: cluster snapshot -> pool policy -> role commands to the sidecars."""
 
     model_config = settings_config("POISE_PLANNER_")
 
     policy: str = Field("static", description=f"Pool policy: one of {', '.join(sorted(POOL_POLICIES))}.")
-    tick_interval_s: float = Field(2.0, gt=0.0, description="Seconds between policy decisions (while this replica leads).")
-    leader_ttl_s: int = Field(5, ge=1, description="Leader-election lease TTL in seconds: a dead leader is replaced within about this long.")
-    snapshot_timeout_s: float = Field(2.0, gt=0.0, description="Seconds to wait for the monitor's cluster snapshot.")
     drain_timeout_s: float = Field(60.0, gt=0.0, description="Drain timeout, in seconds, sent with each role command (how long a sidecar waits for its engine to go idle).")
     command_timeout_s: float = Field(150.0, gt=0.0, description="Seconds to wait for a sidecar's answer to a role command (drain plus the switch itself).")
-    replica_id: str | None = Field(None, description="Name of this replica in leader election and status; unset = hostname:pid.")
 
     @field_validator("policy")
     @classmethod

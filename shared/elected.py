@@ -1,0 +1,124 @@
+"""The skeleton every leader-elected control loop shares (planner, migrator, and later ones).
+
+:class:`ElectedService` owns the plumbing: one NATS connection, one etcd client, the admin endpoint, leader
+election and a :class:`~shared.runtime.LeaderTicker` that calls :meth:`ElectedService.tick` only while this
+replica leads. A subclass supplies the loop's body (``tick``), its status and any admin verbs; its policy
+stays a pure object in ``shared.policies``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+from pydantic import Field
+
+from shared.bus import Bus, bus_from_settings
+from shared.protocol import Keys, ServiceStatus, Subjects
+from shared.registry import LeaderElection, Registry
+from shared.runtime import AdminEndpoint, LeaderTicker, StopOnce, Uptime, replica_id
+from shared.settings import ControlPlaneSettings
+
+log = logging.getLogger(__name__)
+
+
+class ElectedServiceSettings(ControlPlaneSettings):
+    """Fields of every leader-elected loop."""
+
+    tick_interval_s: float = Field(2.0, gt=0.0, description="Seconds between policy decisions (while this replica leads).")
+    leader_ttl_s: int = Field(5, ge=1, description="Leader-election lease TTL in seconds: a dead leader is replaced within about this long.")
+    snapshot_timeout_s: float = Field(2.0, gt=0.0, description="Seconds to wait for the monitor's cluster snapshot.")
+    replica_id: str | None = Field(None, description="Name of this replica in leader election and status; unset = hostname:pid.")
+
+
+class ElectedService:
+    """Lifecycle of a leader-elected loop; subclasses implement :meth:`tick` and :meth:`service_status`."""
+
+    name = "elected"
+
+    def __init__(self, settings: ElectedServiceSettings) -> None:
+        self.settings = settings
+        self.subjects = Subjects(settings.namespace)
+        self.keys = Keys(settings.namespace)
+        self.replica_id = settings.replica_id or replica_id()
+        self._uptime = Uptime()
+        self._bus: Bus | None = None
+        self._registry: Registry | None = None
+        self._election: LeaderElection | None = None
+        self._ticker = LeaderTicker(self.tick, lambda: self.is_leader, settings.tick_interval_s, name=f"{self.name}-tick")
+        self._admin: AdminEndpoint | None = None
+        self._stop = StopOnce()
+
+    async def __aenter__(self) -> ElectedService:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @property
+    def is_leader(self) -> bool:
+        return self._election is not None and self._election.is_leader
+
+    @property
+    def bus(self) -> Bus:
+        assert self._bus is not None, f"{self.name} is not started"
+        return self._bus
+
+    async def start(self) -> None:
+        s = self.settings
+        self._bus = bus_from_settings(s, name=f"poise-{self.name}-{self.replica_id}")
+        await self._bus.connect()
+        self._registry = Registry(s.etcd_url, self.keys)
+        await self._registry.connect()
+        self._admin = AdminEndpoint(self._bus, self.subjects, self.name, self.service_status)
+        self.register_admin_verbs(self._admin)
+        await self._admin.start()
+        self._election = LeaderElection(self._registry, self.name, self.replica_id, ttl_s=s.leader_ttl_s,
+                                        on_change=self._on_leadership)
+        await self._election.start()
+        self._ticker.start()
+        log.info("%s %s up with policy %s", self.name, self.replica_id, self.policy_name())
+
+    async def stop(self) -> None:
+        await self._stop.run(self._stop_once)
+
+    async def _stop_once(self) -> None:
+        await self._ticker.stop()
+        await self.before_stop()
+        if self._admin is not None:
+            await self._admin.stop()
+        if self._election is not None:
+            await self._election.stop()  # revokes the lease: a follower takes over at once
+        if self._bus is not None:
+            await self._bus.close()
+        if self._registry is not None:
+            with contextlib.suppress(Exception):  # etcd may already be gone at shutdown
+                await self._registry.close()
+
+    def _on_leadership(self, leader: bool) -> None:
+        log.info("%s %s is %s", self.name, self.replica_id, "the leader" if leader else "a follower")
+
+    def loop_details(self) -> dict[str, Any]:
+        """The ticker's counters, for :meth:`service_status`."""
+        t = self._ticker
+        return {"tick_interval_s": self.settings.tick_interval_s, "ticks": t.ticks, "tick_errors": t.errors,
+                "last_error": t.last_error, "last_tick_unix_s": t.last_tick_unix_s}
+
+    # -- what subclasses provide -------------------------------------------------------------------
+    def policy_name(self) -> str:
+        return "-"
+
+    def register_admin_verbs(self, admin: AdminEndpoint) -> None:
+        """Add service-specific admin verbs (``status`` and ``help`` are always there)."""
+
+    async def before_stop(self) -> None:
+        """Cancel the subclass's own background work; runs after the ticker stopped, before the bus closes."""
+
+    async def tick(self) -> float | None:
+        """One round of the loop, leader only; returns seconds until the next round (None = the interval)."""
+        raise NotImplementedError
+
+    def service_status(self) -> ServiceStatus:
+        raise NotImplementedError
