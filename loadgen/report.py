@@ -156,7 +156,7 @@ def _plot(result: ReplayResult, slo: SLO, title: str, path: Path) -> None:
     time_ax.set_ylabel("TTFT (ms)")
     time_ax.set_title("TTFT per request over the run")
     time_ax.grid(alpha=0.3)
-    time_ax.legend(loc="upper left")
+    time_ax.legend(loc="best")
 
     if records:
         end = max(max(r.finished_s for r in records), max(r.sent_s for r in records))

@@ -155,3 +155,13 @@ def test_admin_set_role_flips_an_engine_and_back(stack: Stack) -> None:
     back = admin("set-role", "d1", "decode")
     assert back.returncode == 0, back.stdout + back.stderr
     assert roles()["d1"] == "decode"
+
+
+def test_gateway_and_monitor_export_prometheus_metrics(stack: Stack) -> None:
+    with httpx.Client(timeout=10, trust_env=False) as client:
+        gateway = client.get(stack.gateway_url + "/metrics").text
+        monitor = client.get(stack.monitor_url + "/metrics").text
+    ttft_count = next(line for line in gateway.splitlines() if line.startswith("poise_gateway_ttft_seconds_count"))
+    assert float(ttft_count.split()[-1]) >= 200  # the replay above went through these histograms
+    assert "poise_gateway_tpot_seconds_bucket" in gateway
+    assert 'poise_instance_running_reqs{instance="p0",role="prefill"}' in monitor

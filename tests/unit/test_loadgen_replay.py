@@ -93,9 +93,7 @@ class SSEServer:
             error = {"message": message, "type": "invalid_request_error", "param": None, "code": 400}
             return await self._plain(writer, 400, {"error": error})
         max_tokens = body["max_tokens"]
-        writer.write(
-            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-        )
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
         self.active += 1
         self.max_active = max(self.max_active, self.active)
         try:

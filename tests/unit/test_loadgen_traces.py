@@ -99,9 +99,7 @@ def test_workload_transforms_on_small_workload() -> None:
 def test_reader_errors_name_file_and_line(tmp_path: Path) -> None:
     bad_csv = tmp_path / "bad.csv"
     bad_csv.write_text(
-        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
-        "2023-11-16 18:17:03.9799600,10,2\n"
-        "2023-11-16 18:17:04.0000000,ten,2\n"
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,10,2\n2023-11-16 18:17:04.0000000,ten,2\n"
     )
     with pytest.raises(ValueError, match=r"bad\.csv:3"):
         read_azure_csv(bad_csv)
@@ -110,9 +108,7 @@ def test_reader_errors_name_file_and_line(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"nohdr\.csv:1: not an Azure trace"):
         read_azure_csv(no_header)
     bad_jsonl = tmp_path / "bad.jsonl"
-    bad_jsonl.write_text(
-        '{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [0]}\n{"timestamp": 5}\n'
-    )
+    bad_jsonl.write_text('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [0]}\n{"timestamp": 5}\n')
     with pytest.raises(ValueError, match=r"bad\.jsonl:2"):
         read_mooncake_jsonl(bad_jsonl)
     with pytest.raises(FileNotFoundError, match="missing.csv"):
