@@ -37,9 +37,15 @@ def format_progress(p: ReplayProgress) -> str:
 
 
 def print_progress(p: ReplayProgress, stream: TextIO | None = None) -> None:
-    """Rewrite one status line on stderr (carriage return), ending it on the final report."""
+    """Rewrite one status line on a terminal; in a log (not a TTY) write a line every 10 s and at the end."""
     out = stream if stream is not None else sys.stderr
     line = format_progress(p)
-    # Pad instead of an ANSI erase so redirected logs stay plain text.
+    if not out.isatty():
+        # A carriage-return line in a CI log is one endless line; keep logs readable and short.
+        if p.final or int(p.elapsed_s) % 10 == 0:
+            out.write(line + "\n")
+            out.flush()
+        return
+    # Pad instead of an ANSI erase so a line that got shorter leaves no stale characters.
     out.write("\r" + line.ljust(_LINE_WIDTH) + ("\n" if p.final else ""))
     out.flush()

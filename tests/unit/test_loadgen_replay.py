@@ -9,6 +9,7 @@ request, missing usage, and a short response.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import socket
 from typing import Any
@@ -260,13 +261,30 @@ async def test_replay_sends_on_schedule() -> None:
         assert r.arrival_s - 1e-3 <= r.sent_s <= r.arrival_s + 0.05
 
 
-def test_print_progress_writes_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_print_progress_rewrites_one_line_on_a_terminal() -> None:
     p = ReplayProgress(total=10, sent=5, done=3, failed=1, in_flight=2, elapsed_s=1.5, ttft_p50_s=0.0123)
-    print_progress(p)
-    print_progress(msgspec.structs.replace(p, final=True))
-    err = capsys.readouterr().err
-    assert err.startswith("\r") and err.endswith("\n") and err.count("\n") == 1
+    out = _Tty()
+    print_progress(p, out)
+    print_progress(msgspec.structs.replace(p, final=True), out)
+    text = out.getvalue()
+    assert text.startswith("\r") and text.endswith("\n") and text.count("\n") == 1
     assert "sent 5/10" in format_progress(p) and "12ms" in format_progress(p)
+
+
+def test_print_progress_writes_sparse_lines_to_a_log() -> None:
+    out = io.StringIO()
+    for second in range(25):
+        p = ReplayProgress(total=10, sent=5, done=3, failed=0, in_flight=2, elapsed_s=second + 0.01, ttft_p50_s=None)
+        print_progress(p, out)
+    print_progress(msgspec.structs.replace(p, final=True), out)
+    lines = out.getvalue().splitlines()
+    assert "\r" not in out.getvalue()
+    assert [line.split("]")[0].strip("[ ") for line in lines] == ["0.0s", "10.0s", "20.0s", "24.0s"]
 
 
 def test_prompt_token_ids_deterministic_and_prefix_sharing() -> None:
