@@ -217,3 +217,20 @@ async def test_api_keys_are_enforced(cluster, engines, nats_server, etcd_server)
             assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
             r = await client.post(url + "/v1/completions", json=BODY, headers={"authorization": "Bearer sekrit"})
             assert r.status_code == 200
+
+
+async def test_non_streaming_client_that_hangs_up_aborts_the_request(cluster, engines, nats_server, etcd_server) -> None:  # type: ignore[no-untyped-def]
+    registry, ns = cluster
+    await register(registry, engines["prefill"].info("p0"), engines["decode"].info("d0"))
+    async with gateway(nats_server, etcd_server, ns) as (url, service):
+        await wait_instances(service, 2)
+        async with httpx.AsyncClient(timeout=30) as client:
+            with contextlib.suppress(httpx.ReadTimeout):  # give up long before 1000 tokens are done
+                await client.post(url + "/v1/completions", json={**BODY, "max_tokens": 1000}, timeout=0.5)
+            deadline = time.monotonic() + 5
+            while service.cluster.inflight_total():
+                assert time.monotonic() < deadline, "the gateway kept the abandoned request"
+                await asyncio.sleep(0.02)
+            loads = (await client.get(engines["decode"].url + "/v1/loads")).json()["loads"][0]
+        assert loads["num_running_reqs"] == 0
+        assert service.metrics.requests.labels("completions", "aborted")._value.get() == 1  # type: ignore[attr-defined]
