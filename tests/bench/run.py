@@ -145,7 +145,7 @@ def _interrupt(signum: int, frame: object) -> None:
 def main() -> None:
     signal.signal(signal.SIGTERM, _interrupt)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--duration-s", type=float, default=10.0, help="seconds per (target, rate) phase")
+    parser.add_argument("--duration-s", type=float, default=20.0, help="seconds per (target, rate) phase")
     parser.add_argument("--rates", default="100,500", help="overhead rates, req/s")
     parser.add_argument("--sweep", default="600,800,1000,1200", help="throughput sweep rates, req/s")
     parser.add_argument("--skip-startup", action="store_true")
