@@ -17,7 +17,7 @@ from pydantic import Field
 from shared.bus import Bus, bus_from_settings
 from shared.protocol import Keys, ServiceStatus, Subjects
 from shared.registry import LeaderElection, Registry
-from shared.runtime import AdminEndpoint, LeaderTicker, StopOnce, Uptime, replica_id
+from shared.runtime import AdminEndpoint, AsyncServiceMixin, LeaderTicker, StopOnce, Uptime, replica_id
 from shared.settings import ControlPlaneSettings
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ class ElectedServiceSettings(ControlPlaneSettings):
     replica_id: str | None = Field(None, description="Name of this replica in leader election and status; unset = hostname:pid.")
 
 
-class ElectedService:
+class ElectedService(AsyncServiceMixin):
     """Lifecycle of a leader-elected loop; subclasses implement :meth:`tick` and :meth:`service_status`."""
 
     name = "elected"
@@ -49,13 +49,6 @@ class ElectedService:
         self._ticker = LeaderTicker(self.tick, lambda: self.is_leader, settings.tick_interval_s, name=f"{self.name}-tick")
         self._admin: AdminEndpoint | None = None
         self._stop = StopOnce()
-
-    async def __aenter__(self) -> ElectedService:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
     @property
     def is_leader(self) -> bool:

@@ -20,7 +20,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from shared.bus import Bus
 from shared.errors import PoiseError
@@ -114,6 +114,23 @@ async def run_service(service: Service, *, stop_event: asyncio.Event | None = No
 def _on_signal(sig: signal.Signals, stop_event: asyncio.Event) -> None:
     log.info("received %s; stopping", sig.name)
     stop_event.set()
+
+
+class AsyncServiceMixin:
+    """``async with service:`` starts it and stops it (tests and embedders use this form)."""
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    async def stop(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
 
 
 class StopOnce:

@@ -44,7 +44,7 @@ from shared.protocol import (
     Subjects,
 )
 from shared.registry import InstanceWatcher, Registry
-from shared.runtime import AdminEndpoint, EmbeddedHttpServer, StopOnce, Uptime, replica_id
+from shared.runtime import AdminEndpoint, AsyncServiceMixin, EmbeddedHttpServer, StopOnce, Uptime, replica_id
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class Counters:
     events: int = 0
 
 
-class MonitorService:
+class MonitorService(AsyncServiceMixin):
     """See the module docstring."""
 
     name = "monitor"
@@ -88,13 +88,6 @@ class MonitorService:
         self._subs: list[Any] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._stop = StopOnce()
-
-    async def __aenter__(self) -> MonitorService:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
     @property
     def http_port(self) -> int | None:

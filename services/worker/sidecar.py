@@ -45,7 +45,7 @@ from shared.protocol import (
 )
 from shared.protocol.messages import InstanceStatus, Role
 from shared.registry import ETCD_ERRORS, InstanceRegistration, Registry
-from shared.runtime import AdminEndpoint, StopOnce, Uptime, replica_id, require_arg
+from shared.runtime import AdminEndpoint, AsyncServiceMixin, StopOnce, Uptime, replica_id, require_arg
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def load_report(instance_id: str, role: Role, status: InstanceStatus, loads: Eng
     )
 
 
-class WorkerService:
+class WorkerService(AsyncServiceMixin):
     """The sidecar of one engine (see the module docstring for what it does)."""
 
     name = "worker"
@@ -114,13 +114,6 @@ class WorkerService:
         self._stop = StopOnce()
 
     # -- lifecycle ---------------------------------------------------------------------------------
-    async def __aenter__(self) -> WorkerService:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
     @property
     def registered(self) -> bool:
         return self._registered
