@@ -106,19 +106,38 @@ def create_app(service: GatewayService) -> GatewayApp:
             raise model_not_found(parsed.model, served)
         flow = service.new_flow(parsed)
         service.metrics.inflight.inc()
+        # Until a streaming response takes over (Starlette watches the connection then), a client that hangs
+        # up cancels this task, so both engines are told to stop at once.
+        watch = _DisconnectWatch(request)
         try:
             async with asyncio.timeout(settings.request_timeout_s):
                 await flow.start()
-        except BaseException as exc:
-            service.finish(flow, status="error", error=str(exc) or type(exc).__name__)
-            if isinstance(exc, TimeoutError):
-                raise APIError(504, f"request timed out after {settings.request_timeout_s:.0f}s",
-                               type_="timeout_error", code="timeout") from None
+                body = None if parsed.stream else await flow.collect()
+        except asyncio.CancelledError:
+            if not watch.fired:
+                service.finish(flow, status="aborted", error="cancelled")
+                raise
+            watch.acknowledge()
+            service.finish(flow, status="aborted", error="client disconnected")
+            return Response(status_code=499)
+        except TimeoutError:
+            service.finish(flow, status="error", error="timeout")
+            raise APIError(504, f"request timed out after {settings.request_timeout_s:.0f}s",
+                           type_="timeout_error", code="timeout") from None
+        except APIError as exc:
+            service.finish(flow, status="error", error=exc.message)
             raise
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            service.finish(flow, status="error", error=error)
+            raise APIError(502, f"the engine stream broke: {error}", type_="server_error") from None
+        finally:
+            watch.stop()
         if parsed.stream:
             return _ClosingStreamingResponse(_stream(flow), media_type="text/event-stream",
-                                     headers={"cache-control": "no-cache", "x-request-id": flow.client_id})
-        return await _collect(request, flow)
+                                             headers={"cache-control": "no-cache", "x-request-id": flow.client_id})
+        service.finish(flow)
+        return _json(body)
 
     async def _stream(flow: RequestFlow) -> AsyncIterator[bytes]:
         status, error = "ok", None
@@ -140,43 +159,6 @@ def create_app(service: GatewayService) -> GatewayApp:
             status, error = "error", f"{type(exc).__name__}: {exc}"
             yield _sse_error(502, f"the stream broke after the first token: {error}", "server_error")
         finally:
-            service.finish(flow, status=status, error=error)
-
-    async def _collect(request: Request, flow: RequestFlow) -> Response:
-        # A non-streaming client that hangs up must not leave both engines generating: a watcher cancels this
-        # task when the client goes away (one extra task per request, not two plus a wait()).
-        this = asyncio.current_task()
-        assert this is not None
-        hung_up = False
-
-        def on_disconnect(watcher: asyncio.Task[None]) -> None:
-            nonlocal hung_up
-            if not watcher.cancelled() and watcher.exception() is None:
-                hung_up = True
-                this.cancel()
-
-        gone = asyncio.ensure_future(_disconnected(request))
-        gone.add_done_callback(on_disconnect)
-        status, error = "ok", None
-        try:
-            async with asyncio.timeout(max(0.0, flow.arrived + settings.request_timeout_s - time.monotonic())):
-                body = await flow.collect()
-            return _json(body)
-        except asyncio.CancelledError:
-            if not hung_up:
-                raise
-            status, error = "aborted", "client disconnected"
-            return Response(status_code=499)
-        except TimeoutError:
-            status, error = "error", "timeout"
-            raise APIError(504, f"request timed out after {settings.request_timeout_s:.0f}s", type_="timeout_error",
-                           code="timeout") from None
-        except Exception as exc:
-            status, error = "error", f"{type(exc).__name__}: {exc}"
-            raise APIError(502, f"the engine stream broke: {error}", type_="server_error") from None
-        finally:
-            gone.remove_done_callback(on_disconnect)
-            gone.cancel()
             service.finish(flow, status=status, error=error)
 
     async def completions(request: Request) -> Response:
@@ -227,6 +209,31 @@ class _ClosingStreamingResponse(StreamingResponse):
             aclose = getattr(self.body_iterator, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+
+class _DisconnectWatch:
+    """Cancels the current task when the client disconnects (one small task per request)."""
+
+    def __init__(self, request: Request) -> None:
+        self.fired = False
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self._watcher = asyncio.ensure_future(_disconnected(request))
+        self._watcher.add_done_callback(self._on_done)
+
+    def _on_done(self, watcher: asyncio.Future[None]) -> None:
+        if not watcher.cancelled() and watcher.exception() is None:
+            self.fired = True
+            self._task.cancel()
+
+    def acknowledge(self) -> None:
+        """The cancellation was handled: clear it so the task can still await (e.g. to send a response)."""
+        self._task.uncancel()
+
+    def stop(self) -> None:
+        self._watcher.remove_done_callback(self._on_done)
+        self._watcher.cancel()
 
 
 async def _disconnected(request: Request) -> None:

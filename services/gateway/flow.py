@@ -116,13 +116,15 @@ class RequestFlow:
             attempt = Attempt(
                 rid=f"{self.client_id}-{attempt_no}", endpoint=self.parsed.endpoint,
                 prefill=instances[placement.prefill_id] if placement.prefill_id else None,
-                decode=instances[placement.decode_id], http=self.http,
+                decode=instances[placement.decode_id], http=self.http, stream=self.parsed.stream,
             )
             self.attempt = attempt
             self.outcome.prefill_id, self.outcome.decode_id = placement.prefill_id, placement.decode_id
             try:
                 await attempt.start(self.parsed.body)
-                await attempt.wait_first_token(self.first_token_timeout_s)
+                # A non-streaming answer arrives whole, so it gets the request's deadline (enforced around
+                # start() by the caller), not the first-token one.
+                await attempt.wait_first_token(self.first_token_timeout_s if self.parsed.stream else float("inf"))
                 return
             except LegFailed as exc:
                 last_error = exc
@@ -170,7 +172,14 @@ class RequestFlow:
         return b"data: " + orjson.dumps(data) + b"\n\n"
 
     async def collect(self) -> dict[str, Any]:
-        """Run to the end and assemble a non-streaming OpenAI response."""
+        """The non-streaming OpenAI response: the decode leg's own, re-id'd (or assembled from a stream)."""
+        if self.attempt is not None and self.attempt.result is not None:
+            body = self.attempt.result
+            body["id"] = self.client_id
+            usage = body.get("usage")
+            if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
+                self.outcome.output_tokens = int(usage["completion_tokens"])
+            return body
         parts: list[str] = []
         finish: str | None = None
         usage: dict[str, Any] | None = None

@@ -93,12 +93,18 @@ class Attempt:
     _lines: AsyncIterator[bytes] | None = None
     buffered: list[Event] = field(default_factory=list)
     finished: bool = False
+    stream: bool = True  # False: the decode leg answers with one JSON body (non-streaming clients)
+    result: dict[str, Any] | None = None  # that body, once it arrived
+    _decode_task: asyncio.Task[None] | None = None
 
     def bodies(self, body: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         decode_body = dict(body)
         decode_body["rid"] = self.rid
-        decode_body["stream"] = True
-        decode_body["stream_options"] = {"include_usage": True}
+        decode_body["stream"] = self.stream
+        if self.stream:
+            decode_body["stream_options"] = {"include_usage": True}
+        else:
+            decode_body.pop("stream_options", None)
         if self.prefill is None:
             return None, decode_body
         room = new_bootstrap_room()
@@ -115,6 +121,10 @@ class Attempt:
         path = ENGINE_PATHS[self.endpoint]
         if self.prefill is not None and prefill_body is not None:
             self.prefill_task = asyncio.create_task(self._run_prefill(self.prefill.url + path, prefill_body))
+        if not self.stream:
+            # One response, no per-token events: fewer wake-ups on both sides of the gateway.
+            self._decode_task = asyncio.create_task(self._run_decode_whole(self.decode.url + path, decode_body))
+            return
         try:
             self._response = await self.http.request("POST", self.decode.url + path, orjson.dumps(decode_body))
             if self._response.status != 200:
@@ -124,6 +134,22 @@ class Attempt:
         except OSError as exc:  # includes TimeoutError
             raise LegFailed(self.decode.instance_id, f"cannot reach decode engine: {exc!r}") from exc
         self._lines = self._response.aiter_lines().__aiter__()
+
+    async def _run_decode_whole(self, url: str, body: dict[str, Any]) -> None:
+        try:
+            status, content = await self.http.post_json(url, orjson.dumps(body))
+        except OSError as exc:
+            raise LegFailed(self.decode.instance_id, f"cannot reach decode engine: {exc!r}") from exc
+        if status != 200:
+            raise LegFailed(self.decode.instance_id, _error_message(content), status)
+        try:
+            result = orjson.loads(content)
+        except orjson.JSONDecodeError as exc:
+            raise LegFailed(self.decode.instance_id, f"malformed response: {content[:100]!r}") from exc
+        if not isinstance(result, dict) or not result.get("choices"):
+            raise LegFailed(self.decode.instance_id, _error_message(content))
+        self.result = result
+        self.finished = True
 
     async def _run_prefill(self, url: str, body: dict[str, Any]) -> None:
         assert self.prefill is not None
@@ -170,6 +196,9 @@ class Attempt:
         Raises :class:`LegFailed` when either leg fails first, or on timeout; the events read are kept in
         ``buffered`` and replayed by :meth:`next_event`.
         """
+        if self._decode_task is not None:
+            await self._wait_whole(timeout_s)
+            return
         deadline = time.monotonic() + timeout_s
         reader: asyncio.Future[Event | None] | None = None
         while self.prefill_task is None or self.prefill_task.done():
@@ -211,7 +240,30 @@ class Attempt:
             if event.text or event.finish_reason:
                 return
 
+    async def _wait_whole(self, timeout_s: float) -> None:
+        """Non-streaming decode leg: wait for its whole answer, failing early if the prefill leg fails."""
+        assert self._decode_task is not None
+        waiting: set[asyncio.Task[None]] = {self._decode_task}
+        if self.prefill_task is not None:
+            waiting.add(self.prefill_task)
+        deadline = time.monotonic() + timeout_s
+        while not self._decode_task.done():
+            done, _ = await asyncio.wait(waiting, timeout=max(0.0, deadline - time.monotonic()),
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                raise LegFailed(self.decode.instance_id, f"no answer within {timeout_s:.0f}s")
+            if self.prefill_task in done:
+                waiting.discard(self.prefill_task)
+                if self.prefill_task.exception() is not None:  # type: ignore[union-attr]
+                    raise self.prefill_task.exception()  # type: ignore[misc, union-attr]
+        self._decode_task.result()  # raises the decode leg's LegFailed
+
     async def close(self) -> None:
+        if self._decode_task is not None and not self._decode_task.done():
+            self._decode_task.cancel()
+        if self._decode_task is not None:
+            with contextlib.suppress(BaseException):
+                await self._decode_task
         if self._response is not None:
             self._response.close()
         if self.prefill_task is not None and not self.prefill_task.done():

@@ -234,3 +234,25 @@ async def test_non_streaming_client_that_hangs_up_aborts_the_request(cluster, en
             loads = (await client.get(engines["decode"].url + "/v1/loads")).json()["loads"][0]
         assert loads["num_running_reqs"] == 0
         assert service.metrics.requests.labels("completions", "aborted")._value.get() == 1  # type: ignore[attr-defined]
+
+
+async def test_hanging_up_before_the_first_token_aborts_the_prefill(cluster, engines, nats_server, etcd_server) -> None:  # type: ignore[no-untyped-def]
+    registry, ns = cluster
+    await register(registry, engines["prefill"].info("p0"), engines["decode"].info("d0"))
+    async with gateway(nats_server, etcd_server, ns) as (url, service):
+        await wait_instances(service, 2)
+        # ~100K prompt tokens: about 1.7 s of prefill at time_scale 0.2, so the client leaves while it runs.
+        body = {**BODY, "prompt": list(range(100_000)), "stream": True}
+        async with httpx.AsyncClient(timeout=30) as client:
+            with contextlib.suppress(httpx.ReadTimeout):
+                async with client.stream("POST", url + "/v1/completions", json=body, timeout=0.5) as r:
+                    await r.aread()
+            # Left alone, the prefill would run ~1.2 s more; aborted, the engine is idle well before that.
+            deadline = time.monotonic() + 0.8
+            while True:
+                loads = (await client.get(engines["prefill"].url + "/v1/loads")).json()["loads"][0]
+                if loads["num_running_reqs"] == 0 and loads["num_waiting_reqs"] == 0:
+                    break
+                assert time.monotonic() < deadline, f"prefill engine still busy with the abandoned request: {loads}"
+                await asyncio.sleep(0.05)
+        assert service.metrics.requests.labels("completions", "aborted")._value.get() == 1  # type: ignore[attr-defined]
