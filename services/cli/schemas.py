@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic_settings import BaseSettings
 
-from services.cli.main import BenchSettings, RunSettings
+from services.cli.main import BenchSettings, RunSettings, SimSettings
 from services.cli.stack import StackSettings
 from services.engine_sim.config import EngineSimSettings
 from services.gateway.config import GatewaySettings
@@ -30,6 +30,7 @@ SETTINGS: dict[str, type[BaseSettings]] = {
     "stack": StackSettings,
     "run": RunSettings,
     "bench": BenchSettings,
+    "sim": SimSettings,
 }
 
 

@@ -1,0 +1,265 @@
+"""The simulated cluster: instances that batch like SGLang, driven by the live system's dispatch policy.
+
+What is modelled, per instance (times from :class:`shared.latency.LatencyModel`, as in engine_sim):
+
+- **prefill**: a request waits until its decode instance has reserved KV for it (SGLang's ``early`` decode
+  allocation: the prefill starts once the decode side claimed the bootstrap room); then FCFS admission by
+  KV capacity; each step prefills chunks of admitted prompts up to ``chunked_prefill_size`` tokens in one
+  forward pass. Its KV is held until the transfer to the decode instance ends.
+- **decode**: KV for prompt + output is reserved at dispatch time in FCFS order (a request waits while it
+  does not fit); after the prefill, the KV transfer takes ``kv_transfer_time_s(prompt)``; the request then
+  joins the running batch (at most ``max_running_requests``) and its first token is emitted; every decode
+  step emits one token per running request.
+- **null** (colocated): decode-prioritised mixed steps, every running request decodes and prefill chunks
+  fill the chunk budget; a request's first token comes at the end of the step that finishes its prompt.
+
+Simplifications, written down so results are read right: KV for the whole output is reserved up front (no
+retraction), transfers do not contend for bandwidth, and there are no network or gateway delays.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from loadgen.sim.events import PRIORITY_STEP_END, PRIORITY_TRANSFER_DONE, EventQueue
+from shared.latency import LatencyModel
+from shared.policies import DispatchPolicy, EngineView, Placement, RequestView
+from shared.protocol.messages import Role
+
+
+@dataclass(eq=False)
+class SimRequest:
+    """One request's progress through the simulated cluster (times in simulated seconds)."""
+
+    index: int
+    rid: str
+    arrival_s: float
+    input_tokens: int
+    output_tokens: int
+    prefilled: int = 0  # prompt tokens computed so far
+    generated: int = 0  # output tokens emitted so far
+    first_token_s: float | None = None
+    finished_s: float | None = None
+    error: str | None = None
+    prefill: SimInstance | None = None
+    decode: SimInstance | None = None
+
+    @property
+    def kv_tokens(self) -> int:
+        """KV a decode or colocated instance reserves for the request (prompt + whole output)."""
+        return self.input_tokens + self.output_tokens
+
+
+class SimInstance:
+    """One engine. ``kick()`` starts a step whenever the instance is idle and has work."""
+
+    def __init__(self, instance_id: str, role: Role, model: LatencyModel, queue: EventQueue,
+                 on_finish: Callable[[SimRequest], None]) -> None:
+        p = model.profile
+        self.instance_id = instance_id
+        self.role = role
+        self.model = model
+        self.queue = queue
+        self.on_finish = on_finish
+        self.kv_capacity = p.kv_capacity_tokens
+        self.max_running = p.max_running_requests
+        self.chunk = p.chunked_prefill_size
+        self.used_kv = 0
+        self.busy = False
+        self.waiting: deque[SimRequest] = deque()  # prefill/null: before KV admission
+        self.prefilling: list[SimRequest] = []  # prefill/null: admitted, prompt not done
+        self.reserve_queue: deque[SimRequest] = deque()  # decode: waiting for KV
+        self.ready: deque[SimRequest] = deque()  # decode/null: KV in place, waiting for a batch slot
+        self.running: list[SimRequest] = []  # decode/null: in the decode batch
+        self.assigned = 0  # requests dispatched here and not done here
+        self.pending_tokens = 0  # prefill: prompt tokens not computed yet; decode: KV not reserved yet
+        self.steps = 0
+
+    # -- what the dispatcher sees ------------------------------------------------------------------
+    def view(self) -> EngineView:
+        return EngineView(
+            instance_id=self.instance_id, role=self.role, status="ready", kv_capacity_tokens=self.kv_capacity,
+            max_running_requests=self.max_running, running_reqs=len(self.running) + len(self.prefilling),
+            waiting_reqs=len(self.waiting) + len(self.reserve_queue) + len(self.ready), used_tokens=self.used_kv,
+            load_age_s=0.0, inflight_reqs=self.assigned, inflight_tokens=self.pending_tokens,
+        )
+
+    # -- intake ------------------------------------------------------------------------------------
+    def enqueue_prefill(self, req: SimRequest) -> None:
+        self.waiting.append(req)
+        self.kick()
+
+    def enqueue_reserve(self, req: SimRequest) -> None:
+        self.reserve_queue.append(req)
+        self._reserve()
+
+    def _reserve(self) -> None:
+        """Decode: reserve KV for queued requests in order; each reserved one may start its prefill."""
+        while self.reserve_queue and self.used_kv + self.reserve_queue[0].kv_tokens <= self.kv_capacity:
+            req = self.reserve_queue.popleft()
+            self.used_kv += req.kv_tokens
+            self.pending_tokens -= req.kv_tokens
+            assert req.prefill is not None
+            req.prefill.enqueue_prefill(req)
+
+    def transfer_done(self, req: SimRequest) -> None:
+        self.ready.append(req)
+        self.kick()
+
+    def release(self, tokens: int) -> None:
+        self.used_kv -= tokens
+        if self.role == "decode":
+            self._reserve()
+        self.kick()
+
+    # -- steps -------------------------------------------------------------------------------------
+    def kick(self) -> None:
+        if self.busy:
+            return
+        duration = self._begin_step()
+        if duration is None:
+            return
+        self.busy = True
+        self.steps += 1
+        self.queue.at(self.queue.now_s + duration, PRIORITY_STEP_END, self._end_step)
+
+    def _admit_prompts(self, kv_per_request: Callable[[SimRequest], int]) -> None:
+        while self.waiting and self.used_kv + kv_per_request(self.waiting[0]) <= self.kv_capacity:
+            req = self.waiting.popleft()
+            self.used_kv += kv_per_request(req)
+            self.prefilling.append(req)
+
+    def _chunk_plan(self, budget: int) -> list[tuple[SimRequest, int]]:
+        plan = []
+        for req in self.prefilling:
+            if budget <= 0:
+                break
+            n = min(req.input_tokens - req.prefilled, budget)
+            plan.append((req, n))
+            budget -= n
+        return plan
+
+    def _join_ready(self) -> None:
+        now = self.queue.now_s
+        while self.ready and len(self.running) < self.max_running:
+            req = self.ready.popleft()
+            req.first_token_s = now
+            req.generated = 1
+            if req.generated >= req.output_tokens:
+                self._finish(req)
+            else:
+                self.running.append(req)
+
+    def _begin_step(self) -> float | None:
+        if self.role == "prefill":
+            self._admit_prompts(lambda r: r.input_tokens)
+            self._plan = self._chunk_plan(self.chunk)
+            if not self._plan:
+                return None
+            return self.model.prefill_batch_time_s((n, r.prefilled) for r, n in self._plan)
+        if self.role == "decode":
+            self._join_ready()
+            self._batch = list(self.running)
+            if not self._batch:
+                return None
+            return self.model.decode_step_time_s(len(self._batch), sum(r.input_tokens + r.generated for r in self._batch))
+        # colocated
+        self._admit_prompts(lambda r: r.kv_tokens)
+        self._join_ready()
+        self._batch = list(self.running)
+        self._plan = self._chunk_plan(self.chunk)
+        if not self._batch and not self._plan:
+            return None
+        context = sum(r.input_tokens + r.generated for r in self._batch)
+        return self.model.mixed_step_time_s(len(self._batch), context, ((n, r.prefilled) for r, n in self._plan))
+
+    def _end_step(self) -> None:
+        self.busy = False
+        if self.role in ("decode", "null"):
+            for req in self._batch:
+                req.generated += 1
+                if req.generated >= req.output_tokens:
+                    self.running.remove(req)
+                    self._finish(req)
+        if self.role in ("prefill", "null"):
+            for req, n in self._plan:
+                req.prefilled += n
+                self.pending_tokens -= n if self.role == "prefill" else 0
+                if req.prefilled >= req.input_tokens:
+                    self.prefilling.remove(req)
+                    self._prompt_done(req)
+            self._plan = []
+        self._batch = []
+        self.kick()
+
+    def _prompt_done(self, req: SimRequest) -> None:
+        if self.role == "null":
+            self.ready.append(req)  # first token when it joins the batch, at once if there is room
+            return
+        # prefill: hand the KV to the decode instance; this instance keeps it until the copy is done
+        self.assigned -= 1
+        decode = req.decode
+        assert decode is not None
+
+        def arrived() -> None:
+            self.release(req.input_tokens)
+            decode.transfer_done(req)
+
+        self.queue.at(self.queue.now_s + self.model.kv_transfer_time_s(req.input_tokens), PRIORITY_TRANSFER_DONE, arrived)
+
+    def _finish(self, req: SimRequest) -> None:
+        req.finished_s = self.queue.now_s
+        self.assigned -= 1
+        self.used_kv -= req.kv_tokens
+        if self.role == "decode":
+            self._reserve()
+        self.on_finish(req)
+
+
+_ID_PREFIX = {"prefill": "p", "decode": "d", "null": "c"}
+
+
+class SimCluster:
+    """Instances plus the dispatch policy the live gateway uses, fed exact snapshots."""
+
+    def __init__(self, roles: list[Role], model: LatencyModel, policy: DispatchPolicy, queue: EventQueue) -> None:
+        self.queue = queue
+        self.policy = policy
+        self.finished: list[SimRequest] = []
+        counters = {"prefill": 0, "decode": 0, "null": 0}
+        self.instances: dict[str, SimInstance] = {}
+        for role in roles:
+            instance_id = f"{_ID_PREFIX[role]}{counters[role]}"  # the same ids poise up gives
+            counters[role] += 1
+            self.instances[instance_id] = SimInstance(instance_id, role, model, queue, self.finished.append)
+
+    def submit(self, req: SimRequest) -> None:
+        views = [i.view() for i in self.instances.values()]
+        decision = self.policy.place(
+            RequestView(rid=req.rid, input_tokens=req.input_tokens, max_output_tokens=req.output_tokens),
+            views, self.queue.now_s)
+        if not isinstance(decision, Placement):
+            self._fail(req, f"{'429' if decision.retryable else '503'}: {decision.reason}")
+            return
+        decode = self.instances[decision.decode_id]
+        if req.kv_tokens > decode.kv_capacity or req.input_tokens > decode.kv_capacity:
+            self._fail(req, f"400: request needs {req.kv_tokens} KV tokens, above the engine's {decode.kv_capacity}")
+            return
+        req.decode = decode
+        decode.assigned += 1
+        if decision.prefill_id is None:
+            decode.enqueue_prefill(req)
+            return
+        prefill = self.instances[decision.prefill_id]
+        req.prefill = prefill
+        prefill.assigned += 1
+        prefill.pending_tokens += req.input_tokens
+        decode.pending_tokens += req.kv_tokens
+        decode.enqueue_reserve(req)
+
+    def _fail(self, req: SimRequest, error: str) -> None:
+        req.error = error
+        req.finished_s = self.queue.now_s
+        self.finished.append(req)

@@ -1,0 +1,123 @@
+"""The virtual-time simulator: exact latencies from the shared model, capacity limits, determinism."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from loadgen.sim.baselines import make_mix, parse_split
+from loadgen.sim.run import simulate
+from loadgen.slo import SLO
+from loadgen.traces import load_trace
+from loadgen.workload import TraceRequest, Workload
+from shared.latency import LatencyModel, load_profile
+
+SLO_ = SLO(ttft_s=2.0, tpot_s=0.15)
+
+
+def model(**changes: object) -> LatencyModel:
+    return LatencyModel(msgspec.structs.replace(load_profile(), **changes))
+
+
+def workload(*reqs: tuple[float, int, int]) -> Workload:
+    return Workload(name="test", requests=[TraceRequest(index=i, arrival_s=t, input_tokens=n, output_tokens=o)
+                                          for i, (t, n, o) in enumerate(reqs)])
+
+
+def test_a_lone_request_takes_exactly_the_models_time() -> None:
+    m = model()
+    result = simulate(workload((0.0, 1000, 5)), make_mix("static-minload", 2), m, SLO_)
+    (r,) = result.records
+    ttft = m.prefill_batch_time_s([(1000, 0)]) + m.kv_transfer_time_s(1000)
+    assert r.ttft_s == pytest.approx(ttft)
+    steps = sum(m.decode_step_time_s(1, 1000 + g) for g in range(1, 5))  # tokens 2..5, one step each
+    assert r.finished_s == pytest.approx(ttft + steps)
+    assert r.output_tokens_received == 5 and r.ok
+
+
+def test_colocated_first_token_comes_with_the_prompts_last_chunk() -> None:
+    m = model(chunked_prefill_size=512)
+    result = simulate(workload((0.0, 1000, 1)), make_mix("colocated", 1), m, SLO_)
+    (r,) = result.records
+    # Two chunks (512 + 488) in two steps; one output token means done at the first token.
+    expected = m.prefill_batch_time_s([(512, 0)]) + m.prefill_batch_time_s([(488, 512)])
+    assert r.ttft_s == pytest.approx(expected) and r.e2e_s == pytest.approx(expected)
+
+
+def test_kv_capacity_makes_requests_wait() -> None:
+    m = model(kv_capacity_tokens=1500)
+    # Each needs 1000 + 100 KV tokens on the decode side: the second waits for the first to finish.
+    result = simulate(workload((0.0, 1000, 100), (0.0, 1000, 100)), make_mix("static-minload", 2), m, SLO_)
+    first, second = sorted(result.records, key=lambda r: r.finished_s)
+    assert second.first_token_s is not None and second.first_token_s >= first.finished_s
+
+
+def test_too_large_requests_fail_and_others_complete() -> None:
+    m = model(kv_capacity_tokens=2000)
+    result = simulate(workload((0.0, 5000, 10), (0.1, 500, 10)), make_mix("static-minload", 2), m, SLO_)
+    big, small = result.records
+    assert big.status == "error" and "KV tokens" in (big.error or "")
+    assert small.ok and small.output_tokens_received == 10
+
+
+def test_every_request_of_a_real_slice_completes_with_exact_tokens() -> None:
+    w = load_trace("azure-conv").slice(0.0, 120.0)
+    for name, split in (("static-minload", "2P2D"), ("static-rr", "3P1D"), ("colocated", None)):
+        result = simulate(w, make_mix(name, 4, split), model(), SLO_)
+        assert len(result.records) == len(w.requests)
+        assert all(r.ok and r.output_tokens_received == r.output_tokens_expected for r in result.records), name
+        assert result.summary.token_mismatches == 0
+
+
+def test_same_inputs_same_results() -> None:
+    w = load_trace("azure-code").slice(0.0, 60.0)
+    a = simulate(w, make_mix("static-rr", 4), model(), SLO_, rate_scale=3.0)
+    b = simulate(w, make_mix("static-rr", 4), model(), SLO_, rate_scale=3.0)
+    assert [(r.first_token_s, r.finished_s) for r in a.records] == [(r.first_token_s, r.finished_s) for r in b.records]
+
+
+def test_more_load_means_more_latency() -> None:
+    w = load_trace("azure-conv").slice(0.0, 120.0)
+    calm = simulate(w, make_mix("static-minload", 2), model(), SLO_).summary
+    busy = simulate(w, make_mix("static-minload", 2), model(), SLO_, rate_scale=6.0).summary
+    assert busy.ttft_p90_s > calm.ttft_p90_s  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("split, instances, expected", [(None, 8, (4, 4)), (None, 3, (2, 1)), ("4P4D", 8, (4, 4)),
+                                                         ("6:2", 8, (6, 2))])
+def test_parse_split(split: str | None, instances: int, expected: tuple[int, int]) -> None:
+    assert parse_split(split, instances) == expected
+
+
+@pytest.mark.parametrize("split, instances", [("4P3D", 8), ("0P8D", 8), ("four", 8)])
+def test_bad_splits(split: str, instances: int) -> None:
+    with pytest.raises(ValueError):
+        parse_split(split, instances)
+
+
+def test_unknown_mix_names_the_known_ones() -> None:
+    with pytest.raises(ValueError, match="static-minload"):
+        make_mix("arrow", 8)
+
+
+def test_poise_sim_command_writes_reports(tmp_path: object) -> None:
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = Path(str(tmp_path))
+    proc = subprocess.run(
+        [sys.executable, "-m", "services.cli", "sim", "--trace", "azure-conv", "--duration-s", "60", "--instances", "4",
+         "--split", "2P2D", "--policy", "static-rr", "--out-dir", str(out / "rep"), "--json", str(out / "s.json")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "SLO attainment" in proc.stdout and "simulated s per wall s" in proc.stdout
+    doc = json.loads((out / "s.json").read_text())
+    assert doc["config"]["policy"] == "static-rr" and doc["config"]["roles"] == ["prefill"] * 2 + ["decode"] * 2
+    assert doc["summary"]["requests_failed"] == 0
+    assert (out / "rep" / "report.png").stat().st_size > 10_000
+    bad = subprocess.run([sys.executable, "-m", "services.cli", "sim", "--split", "3P3D", "--instances", "8"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "split 3P3D has 6 instances" in bad.stderr
