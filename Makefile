@@ -31,9 +31,10 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -q -m "not e2e" $(ARGS)
 
-## Benchmarks: gateway overhead and throughput, start-up time. Results go to tests/bench/results/.
+## Benchmarks: gateway overhead and throughput, start-up time, simulator speed. Results go to tests/bench/results/.
 bench: setup
 	$(PY) -m tests.bench.run $(ARGS)
+	$(PY) -m tests.bench.sim_speed
 
 lint: setup
 	$(VENV)/bin/ruff check shared services loadgen tests

@@ -1,0 +1,63 @@
+"""Simulator speed: how fast ``poise sim`` replays real traces, and how that scales with cluster size.
+
+Writes ``tests/bench/results/sim_speed.{md,json}`` with the command. Scaling runs replay the Azure
+conversation hour with the request rate multiplied by instances / 8, so every size sees the same load per
+instance.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from loadgen.sim.baselines import make_mix
+from loadgen.sim.run import simulate
+from loadgen.slo import slo_for
+from loadgen.traces import load_trace
+from shared.latency import LatencyModel, load_profile
+
+OUT = Path("tests/bench/results")
+
+
+def _run(trace: str, instances: int, rate_scale: float) -> dict[str, Any]:
+    workload = load_trace(trace)
+    result = simulate(workload, make_mix("static-minload", instances), LatencyModel(load_profile()), slo_for(trace),
+                      rate_scale=rate_scale)
+    c = result.config
+    row = {"trace": trace, "instances": instances, "rate_scale": rate_scale, "requests": c["requests"],
+           "events": c["events"], "wall_s": c["sim_wall_s"], "simulated_s": result.wall_s,
+           "sim_s_per_wall_s": c["sim_seconds_per_wall_second"], "events_per_s": c["events"] / c["sim_wall_s"],
+           "attainment": result.summary.slo_attainment}
+    print(f"  {trace} x{rate_scale:g} on {instances}: {row['wall_s']:.1f}s wall, {row['events_per_s']:,.0f} events/s",
+          file=sys.stderr)
+    return row
+
+
+def main() -> None:
+    command = shlex.join([Path(sys.executable).name, "-m", "tests.bench.sim_speed", *sys.argv[1:]])
+    rows = [_run("azure-conv", 8, 1.0), _run("azure-code", 8, 1.0), _run("mooncake-conv", 8, 1.0)]
+    scaling = [_run("azure-conv", n, n / 8) for n in (8, 32, 128)]
+    OUT.mkdir(parents=True, exist_ok=True)
+    doc = {"command": command, "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "cpus": os.cpu_count(),
+           "traces": rows, "scaling": scaling}
+    (OUT / "sim_speed.json").write_text(json.dumps(doc, indent=2))
+    lines = ["# Simulator speed", "", f"Command: `{command}`", "",
+             f"{doc['when']}, {doc['cpus']} cores (the simulator is single-threaded). Policy mix static-minload, "
+             "profile llama-3.1-8b-h100, step-level decode.", "",
+             "| trace | instances | rate x | requests | events | wall s | simulated s per wall s | events/s | SLO attainment |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows + scaling:
+        lines.append(f"| {r['trace']} | {r['instances']} | {r['rate_scale']:g} | {r['requests']:,} | {r['events']:,} | "
+                     f"{r['wall_s']:.1f} | {r['sim_s_per_wall_s']:.0f} | {r['events_per_s']:,.0f} | "
+                     f"{r['attainment'] * 100:.1f}% |")
+    (OUT / "sim_speed.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
