@@ -1,0 +1,350 @@
+"""Step formation per mode, and what a step does when it ends.
+
+The engine's scheduler loop (engine.py) calls, between forward steps: ``take_intake`` (new requests enter
+their role's first queue, as SGLang's recv_requests), ``plan`` (form the next batch and price it with the
+latency model) and, once the step's time has passed, ``apply`` (its effects land). Plain functions over the
+engine's state: its ``queues``, ``kv``, ``metrics`` and the /v1/loads counters.
+
+Per mode (SGLang's ``--disaggregation-mode``):
+
+- ``prefill``: a request first waits in the bootstrap queue until its decode peer claims its bootstrap room
+  (see handoff.py), then FCFS in the waiting queue until its prompt's KV fits; each step prefills chunks of
+  admitted requests up to ``chunked_prefill_size`` tokens (``prefill_batch_time_s``). A finished prefill
+  produces the first token, publishes it under the room and keeps its KV (inflight queue) until the decode
+  side releases the room; only then does the request finish (``finish_reason`` length 0, as SGLang's prefill).
+- ``decode``: a request waits in the prealloc queue until KV for prompt + min(max_new_tokens,
+  ``num_reserved_decode_tokens``) fits, pulls the KV from its prefill peer (transfer queue), then joins the
+  running batch (up to ``max_running_requests``): the prefill's first token is emitted on joining, then
+  each step (``decode_step_time_s``) emits one token per running request.
+- ``null`` (colocated): decode-prioritised mixed steps: every running request decodes, and prefill chunks fill
+  what is left of the chunk budget (``mixed_step_time_s``).
+
+KV is counted in tokens (kv.py). A request that outgrows its reservation takes free KV one token at a time;
+when there is not enough for the whole batch the newest running request is retracted (null: back to the
+waiting queue to be re-prefilled with its output, like SGLang's retract; decode: parked in the retracted
+queue, its KV notionally kept on the host, and resumed when it fits). KV in use never exceeds capacity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import TYPE_CHECKING
+
+from services.engine_sim import transfer
+from services.engine_sim.requests import Phase, SimRequest, finish_length, finish_stop
+from services.engine_sim.tokens import EOS_TOKEN_ID
+
+if TYPE_CHECKING:
+    from services.engine_sim.engine import SimEngine
+
+
+@dataclass(slots=True)
+class Step:
+    time_s: float
+    prefill: list[tuple[SimRequest, int]]  # (request, new tokens this step)
+    decode: list[SimRequest]
+
+
+def take_intake(eng: SimEngine) -> None:
+    """Requests received since the last step enter their role's first queue (SGLang's recv_requests)."""
+    q = eng.queues
+    while q.intake:
+        req = q.intake.popleft()
+        # Already out of the intake queue and in no other: failures below must not detach.
+        if req.prompt_tokens > eng.capacity:
+            eng.fail_request(req, f"Request {req.rid} exceeds the maximum number of tokens: "
+                                  f"{req.prompt_tokens} > {eng.capacity}", HTTPStatus.BAD_REQUEST, detach=False)
+            continue
+        if eng.mode == "null":
+            req.phase = Phase.WAITING
+            q.waiting.append(req)
+            continue
+        if req.bootstrap_room is None:
+            eng.fail_request(req, "Invalid request: Disaggregated request received without bootstrap room id. "
+                                  f"req.rid={req.rid!r}", HTTPStatus.BAD_REQUEST, detach=False)
+            continue
+        if eng.mode == "prefill":
+            problem = eng.rooms.attach(req)
+            if problem is not None:
+                status = HTTPStatus.BAD_REQUEST if problem.startswith("Duplicate") else (
+                    HTTPStatus.INTERNAL_SERVER_ERROR)
+                eng.fail_request(req, problem, status, detach=False)
+                continue
+            if eng.rooms.is_claimed(req.bootstrap_room):
+                req.phase = Phase.WAITING
+                q.waiting.append(req)
+            else:
+                req.phase = Phase.BOOTSTRAP
+                q.bootstrap[req.rid] = req
+                req.timer = asyncio.get_running_loop().call_later(
+                    eng.settings.bootstrap_timeout_s, transfer.bootstrap_timed_out, eng, req)
+        else:  # decode
+            req.phase = Phase.PREALLOC
+            q.prealloc.append(req)
+
+
+def plan(eng: SimEngine) -> Step | None:
+    """The next batch for the engine's current mode, or None when there is nothing to compute."""
+    if eng.mode == "prefill":
+        return _plan_prefill(eng)
+    if eng.mode == "decode":
+        return _plan_decode(eng)
+    return _plan_null(eng)
+
+
+def apply(eng: SimEngine, step: Step) -> None:
+    """The step's effects, at its end: prefill progress, one token per decoding request, the counters."""
+    now = time.monotonic()
+    generated = 0
+    for req in step.decode:
+        if req.phase is Phase.RUNNING:
+            _emit(eng, req, now)
+            generated += 1
+    for req, n in step.prefill:
+        if req.phase is Phase.PREFILLING:
+            generated += _advance_prefill(eng, req, n, now)
+    if step.decode:
+        eng.queues.running = [r for r in eng.queues.running if r.phase is Phase.RUNNING]
+    step_us = int(step.time_s * 1e6)
+    if step.prefill:
+        eng.total_prefill_busy_us += step_us
+    elif step.decode:
+        b, t, m = float(len(step.decode)), float(step_us), eng.decode_moments
+        m[0] += 1.0
+        m[1] += b
+        m[2] += t
+        m[3] += b * b
+        m[4] += b * t
+        m[5] += float(generated)
+    eng.window.record(now, generated, step.time_s)
+
+
+# -- batch formation per mode --------------------------------------------------------------------------
+def _admit(eng: SimEngine, req: SimRequest, reserve: int, now: float) -> None:
+    eng.kv.admit(req, req.prefill_len, reserve)
+    req.phase = Phase.PREFILLING
+    eng.queues.prefilling.append(req)
+    if req.admitted_s is None:
+        req.admitted_s = now
+        eng.metrics.queue_time.observe(now - req.arrival_s)
+
+
+def _decode_reserve(eng: SimEngine, req: SimRequest) -> int:
+    """Output KV set aside at admission: min(remaining output, num_reserved_decode_tokens), at least 1 while
+    any output remains (so the first token never has to wait for KV). submit() caps max_new_tokens at
+    capacity - prompt, so a request alone always fits."""
+    remaining = req.max_new_tokens - len(req.output_ids)
+    if remaining <= 0:
+        return 0
+    return max(1, min(remaining, eng.settings.num_reserved_decode_tokens))
+
+
+def _prefill_parts(eng: SimEngine, budget: int, reserve_for: Callable[[SimRequest], int], headroom: int,
+                   max_admitted: int) -> list[tuple[SimRequest, int]]:
+    """Continue the chunked request(s), then admit waiting requests FCFS while budget and KV allow."""
+    q = eng.queues
+    now = time.monotonic()
+    parts: list[tuple[SimRequest, int]] = []
+    for req in q.prefilling:
+        if budget <= 0:
+            break
+        n = min(req.prefill_len - req.prefilled, budget)
+        parts.append((req, n))
+        budget -= n
+    while budget > 0 and q.waiting and len(q.prefilling) < max_admitted:
+        req = q.waiting[0]
+        reserve = reserve_for(req)
+        if not eng.kv.fits(reserve + headroom):
+            break  # FCFS: the head of the queue waits for KV, and so does everyone behind it
+        q.waiting.popleft()
+        _admit(eng, req, reserve, now)
+        n = min(req.prefill_len, budget)
+        parts.append((req, n))
+        budget -= n
+    return parts
+
+
+def _plan_prefill(eng: SimEngine) -> Step | None:
+    parts = _prefill_parts(eng, eng.chunk_size, lambda r: r.prefill_len, 0, eng.max_running)
+    if not parts:
+        return None
+    return Step(eng.latency.prefill_batch_time_s([(n, r.prefilled) for r, n in parts]), parts, [])
+
+
+def _plan_decode(eng: SimEngine) -> Step | None:
+    now = time.monotonic()
+    q = eng.queues
+    # New admissions leave the running batch the KV its next step grows by (else they would force retracts).
+    growth = sum(1 for r in q.running if eng.kv.needs_growth(r))
+    _resume_retracted(eng, growth)
+    _admit_prealloc(eng, now, growth)
+    _join_ready(eng, now)
+    _ensure_growth(eng)
+    if not q.running:
+        return None
+    running = list(q.running)
+    ctx = sum(r.prompt_tokens + len(r.output_ids) for r in running)
+    return Step(eng.latency.decode_step_time_s(len(running), ctx), [], running)
+
+
+def _plan_null(eng: SimEngine) -> Step | None:
+    q = eng.queues
+    growth = _ensure_growth(eng)
+    budget = max(0, eng.chunk_size - len(q.running))
+    max_admitted = max(0, eng.max_running - len(q.running))
+    parts = _prefill_parts(eng, budget, lambda r: r.prefill_len + _decode_reserve(eng, r), growth, max_admitted)
+    if not parts and not q.running:
+        return None
+    running = list(q.running)
+    ctx = sum(r.prompt_tokens + len(r.output_ids) for r in running)
+    t = eng.latency.mixed_step_time_s(len(running), ctx, [(n, r.prefilled) for r, n in parts])
+    return Step(t, parts, running)
+
+
+def _admit_prealloc(eng: SimEngine, now: float, headroom: int = 0) -> None:
+    q = eng.queues
+    # The request-slot pool bounds how many requests hold decode KV at once (~2x the running batch).
+    if q.retracted:
+        return  # retracted requests get the KV back first (SGLang resumes them before new preallocations)
+    slots = 2 * eng.max_running - len(q.running) - len(q.transfer) - len(q.ready)
+    while q.prealloc and slots > 0:
+        req = q.prealloc[0]
+        reserve = req.prompt_tokens + _decode_reserve(eng, req)
+        if not eng.kv.fits(reserve + headroom):
+            break
+        q.prealloc.popleft()
+        eng.kv.admit(req, req.prompt_tokens, reserve)
+        req.admitted_s = now
+        eng.metrics.queue_time.observe(now - req.arrival_s)
+        req.phase = Phase.TRANSFER
+        q.transfer[req.rid] = req
+        req.handoff_task = asyncio.create_task(transfer.pull(eng, req))
+        slots -= 1
+
+
+def _join_ready(eng: SimEngine, now: float) -> None:
+    q = eng.queues
+    while q.ready and len(q.running) < eng.max_running:
+        req = q.ready.popleft()
+        req.phase = Phase.RUNNING
+        q.running.append(req)
+        first = req.first_token_id
+        if req.max_new_tokens == 0 or first is None:
+            eng.finish_request(req, finish_length(0))
+            continue
+        assert req.tokens is not None  # set by submit()
+        req.tokens.skip(1)  # the prefill produced id #0 of this rid's sequence
+        _emit(eng, req, now, first)
+
+
+def _resume_retracted(eng: SimEngine, headroom: int = 0) -> None:
+    q = eng.queues
+    while q.retracted and len(q.running) < eng.max_running:
+        req = q.retracted[0]
+        reserve = req.context_tokens + _decode_reserve(eng, req)
+        if not eng.kv.fits(reserve + headroom):
+            break
+        q.retracted.popleft()
+        eng.kv.admit(req, req.context_tokens, reserve)
+        req.phase = Phase.RUNNING
+        q.running.append(req)
+
+
+def _ensure_growth(eng: SimEngine) -> int:
+    """Make room for one more token per running request, retracting the newest if KV runs short.
+
+    Returns how many free tokens this step's growth will take (admission must leave them alone).
+    """
+    running = eng.queues.running
+    need = sum(1 for r in running if eng.kv.needs_growth(r))
+    while need > eng.kv.free and running:
+        victim = running.pop()
+        if eng.kv.needs_growth(victim):
+            need -= 1
+        _retract(eng, victim)
+    return need
+
+
+def _retract(eng: SimEngine, req: SimRequest) -> None:
+    eng.kv.release(req)
+    req.num_retractions += 1
+    eng.num_retracted_total += 1
+    eng.metrics.num_retracted_requests_total.inc()
+    if eng.mode == "null":
+        req.phase = Phase.WAITING
+        req.prefill_len = req.context_tokens
+        req.prefilled = 0
+        req.recompute = True
+        eng.queues.waiting.appendleft(req)
+    else:
+        req.phase = Phase.RETRACTED
+        eng.queues.retracted.append(req)
+
+
+# -- effects of a step ---------------------------------------------------------------------------------
+def _advance_prefill(eng: SimEngine, req: SimRequest, n: int, now: float) -> int:
+    """Returns the number of tokens generated (1 when a prefill completes with a first token)."""
+    q = eng.queues
+    req.prefilled += n
+    eng.total_prefill_tokens += n
+    if req.prefilled < req.prefill_len:
+        return 0
+    q.prefilling.remove(req)
+    if eng.mode == "prefill":
+        token = _next_token(req)
+        req.first_token_id = token
+        req.first_token_s = req.last_token_s = now
+        req.prefill_done_unix_s = time.time()
+        req.phase = Phase.INFLIGHT
+        q.inflight[req.rid] = req
+        eng.rooms.prefill_done(req, token, eng.latency.kv_bytes(req.prompt_tokens))
+        req.timer = asyncio.get_running_loop().call_later(
+            eng.settings.bootstrap_timeout_s, transfer.release_timed_out, eng, req)
+        return 1
+    req.phase = Phase.RUNNING
+    q.running.append(req)
+    if req.recompute:  # back from a retraction: its output is already out
+        req.recompute = False
+        return 0
+    if req.max_new_tokens == 0:
+        eng.finish_request(req, finish_length(0))
+        return 0
+    _emit(eng, req, now)
+    return 1
+
+
+def _next_token(req: SimRequest) -> int:
+    if not req.ignore_eos and len(req.output_ids) + 1 == req.stop_after < req.max_new_tokens:
+        return EOS_TOKEN_ID
+    assert req.tokens is not None
+    return req.tokens.next()
+
+
+def _emit(eng: SimEngine, req: SimRequest, now: float, token: int | None = None) -> None:
+    """One output token: KV grows by one, the reader wakes, and the request may finish."""
+    req.output_ids.append(_next_token(req) if token is None else token)
+    eng.kv.grow(req, 1)
+    if req.first_token_s is None:
+        req.first_token_s = now
+        eng.metrics.first_token(req, now)
+    req.last_token_s = now
+    n = len(req.output_ids)
+    if n >= req.stop_after:
+        if n < req.max_new_tokens and req.output_ids[-1] == EOS_TOKEN_ID:
+            reason = finish_stop(EOS_TOKEN_ID)
+        else:
+            reason = finish_length(req.max_new_tokens)
+        # The caller filters the running list after the step; joins remove the request themselves.
+        if req.phase is Phase.RUNNING:
+            eng.finish_request(req, reason, detach=False)
+            running = eng.queues.running
+            if running and running[-1] is req:
+                running.pop()
+        else:
+            eng.finish_request(req, reason)
+    elif req.stream:  # a non-streaming reader only cares about the finish (finish_request notifies it)
+        req.event.set()

@@ -1,0 +1,188 @@
+"""What the engine reports about itself: /v1/loads, the /metrics gauges, /model_info and /server_info.
+
+Read-only views of the engine's state, in SGLang's shapes. Plain functions; SimEngine's methods of the same
+names call them.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from services.engine_sim.engine import SimEngine
+
+ENGINE_NAME = "poise-engine-sim"
+SGLANG_API_VERSION = "0.5.23"  # the SGLang release whose HTTP API this emulates
+
+
+def num_running_reqs(eng: SimEngine) -> int:
+    # A prefill engine has no decode batch; its running requests are the ones being prefilled.
+    return len(eng.queues.prefilling) if eng.mode == "prefill" else len(eng.queues.running)
+
+
+def num_queue_reqs(eng: SimEngine) -> int:
+    """SGLang's num_queue_reqs: the scheduler's waiting queue (PD queues are separate gauges)."""
+    q = eng.queues
+    return len(q.intake) + len(q.waiting) + len(q.ready)
+
+
+def load_snapshot(eng: SimEngine) -> dict[str, Any]:
+    """One LoadSnapshot (sglang/srt/managers/load_snapshot.py) as LoadSnapshot.to_dict() renders it."""
+    now = time.monotonic()
+    mode = eng.mode
+    q = eng.queues
+    pending = [*q.intake, *q.waiting]
+    if mode == "prefill":
+        pending += list(q.bootstrap.values())
+        num_waiting = len(pending)
+    elif mode == "decode":
+        num_waiting = len(q.intake) + len(q.ready) + len(q.prealloc) + len(q.transfer) + len(q.retracted)
+    else:
+        num_waiting = len(pending)
+    uncached = sum(r.prefill_len - r.prefilled for r in (*pending, *q.prefilling))
+    if mode == "decode":
+        pending_tokens = sum(r.prompt_tokens for r in q.intake) + sum(
+            r.context_tokens for r in (*q.prealloc, *q.retracted))
+        awaiting_kv = sum(r.prompt_tokens for r in (*q.prealloc, *q.transfer.values()))
+        uncached = 0
+    else:
+        pending_tokens = sum(r.prefill_len for r in pending)
+        awaiting_kv = 0
+    total_tokens = eng.kv.used + pending_tokens
+    tps, util = eng.window.rates(now)
+    moments = list(eng.decode_moments) if eng.decode_moments[0] > 0 else None
+    kv_gb = eng.capacity * eng.profile.kv_bytes_per_token / 1e9
+    return {
+        "timestamp": time.time(),
+        "dp_rank": 0,
+        "num_running_reqs": num_running_reqs(eng),
+        "num_waiting_reqs": num_waiting,
+        "num_waiting_uncached_tokens": uncached,
+        "num_used_tokens": eng.kv.used,
+        "num_total_tokens": total_tokens,
+        "num_active_tokens": max(0, total_tokens - awaiting_kv),
+        "num_prealloc_ready_tokens": 0,
+        "max_total_num_tokens": eng.capacity,
+        "max_running_requests": eng.max_running,
+        "token_usage": round(eng.kv.usage, 4),
+        "gen_throughput": round(tps, 2),
+        "cache_hit_rate": 0.0,
+        "utilization": round(util, 4),
+        "total_prefill_uncached_tokens": eng.total_prefill_tokens,
+        "total_prefill_busy_us": eng.total_prefill_busy_us,
+        "decode_moments": moments,
+        "memory": {"weight_gb": 0.0, "kv_cache_gb": round(kv_gb, 3), "graph_gb": 0.0,
+                   "token_capacity": eng.capacity},
+        "disaggregation": {
+            "mode": mode,
+            "prefill_bootstrap_queue_reqs": len(q.bootstrap),
+            "prefill_inflight_queue_reqs": len(q.inflight),
+            "decode_prealloc_queue_reqs": len(q.prealloc),
+            "decode_transfer_queue_reqs": len(q.transfer),
+            "decode_retracted_queue_reqs": len(q.retracted),
+            "kv_transfer_speed_gb_s": round(eng.last_kv_transfer_gb_s, 3),
+            "kv_transfer_latency_ms": round(eng.last_kv_transfer_ms, 3),
+        },
+        "queues": {"waiting": num_queue_reqs(eng), "grammar": 0, "paused": 0,
+                   "retracted": len(q.retracted), "prealloc_ready": 0},
+    }
+
+
+def gauges(eng: SimEngine) -> dict[str, float]:
+    """Values for the scheduler-side gauges, refreshed at each /metrics scrape."""
+    q = eng.queues
+    tps, util = eng.window.rates(time.monotonic())
+    return {
+        "num_running_reqs": num_running_reqs(eng),
+        "num_queue_reqs": num_queue_reqs(eng),
+        "num_grammar_queue_reqs": 0,
+        "gen_throughput": tps,
+        "cache_hit_rate": 0.0,
+        "token_usage": eng.kv.usage,
+        "num_used_tokens": eng.kv.used,
+        "kv_used_tokens": eng.kv.used,
+        "kv_available_tokens": eng.capacity - eng.kv.used,
+        "max_total_num_tokens": eng.capacity,
+        "utilization": util,
+        "num_retracted_reqs": len(q.retracted),
+        "num_paused_reqs": 0,
+        "num_prefill_bootstrap_queue_reqs": len(q.bootstrap),
+        "num_prefill_inflight_queue_reqs": len(q.inflight),
+        "num_decode_prealloc_queue_reqs": len(q.prealloc),
+        "num_decode_transfer_queue_reqs": len(q.transfer),
+    }
+
+
+def model_info(eng: SimEngine) -> dict[str, Any]:
+    """GET /model_info (sglang/srt/entrypoints/http_server.py model_info)."""
+    name = eng.settings.served_model_name
+    llama = "llama" in eng.profile.model.lower()
+    return {
+        "model_path": name,
+        "served_model_name": name,
+        "tokenizer_path": name,
+        "is_generation": True,
+        "preferred_sampling_params": None,
+        "weight_version": "default",
+        "load_format": "auto",
+        "reasoning_parser": None,
+        "tool_call_parser": None,
+        "disaggregation_mode": eng.mode,
+        "has_image_understanding": False,
+        "has_audio_understanding": False,
+        "model_type": "llama" if llama else None,
+        "architectures": ["LlamaForCausalLM"] if llama else None,
+    }
+
+
+def server_info(eng: SimEngine) -> dict[str, Any]:
+    """GET /server_info: SGLang's resolved server args (the fields Poise reads) plus what this engine is."""
+    s = eng.settings
+    p = eng.profile
+    tps, _ = eng.window.rates(time.monotonic())
+    return {
+        "engine": ENGINE_NAME,
+        "emulated_model": p.model,
+        "gpu_profile": {"name": p.name, "model": p.model, "gpu": p.gpu, "tp": p.tp, "source": s.profile,
+                        "time_scale": s.time_scale},
+        "instance_id": s.instance_id,
+        "model_path": s.served_model_name,
+        "served_model_name": s.served_model_name,
+        "tokenizer_path": s.served_model_name,
+        "host": s.host,
+        "port": s.port,
+        "context_length": s.context_length,
+        "disaggregation_mode": eng.mode,
+        "disaggregation_bootstrap_port": s.resolved_bootstrap_port(),
+        "disaggregation_transfer_backend": "poise-sim",
+        "disaggregation_decode_allocation_policy": "early",
+        "enable_pd_role_switch": s.enable_pd_role_switch,
+        "enable_metrics": True,
+        "schedule_policy": "fcfs",
+        "max_running_requests": eng.max_running,
+        "max_total_num_tokens": eng.capacity,
+        "chunked_prefill_size": eng.chunk_size,
+        "num_reserved_decode_tokens": s.num_reserved_decode_tokens,
+        "tp_size": p.tp,
+        "dp_size": 1,
+        "pp_size": 1,
+        "random_seed": s.seed,
+        "time_scale": s.time_scale,
+        "mean_output_tokens": s.mean_output_tokens,
+        "bootstrap_timeout_s": s.bootstrap_timeout_s,
+        "launch_command": " ".join(sys.argv),
+        "startup_time": eng.startup_unix_s,
+        "startup_time_iso": datetime.fromtimestamp(eng.startup_unix_s, UTC).isoformat(),
+        "internal_states": [{
+            "last_gen_throughput": round(tps, 2),
+            "disaggregation_mode": eng.mode,
+            "paused": eng.paused,
+            "max_total_num_tokens": eng.capacity,
+            "max_running_requests": eng.max_running,
+        }],
+        "version": SGLANG_API_VERSION,
+        "frontend": "python",
+    }

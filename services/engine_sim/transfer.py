@@ -1,0 +1,127 @@
+"""What the P→D handoff does to the engine's requests (the wire side is handoff.py).
+
+Prefill side: hooks the RoomRegistry and the request timers call (room claimed, KV released, transfer failed,
+bootstrap / release timeouts). Decode side: ``pull``, the per-request task that claims the room, waits for the
+prefill, sleeps the transfer time and moves the request to the ready queue. Plain functions over the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from http import HTTPStatus
+from typing import TYPE_CHECKING
+
+from services.engine_sim.handoff import HandoffError, pull_kv, release_kv
+from services.engine_sim.requests import Phase, SimRequest, finish_length
+
+if TYPE_CHECKING:
+    from services.engine_sim.engine import SimEngine
+
+log = logging.getLogger(__name__)
+
+
+# -- prefill-side handoff hooks (called by RoomRegistry / timers) --------------------------------------
+def room_claimed(eng: SimEngine, req: SimRequest) -> None:
+    if req.phase is not Phase.BOOTSTRAP:
+        return
+    eng.queues.bootstrap.pop(req.rid, None)
+    if req.timer is not None:
+        req.timer.cancel()
+        req.timer = None
+    req.phase = Phase.WAITING
+    eng.queues.waiting.append(req)
+    eng.kick()
+
+
+def bootstrap_timed_out(eng: SimEngine, req: SimRequest) -> None:
+    req.timer = None
+    if req.phase is not Phase.BOOTSTRAP:
+        return
+    eng.metrics.num_bootstrap_failed_reqs.inc()
+    eng.fail_request(req, f"Prefill bootstrap failed for request rank=0 req.rid={req.rid!r} "
+                          f"req.bootstrap_room={req.bootstrap_room} with exception no decode peer claimed the room "
+                          f"within {eng.settings.bootstrap_timeout_s:g}s", HTTPStatus.INTERNAL_SERVER_ERROR)
+
+
+def transfer_done(eng: SimEngine, req: SimRequest, transfer_ms: float | None, nbytes: int | None) -> None:
+    if req.phase is not Phase.INFLIGHT:
+        return
+    if transfer_ms is not None:
+        speed = (nbytes / transfer_ms / 1e6) if nbytes and transfer_ms > 0 else None
+        eng.metrics.kv_transfer(transfer_ms, speed)
+        eng.last_kv_transfer_ms = float(transfer_ms)
+        if speed is not None:
+            eng.last_kv_transfer_gb_s = speed
+    if req.first_token_id is not None:  # the first token reaches the prefill's client only now, as in SGLang
+        req.output_ids.append(req.first_token_id)
+    eng.finish_request(req, finish_length(0))  # SGLang's prefill: FINISH_LENGTH(length=0) once the KV is sent
+
+
+def transfer_failed(eng: SimEngine, req: SimRequest, message: str) -> None:
+    if req.finished:
+        return
+    eng.metrics.num_transfer_failed_reqs.inc()
+    eng.fail_request(req, f"Prefill transfer failed for request rank=0 req.rid={req.rid!r} "
+                          f"req.bootstrap_room={req.bootstrap_room} with exception {message}",
+                     HTTPStatus.INTERNAL_SERVER_ERROR)
+
+
+def release_timed_out(eng: SimEngine, req: SimRequest) -> None:
+    req.timer = None
+    if req.phase is Phase.INFLIGHT:
+        transfer_failed(eng, req, f"the decode side did not release the KV within "
+                                  f"{eng.settings.bootstrap_timeout_s:g}s")
+
+
+# -- decode-side KV pull -------------------------------------------------------------------------------
+async def pull(eng: SimEngine, req: SimRequest) -> None:
+    host = req.bootstrap_host
+    port = req.bootstrap_port if req.bootstrap_port is not None else eng.settings.resolved_bootstrap_port()
+    room = req.bootstrap_room
+    assert room is not None and eng.client is not None
+    client = eng.client
+    try:
+        if not host:
+            raise HandoffError("handshake", "the request has no bootstrap_host")
+        info = await pull_kv(client, host, port, room, eng.settings.bootstrap_timeout_s)
+        eng.metrics.kv_transfer_bootstrap_ms.observe(info["bootstrap_ms"])
+        nbytes = eng.latency.kv_bytes(req.prompt_tokens)
+        transfer_s = eng.latency.kv_transfer_time_s(req.prompt_tokens)
+        await asyncio.sleep(transfer_s)
+    except Exception as exc:  # HandoffError, or anything unexpected: the request must not hang in TRANSFER
+        if not isinstance(exc, HandoffError):
+            log.exception("KV pull for %s failed unexpectedly", req.rid)
+            exc = HandoffError("transfer", repr(exc))
+        if req.phase is Phase.TRANSFER:
+            if exc.kind == "handshake":
+                eng.metrics.num_bootstrap_failed_reqs.inc()
+                what = "handshake"
+            else:
+                eng.metrics.num_transfer_failed_reqs.inc()
+                what = "transfer"
+            eng.fail_request(req, f"Decode {what} failed for request rank=0 decode_req.req.rid={req.rid!r} "
+                                  f"decode_req.req.bootstrap_room={room} with exception {exc}",
+                             HTTPStatus.INTERNAL_SERVER_ERROR)
+        return
+    except asyncio.CancelledError:
+        if host and not eng.stopping:  # aborted here: tell the prefill to drop its side
+            eng.spawn(release_kv(client, host, port, room, {"outcome": "abort"}))
+        raise
+    if req.phase is not Phase.TRANSFER:
+        return
+    transfer_ms = transfer_s * 1000.0
+    speed = nbytes / transfer_s / 1e9 if transfer_s > 0 else None
+    eng.metrics.kv_transfer(transfer_ms, speed)
+    eng.last_kv_transfer_ms = transfer_ms
+    if speed is not None:
+        eng.last_kv_transfer_gb_s = speed
+    # Release in the background: the prefill learns of the finished transfer in parallel, as with Mooncake.
+    eng.spawn(release_kv(client, host, port, room, {"outcome": "ok", "transfer_ms": transfer_ms,
+                                                    "bytes": nbytes}))
+    eng.queues.transfer.pop(req.rid, None)
+    req.handoff_task = None
+    req.phase = Phase.READY
+    req.first_token_id = int(info["first_token_id"])
+    eng.queues.ready.append(req)
+    eng.kick()
