@@ -5,6 +5,7 @@
     poise bench   replay a trace against any running gateway
     poise admin   talk to the services over NATS (status, set-role)
     poise sim     replay a trace against a policy mix in virtual time (no processes, seconds of wall time)
+    poise sim goodput   compare the goodput of policy mixes on a trace (table + plots)
 
 Every subcommand takes ``--help``; flags mirror the ``POISE_*`` environment variables.
 """
@@ -153,7 +154,56 @@ class SimSettings(ReplaySettings):
     json_out: Path | None = Field(None, description="Also write the summary and config as JSON here (flag: --json).")
 
 
+class GoodputSettings(SimSettings):
+    """Search the goodput (highest rate with >= 90% SLO attainment) of several policy mixes on one trace."""
+
+    model_config = settings_config("POISE_GOODPUT_")
+
+    duration_s: float | None = Field(600.0, description="Length of the slice in trace seconds (Arrow uses 10 minutes of Mooncake).")
+    policies: list[str] = Field(default_factory=lambda: ["colocated", "static-rr", "static-minload", "static-best"],
+                                description="Policy mixes to compare (JSON list); static-best tries every split.")
+    target: float = Field(0.9, description="SLO attainment that defines goodput.")
+
+
+def cmd_sim_goodput(argv: list[str]) -> int:
+    from loadgen.sim.baselines import make_mix
+    from loadgen.sim.goodput import search_goodput, static_best
+    from loadgen.sim.goodput_report import goodput_table, write_goodput_report
+    from loadgen.slo import slo_for
+    from services.cli.replay_job import select_workload
+    from shared.latency import LatencyModel, load_profile
+
+    settings = parse_settings(GoodputSettings, argv, prog="poise sim goodput")
+    workload = select_workload(settings)
+    slo = slo_for(workload.name)
+    model = LatencyModel(load_profile(settings.profile))
+    results = []
+    for name in settings.policies:
+        t0 = time.monotonic()
+        if name == "static-best":
+            result = static_best(workload, settings.instances, model, slo, target=settings.target)
+        else:
+            try:
+                make_mix(name, settings.instances, settings.split)
+            except ValueError as exc:
+                raise PoiseError(str(exc)) from None
+            result = search_goodput(workload, lambda name=name: make_mix(name, settings.instances, settings.split),
+                                    model, slo, target=settings.target)
+        _print(f"{name}: goodput {result.goodput_scale:.2f}x ({result.goodput_rps:.2f} req/s), "
+               f"{len(result.points)} runs in {time.monotonic() - t0:.1f}s")
+        results.append(result)
+    out = settings.out_dir or Path(".poise") / "results" / f"goodput-{time.strftime('%Y%m%d-%H%M%S')}"
+    command = shlex.join(["poise", "sim", "goodput", *argv])
+    paths = write_goodput_report(results, out, trace=workload.name, slo=slo, trace_rps=workload.mean_rate_rps,
+                                 command=command)
+    print(goodput_table(results, workload.name, slo, workload.mean_rate_rps))
+    print(f"report: {paths['md']}  {paths['json']}  {paths['png']}")
+    return 0
+
+
 def cmd_sim(argv: list[str]) -> int:
+    if argv[:1] == ["goodput"]:
+        return cmd_sim_goodput(argv[1:])
     from loadgen.report import format_table, write_report
     from loadgen.sim.baselines import make_mix
     from loadgen.sim.run import simulate

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic_settings import BaseSettings
 
-from services.cli.main import BenchSettings, RunSettings, SimSettings
+from services.cli.main import BenchSettings, GoodputSettings, RunSettings, SimSettings
 from services.cli.stack import StackSettings
 from services.engine_sim.config import EngineSimSettings
 from services.gateway.config import GatewaySettings
@@ -31,6 +31,7 @@ SETTINGS: dict[str, type[BaseSettings]] = {
     "run": RunSettings,
     "bench": BenchSettings,
     "sim": SimSettings,
+    "goodput": GoodputSettings,
 }
 
 
