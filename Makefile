@@ -31,10 +31,11 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -q -m "not e2e" $(ARGS)
 
-## Benchmarks: gateway overhead and throughput, start-up time, simulator speed. Results go to tests/bench/results/.
+## Benchmarks: gateway overhead and throughput, start-up time, simulator speed, baseline goodput. Results go to tests/bench/results/.
 bench: setup
 	$(PY) -m tests.bench.run $(ARGS)
 	$(PY) -m tests.bench.sim_speed
+	$(PY) -m tests.bench.sim_goodput
 
 lint: setup
 	$(VENV)/bin/ruff check shared services loadgen tests

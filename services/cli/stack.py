@@ -49,10 +49,6 @@ class StackSettings(ServiceSettings):
     ready_timeout_s: float = Field(60.0, description="How long to wait for every engine to register.")
 
 
-def _port(port: int, host: str) -> int:
-    return port or free_port(host)
-
-
 class Stack:
     """Starts and stops the processes of one dev stack."""
 
@@ -64,6 +60,7 @@ class Stack:
         self.run_dir = settings.run_dir or STATE_DIR / "runs" / stamp
         self.processes: list[ManagedProcess] = []
         self.engines: dict[str, str] = {}  # instance id -> engine URL
+        self._given_ports: set[int] = set()
         self.nats: NatsServer | None = None
         self.etcd: EtcdServer | None = None
         self.gateway_url = ""
@@ -97,8 +94,8 @@ class Stack:
         self.etcd = EtcdServer(self.run_dir, host=s.host, port=s.etcd_port or None)
         self._say(f"etcd up at {self.etcd.url}")
         common = self._common()
-        monitor_port = _port(s.monitor_port, s.host)
-        gateway_port = _port(s.gateway_port, s.host)
+        monitor_port = s.monitor_port or self._free_port()
+        gateway_port = s.gateway_port or self._free_port()
         self.monitor_url = f"http://{s.host}:{monitor_port}"
         self.gateway_url = f"http://{s.host}:{gateway_port}"
         self._spawn("monitor", "services.monitor", [*common, "--http-host", s.host, "--http-port", str(monitor_port)])
@@ -111,19 +108,31 @@ class Stack:
             short = {"prefill": "p", "decode": "d", "null": "c"}[role]
             instance_id = f"{short}{counters[role]}"
             counters[role] += 1
-            engine_port = free_port(s.host)
+            engine_port = self._free_port()
             self.engines[instance_id] = f"http://{s.host}:{engine_port}"
             args = [*common, "--instance-id", instance_id, "--role", role, "--engine-kind", "sim",
                     "--engine-host", s.host, "--engine-port", str(engine_port),
                     "--profile", s.profile, "--model", s.model, "--time-scale", str(s.time_scale),
                     "--seed", str(s.seed + len(self.processes)), "--log-dir", str(self.run_dir / "logs")]
-            if role == "prefill":
-                args += ["--bootstrap-port", str(free_port(s.host))]
+            if role != "null":  # decode engines get one too: a flip to prefill needs it
+                args += ["--bootstrap-port", str(self._free_port())]
             self._spawn(f"worker-{instance_id}", "services.worker", args)
         self._say(f"started {len(self.processes)} processes; waiting for {len(roles)} engines to register")
         self._wait_ready(len(roles))
         self._write_state()
         self._say(f"stack ready: gateway {self.gateway_url}  (logs in {self.run_dir / 'logs'})")
+
+    def _free_port(self) -> int:
+        """A free port no other process of this stack was given yet.
+
+        The ports are handed out before the processes bind them, and the OS may offer a just-released port
+        again; remembering what was given keeps two of our own processes from racing for one port.
+        """
+        while True:
+            port = free_port(self.settings.host)
+            if port not in self._given_ports:
+                self._given_ports.add(port)
+                return port
 
     def _wait_ready(self, engines: int) -> None:
         deadline = time.monotonic() + self.settings.ready_timeout_s
