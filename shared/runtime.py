@@ -18,7 +18,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, Self
 
@@ -114,6 +114,16 @@ async def run_service(service: Service, *, stop_event: asyncio.Event | None = No
 def _on_signal(sig: signal.Signals, stop_event: asyncio.Event) -> None:
     log.info("received %s; stopping", sig.name)
     stop_event.set()
+
+
+async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any]]) -> None:
+    """Cancel background tasks and wait until they have ended (their errors are not re-raised: we are stopping)."""
+    tasks = list(tasks)
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
 
 
 class AsyncServiceMixin:

@@ -18,7 +18,6 @@ hosts does not make loads look fresh or stale.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
@@ -44,7 +43,15 @@ from shared.protocol import (
     Subjects,
 )
 from shared.registry import InstanceWatcher, Registry
-from shared.runtime import AdminEndpoint, AsyncServiceMixin, EmbeddedHttpServer, StopOnce, Uptime, replica_id
+from shared.runtime import (
+    AdminEndpoint,
+    AsyncServiceMixin,
+    EmbeddedHttpServer,
+    StopOnce,
+    Uptime,
+    cancel_and_wait,
+    replica_id,
+)
 
 log = logging.getLogger(__name__)
 
@@ -124,11 +131,7 @@ class MonitorService(AsyncServiceMixin):
         await self._stop.run(self._stop_once)
 
     async def _stop_once(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         self._tasks.clear()
         if self._http is not None:
             await self._http.stop()

@@ -13,7 +13,6 @@ Admin (``Subjects.admin("planner")``): ``status`` and ``set-role instance=<id> r
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -27,7 +26,7 @@ from shared.errors import BusTimeout, PoiseError
 from shared.policies.pools import PoolDecision, PoolPolicy, RoleChange, make_pool_policy
 from shared.protocol import AdminReply, RoleCommand, RoleCommandReply, ServiceStatus
 from shared.protocol.messages import Role
-from shared.runtime import AdminEndpoint, fetch_snapshot, require_arg
+from shared.runtime import AdminEndpoint, cancel_and_wait, fetch_snapshot, require_arg
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +57,7 @@ class PlannerService(ElectedService):
                        "set-role instance=<id> role=prefill|decode [reason=<text>] [drain_timeout_s=<s>]")
 
     async def before_stop(self) -> None:
-        for task in list(self._inflight.values()):
-            task.cancel()
-        for task in list(self._inflight.values()):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(self._inflight.values())
 
     # -- the loop ----------------------------------------------------------------------------------
     async def tick(self) -> float | None:

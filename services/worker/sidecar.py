@@ -45,7 +45,7 @@ from shared.protocol import (
 )
 from shared.protocol.messages import InstanceStatus, Role
 from shared.registry import ETCD_ERRORS, InstanceRegistration, Registry
-from shared.runtime import AdminEndpoint, AsyncServiceMixin, StopOnce, Uptime, replica_id, require_arg
+from shared.runtime import AdminEndpoint, AsyncServiceMixin, StopOnce, Uptime, cancel_and_wait, replica_id, require_arg
 
 log = logging.getLogger(__name__)
 
@@ -161,11 +161,7 @@ class WorkerService(AsyncServiceMixin):
         await self._stop.run(self._stop_once)
 
     async def _stop_once(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(self._tasks)
         self._tasks.clear()
         if self._admin is not None:
             await self._admin.stop()
