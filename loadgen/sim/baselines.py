@@ -41,7 +41,10 @@ def parse_split(split: str | None, instances: int) -> tuple[int, int]:
 def _static(name: str, policy: Callable[[], DispatchPolicy], what: str) -> Callable[[int, str | None], PolicyMix]:
     def build(instances: int, split: str | None) -> PolicyMix:
         p, d = parse_split(split, instances)
-        return PolicyMix(name, ["prefill"] * p + ["decode"] * d, policy(),
+        prefill: list[Role] = ["prefill"]
+        decode: list[Role] = ["decode"]
+        roles = prefill * p + decode * d
+        return PolicyMix(name, roles, policy(),
                          f"{p}P{d}D, fixed roles, {what} dispatch (sglang-router / DistServe-like)")
     return build
 

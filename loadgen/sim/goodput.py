@@ -8,6 +8,7 @@ the first failing scale. Every simulated point is kept, so the curves can be plo
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -92,8 +93,8 @@ def static_best(workload: Workload, instances: int, model: LatencyModel, slo: SL
     best: GoodputResult | None = None
     for p in range(1, instances):
         split = f"{p}P{instances - p}D"
-        r = search_goodput(workload, lambda split=split: make_mix("static-minload", instances, split), model, slo,
-                           **search)  # type: ignore[arg-type]
+        build = functools.partial(make_mix, "static-minload", instances, split)
+        r = search_goodput(workload, build, model, slo, **search)  # type: ignore[arg-type]
         if best is None or r.goodput_scale > best.goodput_scale:
             best = r
     assert best is not None, "static-best needs at least 2 instances"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from datetime import UTC, datetime
 
@@ -24,7 +25,7 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
     requests = [SimRequest(index=r.index, rid=f"sim-{r.index}", arrival_s=r.arrival_s, input_tokens=r.input_tokens,
                            output_tokens=max(1, r.output_tokens)) for r in scaled.requests]
     for req in requests:
-        queue.at(req.arrival_s, PRIORITY_ARRIVAL, lambda req=req: cluster.submit(req))
+        queue.at(req.arrival_s, PRIORITY_ARRIVAL, functools.partial(cluster.submit, req))
     wall0 = time.perf_counter()
     queue.run()
     wall = time.perf_counter() - wall0

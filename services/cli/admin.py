@@ -90,8 +90,9 @@ async def _status(bus: Bus, subjects: Subjects, timeout_s: float) -> tuple[Clust
         except BusTimeout as exc:
             return f"no answer ({exc})"
 
-    snapshot, *replies = await asyncio.gather(snap(), *(status(n) for n in SERVICES))
-    return snapshot, dict(zip(SERVICES, replies, strict=True))
+    snapshot_task = asyncio.ensure_future(snap())
+    replies = await asyncio.gather(*(status(n) for n in SERVICES))
+    return await snapshot_task, dict(zip(SERVICES, replies, strict=True))
 
 
 async def _main(args: argparse.Namespace) -> int:

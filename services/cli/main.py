@@ -12,6 +12,7 @@ Every subcommand takes ``--help``; flags mirror the ``POISE_*`` environment vari
 
 from __future__ import annotations
 
+import functools
 import shlex
 import signal
 import sys
@@ -187,8 +188,8 @@ def cmd_sim_goodput(argv: list[str]) -> int:
                 make_mix(name, settings.instances, settings.split)
             except ValueError as exc:
                 raise PoiseError(str(exc)) from None
-            result = search_goodput(workload, lambda name=name: make_mix(name, settings.instances, settings.split),
-                                    model, slo, target=settings.target)
+            build = functools.partial(make_mix, name, settings.instances, settings.split)
+            result = search_goodput(workload, build, model, slo, target=settings.target)
         _print(f"{name}: goodput {result.goodput_scale:.2f}x ({result.goodput_rps:.2f} req/s), "
                f"{len(result.points)} runs in {time.monotonic() - t0:.1f}s")
         results.append(result)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from http import HTTPStatus
@@ -210,7 +210,7 @@ def create_app(engine: SimEngine) -> FastAPI:
 
         return StreamingResponse(prepend(), media_type=SSE)
 
-    async def completion_events(req: SimRequest, gen: P.GenRequest) -> AsyncIterator[bytes]:
+    async def completion_events(req: SimRequest, gen: P.GenRequest) -> AsyncGenerator[bytes, None]:
         """OpenAIServingCompletion._generate_completion_stream."""
         created = int(time.time())
         async for new_ids, finish in engine.outputs(req):
@@ -222,7 +222,7 @@ def create_app(engine: SimEngine) -> FastAPI:
             yield P.completion_usage_chunk(req.rid, created, gen.model, req.prompt_tokens, len(req.output_ids))
         yield P.DONE
 
-    async def chat_events(req: SimRequest, gen: P.GenRequest) -> AsyncIterator[bytes]:
+    async def chat_events(req: SimRequest, gen: P.GenRequest) -> AsyncGenerator[bytes, None]:
         """OpenAIServingChat._generate_chat_stream: a role chunk, content chunks, then a finish_reason chunk."""
         created = int(time.time())
         first = True

@@ -176,9 +176,9 @@ class RequestFlow:
         if self.attempt is not None and self.attempt.result is not None:
             body = self.attempt.result
             body["id"] = self.client_id
-            usage = body.get("usage")
-            if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
-                self.outcome.output_tokens = int(usage["completion_tokens"])
+            reported = body.get("usage")
+            if isinstance(reported, dict) and reported.get("completion_tokens") is not None:
+                self.outcome.output_tokens = int(reported["completion_tokens"])
             return body
         parts: list[str] = []
         finish: str | None = None

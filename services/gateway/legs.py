@@ -64,7 +64,7 @@ class Event:
     finish_reason: str | None
 
 
-def _parse_event(line: bytes, endpoint: str) -> Event | None:
+def _parse_event(line: bytes, endpoint: str) -> Event:
     payload = orjson.loads(line)
     choices = payload.get("choices") or []
     text = ""
