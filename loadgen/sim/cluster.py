@@ -14,7 +14,8 @@ What is modelled, per instance (times from :class:`shared.latency.LatencyModel`,
   fill the chunk budget; a request's first token comes at the end of the step that finishes its prompt.
 
 Simplifications, written down so results are read right: KV for the whole output is reserved up front (no
-retraction), transfers do not contend for bandwidth, and there are no network or gateway delays.
+retraction) and transfers do not contend for bandwidth. The serving path's own delay before the first token
+(HTTP legs, bootstrap handshake) is a per-request draw calibrated on the live stack (``overhead.py``).
 """
 
 from __future__ import annotations
@@ -56,13 +57,14 @@ class SimInstance:
     """One engine. ``kick()`` starts a step whenever the instance is idle and has work."""
 
     def __init__(self, instance_id: str, role: Role, model: LatencyModel, queue: EventQueue,
-                 on_finish: Callable[[SimRequest], None]) -> None:
+                 on_finish: Callable[[SimRequest], None], first_token_delay: Callable[[int], float] = lambda i: 0.0) -> None:
         p = model.profile
         self.instance_id = instance_id
         self.role = role
         self.model = model
         self.queue = queue
         self.on_finish = on_finish
+        self.first_token_delay = first_token_delay
         self.kv_capacity = p.kv_capacity_tokens
         self.max_running = p.max_running_requests
         self.chunk = p.chunked_prefill_size
@@ -207,7 +209,9 @@ class SimInstance:
             self.release(req.input_tokens)
             decode.transfer_done(req)
 
-        self.queue.at(self.queue.now_s + self.model.kv_transfer_time_s(req.input_tokens), PRIORITY_TRANSFER_DONE, arrived)
+        # The KV copy, plus the serving path's own handoff delay (see loadgen/sim/overhead.py).
+        delay = self.model.kv_transfer_time_s(req.input_tokens) + self.first_token_delay(req.index)
+        self.queue.at(self.queue.now_s + delay, PRIORITY_TRANSFER_DONE, arrived)
 
     def _finish(self, req: SimRequest) -> None:
         req.finished_s = self.queue.now_s
@@ -224,7 +228,8 @@ _ID_PREFIX = {"prefill": "p", "decode": "d", "null": "c"}
 class SimCluster:
     """Instances plus the dispatch policy the live gateway uses, fed exact snapshots."""
 
-    def __init__(self, roles: list[Role], model: LatencyModel, policy: DispatchPolicy, queue: EventQueue) -> None:
+    def __init__(self, roles: list[Role], model: LatencyModel, policy: DispatchPolicy, queue: EventQueue,
+                 first_token_delay: Callable[[int], float] = lambda i: 0.0) -> None:
         self.queue = queue
         self.policy = policy
         self.finished: list[SimRequest] = []
@@ -233,7 +238,8 @@ class SimCluster:
         for role in roles:
             instance_id = f"{_ID_PREFIX[role]}{counters[role]}"  # the same ids poise up gives
             counters[role] += 1
-            self.instances[instance_id] = SimInstance(instance_id, role, model, queue, self.finished.append)
+            self.instances[instance_id] = SimInstance(instance_id, role, model, queue, self.finished.append,
+                                                      first_token_delay)
 
     def submit(self, req: SimRequest) -> None:
         views = [i.view() for i in self.instances.values()]

@@ -6,6 +6,7 @@ import msgspec
 import pytest
 
 from loadgen.sim.baselines import make_mix, parse_split
+from loadgen.sim.overhead import LIVE_STACK_DELAY, NO_DELAY
 from loadgen.sim.run import simulate
 from loadgen.slo import SLO
 from loadgen.traces import load_trace
@@ -26,7 +27,7 @@ def workload(*reqs: tuple[float, int, int]) -> Workload:
 
 def test_a_lone_request_takes_exactly_the_models_time() -> None:
     m = model()
-    result = simulate(workload((0.0, 1000, 5)), make_mix("static-minload", 2), m, SLO_)
+    result = simulate(workload((0.0, 1000, 5)), make_mix("static-minload", 2), m, SLO_, first_token_delay=NO_DELAY)
     (r,) = result.records
     ttft = m.prefill_batch_time_s([(1000, 0)]) + m.kv_transfer_time_s(1000)
     assert r.ttft_s == pytest.approx(ttft)
@@ -121,3 +122,14 @@ def test_poise_sim_command_writes_reports(tmp_path: object) -> None:
     bad = subprocess.run([sys.executable, "-m", "services.cli", "sim", "--split", "3P3D", "--instances", "8"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and "split 3P3D has 6 instances" in bad.stderr
+
+
+def test_the_live_stack_delay_is_added_before_the_first_token() -> None:
+    m = model()
+    bare = simulate(workload((0.0, 1000, 5)), make_mix("static-minload", 2), m, SLO_, first_token_delay=NO_DELAY)
+    live = simulate(workload((0.0, 1000, 5)), make_mix("static-minload", 2), m, SLO_)
+    delta = live.records[0].ttft_s - bare.records[0].ttft_s  # type: ignore[operator]
+    assert delta == pytest.approx(LIVE_STACK_DELAY(0)) and 0.002 < delta < 0.05
+    draws = sorted(LIVE_STACK_DELAY(i) for i in range(2001))
+    assert draws[1000] == pytest.approx(LIVE_STACK_DELAY.median_s, rel=0.1)
+    assert draws[1800] == pytest.approx(LIVE_STACK_DELAY.p90_s, rel=0.1)
