@@ -165,3 +165,4 @@ def test_gateway_and_monitor_export_prometheus_metrics(stack: Stack) -> None:
     assert float(ttft_count.split()[-1]) >= 200  # the replay above went through these histograms
     assert "poise_gateway_tpot_seconds_bucket" in gateway
     assert 'poise_instance_running_reqs{instance="p0",role="prefill"}' in monitor
+
