@@ -3,9 +3,10 @@
 The latency model covers GPU work and the KV copy. The live path adds dispatch, two HTTP legs, the
 bootstrap handshake between the engines and the first token's trip back through the gateway. Replaying the
 first 120 s of Azure conversation (456 requests) through the live 2P2D stack and through the simulator
-with no overhead (2026-11-22, this 2-core machine, `python -m tests.bench.sim_fidelity`), TTFT differed by a
-nearly constant amount that did not depend on prompt length: p10/p50/p90 of 6.0 / 10.7 / 17.7 ms, while
-TPOT matched to 0.05 ms. This module draws that delay per request from a log-normal with the measured
+with ``first_token_delay=NO_DELAY`` (2026-11-22, this 2-core machine; ``python -m tests.bench.sim_fidelity
+--calibrate`` repeats the measurement, and the same command without the flag checks the calibrated result on
+that slice and four others), TTFT differed by a nearly constant amount that did not depend on prompt length: p10/p50/p90
+of 6.0 / 10.7 / 17.7 ms (a rerun gave 6.0 / 11.3 / 17.1 ms), while TPOT matched to 0.05 ms. This module draws that delay per request from a log-normal with the measured
 median and p90, seeded by the request, so runs stay deterministic.
 """
 

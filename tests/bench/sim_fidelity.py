@@ -3,7 +3,8 @@
 The live side is the real stack (NATS, etcd, gateway, 2P+2D engine_sim with the H100 profile); the simulator
 runs the same mix (static-minload 2P2D, the gateway's least-load policy). Slice 1 (Azure conversation,
 0-120 s) is what the first-token delay in ``loadgen/sim/overhead.py`` was calibrated on; the other slices were not. The issue's bar: P50/P90 TTFT and TPOT within 10%, SLO
-attainment within 3 points. Writes ``tests/bench/results/sim_fidelity.{md,json}``.
+attainment within 3 points. Writes ``tests/bench/results/sim_fidelity.{md,json}``. With ``--calibrate`` it
+instead prints the live-minus-model first-token delay that ``loadgen/sim/overhead.py`` is set from.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 from loadgen.replay import replay
 from loadgen.sim.baselines import make_mix
+from loadgen.sim.overhead import NO_DELAY
 from loadgen.sim.run import simulate
 from loadgen.slo import slo_for
 from loadgen.traces import load_trace
@@ -31,12 +33,30 @@ SLICES = [("azure-conv", 0.0, 120.0, 1.0, "calibration"), ("azure-conv", 720.0, 
 METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s")
 
 
+def calibrate(stack: Stack, model: LatencyModel) -> None:
+    """``--calibrate``: live minus bare-model TTFT per request on the calibration slice (what overhead.py holds)."""
+    workload = load_trace("azure-conv").slice(0.0, 120.0)
+    slo = slo_for("azure-conv")
+    live = asyncio.run(replay(workload, stack.gateway_url, model=stack.settings.model, slo=slo)).records
+    sim = {r.index: r for r in simulate(workload, make_mix("static-minload", 4, "2P2D"), model, slo,
+                                        first_token_delay=NO_DELAY).records}
+    deltas = sorted(r.ttft_s - sim[r.index].ttft_s for r in live if r.ttft_s is not None and sim[r.index].ttft_s is not None)
+    p10, p50, p90 = (deltas[int(q * (len(deltas) - 1))] * 1e3 for q in (0.1, 0.5, 0.9))
+    print(f"first-token delay over {len(deltas)} requests: p10 {p10:.1f} ms, p50 {p50:.1f} ms, p90 {p90:.1f} ms")
+
+
 def main() -> None:
     command = shlex.join([Path(sys.executable).name, "-m", "tests.bench.sim_fidelity", *sys.argv[1:]])
     model = LatencyModel(load_profile())
     stack = Stack(StackSettings(gateway_port=0, monitor_port=0, run_dir=Path(".poise/bench") / f"fidelity-{time.strftime('%H%M%S')}"),
                   progress=lambda line: print(line, file=sys.stderr))
     stack.start()
+    if "--calibrate" in sys.argv[1:]:
+        try:
+            calibrate(stack, model)
+        finally:
+            stack.stop()
+        return
     rows: list[dict[str, Any]] = []
     try:
         for trace, start, duration, rate, role in SLICES:

@@ -21,21 +21,18 @@ from fastapi.responses import JSONResponse, Response
 
 from services.worker.config import WorkerSettings
 from services.worker.sidecar import WorkerService, worker_admin_service
-from shared.bus import Bus
 from shared.devservers import EtcdServer, NatsServer
 from shared.protocol import (
     AdminCommand,
     AdminReply,
     InstanceInfo,
-    Keys,
-    LoadReport,
     RoleCommand,
     RoleCommandReply,
     Subjects,
 )
-from shared.registry import InstanceWatcher, Registry
 from shared.runtime import EmbeddedHttpServer
 from shared.settings import load_settings
+from tests.integration.observer import start_observer
 
 pytestmark = pytest.mark.asyncio
 
@@ -121,25 +118,15 @@ async def test_attach_registers_reports_and_switches_roles(
 ) -> None:
     engine, url = fake_engine
     ns = f"t{uuid.uuid4().hex[:8]}"
-    subjects, keys = Subjects(ns), Keys(ns)
-    registry = Registry(etcd_server.url, keys)
-    await registry.connect()
+    subjects = Subjects(ns)
     statuses: list[tuple[str, str]] = []
 
     def on_change(instances: dict[str, InstanceInfo]) -> None:
         if "p0" in instances:
             statuses.append((instances["p0"].role, instances["p0"].status))
 
-    watcher = InstanceWatcher(registry, on_change=on_change)
-    await watcher.start()
-    bus = Bus(nats_server.url, name="test")
-    await bus.connect()
-    reports: list[LoadReport] = []
-
-    async def on_load(report: LoadReport, subject: str) -> None:
-        reports.append(report)
-
-    await bus.subscribe(subjects.load("p0"), LoadReport, on_load)
+    obs = await start_observer(nats_server.url, etcd_server.url, ns, "p0", on_change)
+    registry, watcher, bus, reports = obs.registry, obs.watcher, obs.bus, obs.reports
 
     worker = WorkerService(_worker_settings(nats_server, etcd_server, ns, url, tmp_path))
     await worker.start()
@@ -205,9 +192,7 @@ async def test_attach_registers_reports_and_switches_roles(
     await _until(lambda: "p0" not in watcher.instances)
     instances, _ = await registry.list_instances()
     assert "p0" not in instances
-    await watcher.stop()
-    await bus.close()
-    await registry.close()
+    await obs.close()
 
 
 async def test_unhealthy_engine_leaves_the_registry_and_returns(
@@ -215,19 +200,8 @@ async def test_unhealthy_engine_leaves_the_registry_and_returns(
 ) -> None:
     engine, url = fake_engine
     ns = f"t{uuid.uuid4().hex[:8]}"
-    subjects = Subjects(ns)
-    registry = Registry(etcd_server.url, Keys(ns))
-    await registry.connect()
-    watcher = InstanceWatcher(registry)
-    await watcher.start()
-    bus = Bus(nats_server.url, name="test")
-    await bus.connect()
-    reports: list[LoadReport] = []
-
-    async def on_load(report: LoadReport, subject: str) -> None:
-        reports.append(report)
-
-    await bus.subscribe(subjects.load("p0"), LoadReport, on_load)
+    obs = await start_observer(nats_server.url, etcd_server.url, ns, "p0")
+    watcher, reports = obs.watcher, obs.reports
     async with WorkerService(_worker_settings(nats_server, etcd_server, ns, url, tmp_path, unhealthy_after_s=0.4)):
         await _until(lambda: "p0" in watcher.instances)
         engine.broken = True
@@ -239,9 +213,7 @@ async def test_unhealthy_engine_leaves_the_registry_and_returns(
         await _until(lambda: "p0" in watcher.instances)
         assert watcher.instances["p0"].status == "ready"
     await _until(lambda: "p0" not in watcher.instances)
-    await watcher.stop()
-    await bus.close()
-    await registry.close()
+    await obs.close()
 
 
 async def test_attach_fails_clearly_when_nothing_answers(

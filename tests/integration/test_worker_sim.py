@@ -15,11 +15,10 @@ import pytest
 
 from services.worker.config import WorkerSettings
 from services.worker.sidecar import WorkerService
-from shared.bus import Bus
 from shared.devservers import EtcdServer, NatsServer
-from shared.protocol import Keys, LoadReport, RoleCommand, RoleCommandReply, Subjects
-from shared.registry import InstanceWatcher, Registry
+from shared.protocol import RoleCommand, RoleCommandReply, Subjects
 from shared.settings import load_settings
+from tests.integration.observer import start_observer
 
 
 def _engine_sim_missing() -> bool:
@@ -54,18 +53,8 @@ def _alive(pid: int) -> bool:
 async def test_worker_runs_engine_sim_end_to_end(nats_server: NatsServer, etcd_server: EtcdServer, tmp_path: Path) -> None:
     ns = f"t{uuid.uuid4().hex[:8]}"
     subjects = Subjects(ns)
-    registry = Registry(etcd_server.url, Keys(ns))
-    await registry.connect()
-    watcher = InstanceWatcher(registry)
-    await watcher.start()
-    bus = Bus(nats_server.url, name="test")
-    await bus.connect()
-    reports: list[LoadReport] = []
-
-    async def on_load(report: LoadReport, subject: str) -> None:
-        reports.append(report)
-
-    await bus.subscribe(subjects.load("p0"), LoadReport, on_load)
+    obs = await start_observer(nats_server.url, etcd_server.url, ns, "p0")
+    registry, watcher, bus, reports = obs.registry, obs.watcher, obs.bus, obs.reports
     settings = load_settings(WorkerSettings, instance_id="p0", role="prefill", engine_kind="sim", model="sim-model",
                              time_scale=0.0, namespace=ns, nats_url=nats_server.url, etcd_url=etcd_server.url,
                              load_interval_s=0.1, lease_ttl_s=2, health_timeout_s=30, restart_backoff_s=0.2,
@@ -99,6 +88,4 @@ async def test_worker_runs_engine_sim_end_to_end(nats_server: NatsServer, etcd_s
         await worker.stop()
     await _until(lambda: "p0" not in watcher.instances)
     assert pid is None or not _alive(pid)
-    await watcher.stop()
-    await bus.close()
-    await registry.close()
+    await obs.close()
