@@ -1,19 +1,20 @@
 """Benchmark metrics: percentiles and the run summary computed from request records.
 
-Owns `percentile`, `Summary` and `summarize`. The summary is a pure function of
-the records, the SLO and the wall time, so tests (and anyone auditing a report)
-can recompute every number from ``report.json``'s records alone.
+Owns `percentile`, `Summary`, `ClassSummary` and `summarize`. The summary is a
+pure function of the records, the SLO (and SLO classes, if any) and the wall time,
+so tests (and anyone auditing a report) can recompute every number from
+``report.json``'s records alone.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import msgspec
 
 from loadgen.records import RequestRecord
-from loadgen.slo import SLO
+from loadgen.slo import SLO, SLOClasses
 
 
 def percentile(values: Iterable[float], p: float) -> float:
@@ -41,6 +42,25 @@ def _percentiles(values: Sequence[float]) -> tuple[float | None, float | None, f
     return percentile(values, 50), percentile(values, 90), percentile(values, 99)
 
 
+class ClassSummary(msgspec.Struct, frozen=True):
+    """Attainment of one SLO class: its requests judged against its own SLO.
+
+    ``ok`` counts the class's successful requests. Shares are over all the
+    class's requests (failures are misses), 0.0 for a class with no requests;
+    percentiles cover its successful requests (None when there are none).
+    """
+
+    requests: int
+    ok: int
+    attainment: float
+    ttft_attainment: float
+    tpot_attainment: float
+    ttft_p90_s: float | None
+    tpot_p90_s: float | None
+    slo_ttft_s: float
+    slo_tpot_s: float
+
+
 class Summary(msgspec.Struct, frozen=True):
     """Aggregate results of one replay.
 
@@ -50,7 +70,10 @@ class Summary(msgspec.Struct, frozen=True):
     requests and their received output tokens per second of wall time.
     ``token_mismatches`` counts successful requests whose received token count
     differs from the trace's expected count (a server ignoring ``ignore_eos`` or
-    ``max_tokens`` would otherwise go unnoticed).
+    ``max_tokens`` would otherwise go unnoticed). ``slo_ttft_s``/``slo_tpot_s``
+    are the run's own SLO; with SLO classes the attainment shares judge each
+    request against its class's SLO, and ``per_class`` breaks them down by class
+    (empty without classes).
     """
 
     requests_total: int
@@ -79,29 +102,84 @@ class Summary(msgspec.Struct, frozen=True):
     token_mismatches: int
     lateness_p99_s: float | None
     lateness_max_s: float | None
+    per_class: dict[str, ClassSummary] = {}
 
 
-def summarize(records: Sequence[RequestRecord], slo: SLO, wall_s: float) -> Summary:
-    """Compute the `Summary` of a replay from its records.
-
-    A request meets the SLO when it succeeded, produced a first token, and has
-    ``ttft <= slo.ttft_s`` and ``tpot <= slo.tpot_s``; the TTFT-only and
-    TPOT-only shares apply one condition each (still requiring success).
-    Attainments are 0.0 for an empty run; throughputs are 0.0 when ``wall_s`` is 0.
-    """
-    total = len(records)
-    ok = [r for r in records if r.ok]
-    ttfts = [t for t in (r.ttft_s for r in ok) if t is not None]
-    tpots = [r.tpot_s for r in ok]
-    e2es = [r.e2e_s for r in ok]
+def _hits(records: Sequence[RequestRecord], slo_of: Callable[[RequestRecord], SLO]) -> tuple[int, int, int]:
+    """(TTFT hits, TPOT hits, both) among successful ``records``, each judged against ``slo_of(record)``."""
     ttft_hits = tpot_hits = both_hits = 0
-    for r in ok:
+    for r in records:
+        if not r.ok:
+            continue
+        slo = slo_of(r)
         ttft = r.ttft_s
         ttft_hit = ttft is not None and ttft <= slo.ttft_s
         tpot_hit = r.tpot_s <= slo.tpot_s
         ttft_hits += ttft_hit
         tpot_hits += tpot_hit
         both_hits += ttft_hit and tpot_hit
+    return ttft_hits, tpot_hits, both_hits
+
+
+def _class_summary(records: Sequence[RequestRecord], slo: SLO) -> ClassSummary:
+    ok = [r for r in records if r.ok]
+    ttfts = [t for t in (r.ttft_s for r in ok) if t is not None]
+    tpots = [r.tpot_s for r in ok]
+    ttft_hits, tpot_hits, both_hits = _hits(records, lambda _: slo)
+    total = len(records)
+    return ClassSummary(
+        requests=total,
+        ok=len(ok),
+        attainment=both_hits / total if total else 0.0,
+        ttft_attainment=ttft_hits / total if total else 0.0,
+        tpot_attainment=tpot_hits / total if total else 0.0,
+        ttft_p90_s=percentile(ttfts, 90) if ttfts else None,
+        tpot_p90_s=percentile(tpots, 90) if tpots else None,
+        slo_ttft_s=slo.ttft_s,
+        slo_tpot_s=slo.tpot_s,
+    )
+
+
+def _per_class(records: Sequence[RequestRecord], classes: SLOClasses) -> dict[str, ClassSummary]:
+    # Every class gets an entry, also an empty one: a class with 0 requests in the table shows that the
+    # workload was not assigned (or the shares are too small for the slice), instead of hiding it.
+    by_class: dict[str, list[RequestRecord]] = {name: [] for name in classes.names}
+    for r in records:
+        if r.slo_class is not None:
+            by_class[r.slo_class].append(r)
+    return {name: _class_summary(members, classes.slo_of(name)) for name, members in by_class.items()}
+
+
+def summarize(
+    records: Sequence[RequestRecord], slo: SLO, wall_s: float, classes: SLOClasses | None = None
+) -> Summary:
+    """Compute the `Summary` of a replay from its records.
+
+    A request meets the SLO when it succeeded, produced a first token, and has
+    ``ttft <= slo.ttft_s`` and ``tpot <= slo.tpot_s``; the TTFT-only and
+    TPOT-only shares apply one condition each (still requiring success).
+    With ``classes``, a record whose ``slo_class`` is set is judged against that
+    class's SLO instead (records without one still use ``slo``; an unknown class
+    name is a ValueError), and ``per_class`` holds one `ClassSummary` per class.
+    Attainments are 0.0 for an empty run; throughputs are 0.0 when ``wall_s`` is 0.
+    """
+    if classes is not None:
+        known = set(classes.names)
+        unknown = sorted({r.slo_class for r in records if r.slo_class is not None and r.slo_class not in known})
+        if unknown:
+            raise ValueError(f"records name unknown SLO class(es) {', '.join(unknown)}; classes: {', '.join(classes.names)}")
+    total = len(records)
+    ok = [r for r in records if r.ok]
+    ttfts = [t for t in (r.ttft_s for r in ok) if t is not None]
+    tpots = [r.tpot_s for r in ok]
+    e2es = [r.e2e_s for r in ok]
+    if classes is None:
+        ttft_hits, tpot_hits, both_hits = _hits(records, lambda _: slo)
+    else:
+        class_slos = {c.name: c.slo for c in classes.classes}
+        ttft_hits, tpot_hits, both_hits = _hits(
+            records, lambda r: slo if r.slo_class is None else class_slos[r.slo_class]
+        )
     output_tokens = sum(r.output_tokens_received for r in ok)
     lateness = [r.lateness_s for r in records]
 
@@ -141,4 +219,5 @@ def summarize(records: Sequence[RequestRecord], slo: SLO, wall_s: float) -> Summ
         token_mismatches=sum(1 for r in ok if r.output_tokens_received != r.output_tokens_expected),
         lateness_p99_s=percentile(lateness, 99) if lateness else None,
         lateness_max_s=max(lateness) if lateness else None,
+        per_class={} if classes is None else _per_class(records, classes),
     )

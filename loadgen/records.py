@@ -24,7 +24,9 @@ class RequestRecord(msgspec.Struct):
     the arrival time of each content chunk; it may be left empty to save memory
     on long runs (the replay's ``keep_token_times=False``).
     ``output_tokens_received`` is the server's final ``usage.completion_tokens``
-    when it reports one, else the number of content chunks.
+    when it reports one, else the number of content chunks. ``slo_class`` is
+    copied from the trace request: the SLO class it is judged against (None:
+    the run's own SLO).
     """
 
     index: int
@@ -40,6 +42,7 @@ class RequestRecord(msgspec.Struct):
     error: str | None = None
     http_status: int | None = None
     token_times_s: list[float] = []
+    slo_class: str | None = None
 
     @property
     def ok(self) -> bool:

@@ -25,7 +25,7 @@ from loadgen.metrics import Summary, percentile, summarize
 from loadgen.progress import ReplayProgress, print_progress
 from loadgen.prompts import DEFAULT_VOCAB_SIZE, prompt_text, prompt_token_ids
 from loadgen.records import RequestRecord, Status
-from loadgen.slo import SLO, slo_for
+from loadgen.slo import SLO, SLOClasses, slo_for
 from loadgen.sse import StreamAccumulator, error_message
 from loadgen.workload import TraceRequest, Workload
 
@@ -215,6 +215,7 @@ class _Run:
             error=error,
             http_status=http_status,
             token_times_s=stream.token_times_s,
+            slo_class=request.slo_class,
         )
 
     def snapshot(self, total: int, final: bool = False) -> ReplayProgress:
@@ -246,6 +247,7 @@ async def replay(
     endpoint: Endpoint = "completions",
     rate_scale: float = 1.0,
     slo: SLO | None = None,
+    slo_classes: SLOClasses | None = None,
     concurrency_limit: int | None = None,
     timeout_s: float = 600.0,
     api_key: str | None = None,
@@ -263,7 +265,10 @@ async def replay(
     ``concurrency_limit`` optionally caps requests in flight (later ones then
     wait, which shows up as lateness: ``sent_s - arrival_s``). ``timeout_s``
     bounds each request's total time. ``slo`` defaults to the trace's Arrow
-    Table 1 SLO (`slo_for`). ``progress`` is called about every
+    Table 1 SLO (`slo_for`). Each record keeps its request's ``slo_class``;
+    with ``slo_classes`` the summary judges a request against its class's SLO
+    and breaks attainment down per class (label the workload first with
+    `SLOClasses.assign`). ``progress`` is called about every
     ``progress_interval_s`` and once more at the end (``final=True``); pass
     `print_progress` for a status line. ``client`` lets a caller supply its own
     `httpx.AsyncClient` (it is then not closed here); otherwise one is created
@@ -341,9 +346,11 @@ async def replay(
         "vocab_size": vocab_size,
         "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
     }
+    if slo_classes is not None:  # only then, so a run without classes records the same config as before
+        config["slo_classes"] = slo_classes.specs
     return ReplayResult(
         records=records,
-        summary=summarize(records, slo, wall_s),
+        summary=summarize(records, slo, wall_s, slo_classes),
         wall_s=wall_s,
         started_at=started_at,
         config=config,

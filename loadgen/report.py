@@ -3,7 +3,8 @@
 Owns `write_report` (``report.json`` with every record, ``report.md`` with the
 headline table, ``report.png`` with latency CDFs and load over time) and
 `format_table` (the same headline table for a terminal). The JSON holds the raw
-records so every number in the table can be recomputed from it.
+records so every number in the table can be recomputed from it. With SLO
+classes, both also show a per-class attainment table.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from loadgen.metrics import Summary, summarize
-from loadgen.slo import SLO
+from loadgen.slo import SLO, SLOClasses
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -44,24 +45,59 @@ def _pct(value: float) -> str:
     return f"{value * 100:.1f} %"
 
 
+def _markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """Rows padded to their columns' widths, so the Markdown also reads as a plain-text table."""
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
+    lines = [
+        "| " + " | ".join(cell.ljust(width) for cell, width in zip(header, widths, strict=True)) + " |",
+        "|" + "|".join("-" * (width + 2) for width in widths) + "|",
+    ]
+    lines += ["| " + " | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) + " |" for row in rows]
+    return lines
+
+
+def format_class_table(summary: Summary) -> str:
+    """Attainment per SLO class as a Markdown table; empty string when the run had no classes."""
+    if not summary.per_class:
+        return ""
+    header = ("SLO class", "Requests", "OK", "TTFT / TPOT SLO (ms)", "SLO attainment", "TTFT-only / TPOT-only",
+              "TTFT P90 (ms)", "TPOT P90 (ms)")
+    rows = [
+        (
+            name,
+            f"{c.requests}",
+            f"{c.ok}",
+            f"{c.slo_ttft_s * 1000:g} / {c.slo_tpot_s * 1000:g}",
+            _pct(c.attainment),
+            f"{_pct(c.ttft_attainment)} / {_pct(c.tpot_attainment)}",
+            _ms(c.ttft_p90_s),
+            _ms(c.tpot_p90_s),
+        )
+        for name, c in summary.per_class.items()
+    ]
+    return "\n".join(_markdown_table(header, rows))
+
+
 def format_table(summary: Summary, slo: SLO | None = None) -> str:
     """The headline results as a Markdown table (readable as plain text too).
 
     ``slo`` only labels the attainment row; the numbers come from ``summary``,
     which already carries the SLO it was computed with (the default label).
+    With SLO classes the attainment row says each request was judged against
+    its class, and the per-class table (`format_class_table`) follows.
     """
     slo = slo or SLO(ttft_s=summary.slo_ttft_s, tpot_s=summary.slo_tpot_s)
     s = summary
+    attainment_label = f"SLO attainment (TTFT <= {slo.ttft_s * 1000:g} ms and TPOT <= {slo.tpot_s * 1000:g} ms)"
+    if s.per_class:
+        attainment_label = "SLO attainment (each request against its class's SLO)"
     rows = [
         ("Requests", f"{s.requests_total}"),
         ("OK / failed", f"{s.requests_ok} / {s.requests_failed}"),
         ("TTFT P50 / P90 / P99 (ms)", f"{_ms(s.ttft_p50_s)} / {_ms(s.ttft_p90_s)} / {_ms(s.ttft_p99_s)}"),
         ("TPOT P50 / P90 / P99 (ms)", f"{_ms(s.tpot_p50_s)} / {_ms(s.tpot_p90_s)} / {_ms(s.tpot_p99_s)}"),
         ("E2E P50 / P90 / P99 (ms)", f"{_ms(s.e2e_p50_s)} / {_ms(s.e2e_p90_s)} / {_ms(s.e2e_p99_s)}"),
-        (
-            f"SLO attainment (TTFT <= {slo.ttft_s * 1000:g} ms and TPOT <= {slo.tpot_s * 1000:g} ms)",
-            _pct(s.slo_attainment),
-        ),
+        (attainment_label, _pct(s.slo_attainment)),
         ("TTFT-only / TPOT-only attainment", f"{_pct(s.ttft_attainment)} / {_pct(s.tpot_attainment)}"),
         ("Throughput (req/s)", f"{s.throughput_rps:.2f}"),
         ("Output throughput (tok/s)", f"{s.output_tokens_per_s:.1f}"),
@@ -77,6 +113,8 @@ def format_table(summary: Summary, slo: SLO | None = None) -> str:
         f"|{'-' * (width + 2)}|{'-' * (value_width + 2)}|",
     ]
     lines += [f"| {name.ljust(width)} | {value.ljust(value_width)} |" for name, value in rows]
+    if s.per_class:
+        lines += ["", format_class_table(s)]
     return "\n".join(lines)
 
 
@@ -187,21 +225,25 @@ def write_report(
     title: str,
     command: str | Sequence[str] | None = None,
     slo: SLO | None = None,
+    classes: SLOClasses | None = None,
 ) -> ReportFiles:
     """Write ``report.json``, ``report.md`` and ``report.png`` into ``out_dir`` (created).
 
-    With ``slo`` given the summary is recomputed against it (same records), so
-    one run can be judged under another workload's targets; otherwise the
-    run's own summary is used. ``command`` (a string or argv list) is recorded
-    so the run can be reproduced.
+    With ``slo`` or ``classes`` given the summary is recomputed against them
+    (same records), so one run can be judged under another workload's targets
+    or another class set; otherwise the run's own summary is used. ``classes``
+    judges each record by its ``slo_class`` and adds the per-class table (and
+    the classes, under ``slo_classes``, to the JSON). ``command`` (a string or
+    argv list) is recorded so the run can be reproduced.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if slo is None:
+    if slo is None and classes is None:
         summary = result.summary
         slo = SLO(ttft_s=summary.slo_ttft_s, tpot_s=summary.slo_tpot_s)
     else:
-        summary = summarize(result.records, slo, result.wall_s)
+        slo = slo or SLO(ttft_s=result.summary.slo_ttft_s, tpot_s=result.summary.slo_tpot_s)
+        summary = summarize(result.records, slo, result.wall_s, classes)
     command_text = _command_text(command)
     files = ReportFiles(json=out / "report.json", md=out / "report.md", png=out / "report.png")
     document: dict[str, Any] = {
@@ -211,9 +253,11 @@ def write_report(
         "wall_s": result.wall_s,
         "config": result.config,
         "slo": slo,
-        "summary": summary,
-        "records": result.records,
     }
+    if classes is not None:  # only then, so a run without classes writes the same keys as before
+        document["slo_classes"] = classes
+    document["summary"] = summary
+    document["records"] = result.records
     files.json.write_bytes(msgspec.json.encode(document))
     files.md.write_text(_markdown(result, summary, slo, title, command_text), encoding="utf-8")
     _plot(result, slo, title, files.png)

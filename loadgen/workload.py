@@ -25,7 +25,9 @@ class TraceRequest(msgspec.Struct, frozen=True):
     it is the same whichever slice or rate the request is replayed at.
     ``arrival_s`` is relative to the start of the workload. ``hash_ids`` are the
     Mooncake prefix-block ids (one per 512-token block; equal ids mean a
-    shareable prefix); empty when the trace has none.
+    shareable prefix); empty when the trace has none. ``slo_class`` names the
+    request's SLO class (`loadgen.slo.SLOClasses.assign` sets it); None means
+    the workload's own SLO applies.
     """
 
     index: int
@@ -33,6 +35,7 @@ class TraceRequest(msgspec.Struct, frozen=True):
     input_tokens: int
     output_tokens: int
     hash_ids: tuple[int, ...] = ()
+    slo_class: str | None = None
 
 
 class Workload(msgspec.Struct, frozen=True):

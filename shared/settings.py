@@ -3,7 +3,8 @@
 Each service defines ``class XSettings(ServiceSettings)`` in ``services/<svc>/config.py`` with
 ``model_config = settings_config("POISE_X_")``. :func:`parse_settings` adds a ``--flag`` for every field
 (``kv_capacity`` → ``--kv-capacity``) whose help is the field's description, so the CLI, the env and the
-docs cannot drift apart. Precedence: flags > env > defaults.
+docs cannot drift apart. Precedence: flags > env > defaults. Lists and dicts are JSON on the command line, as
+in the env; a ``list[str]`` flag may also be repeated, one item each (``--slo-class a=1:2 --slo-class b=3:4``).
 """
 
 from __future__ import annotations
@@ -54,14 +55,41 @@ def _is_bool(annotation: Any) -> bool:
     return get_origin(annotation) is not None and bool in get_args(annotation) and len(get_args(annotation)) <= 2
 
 
+def _is_str_list(annotation: Any) -> bool:
+    return get_origin(annotation) is list and get_args(annotation) == (str,)
+
+
+def _str_list_items(values: list[str], flag: str, parser: argparse.ArgumentParser) -> list[str]:
+    """Join the occurrences of a repeatable ``list[str]`` flag; one that looks like a JSON list is expanded.
+
+    So ``--api-keys '["a", "b"]'`` means what it always meant, and ``--api-keys a --api-keys b`` is the same.
+    """
+    items: list[str] = []
+    for value in values:
+        if not value.lstrip().startswith("["):
+            items.append(value)
+            continue
+        try:
+            decoded = json.loads(value)
+        except json.JSONDecodeError as exc:
+            parser.error(f"{flag}: expected a JSON list or one item ({exc})")
+        if not isinstance(decoded, list):
+            parser.error(f"{flag}: expected a JSON list or one item")
+        items.extend(decoded)
+    return items
+
+
 def parse_settings(cls: type[S], argv: Sequence[str] | None = None, *, prog: str | None = None) -> S:
     """Build ``cls`` from env vars and command-line flags; exits with a clear message on bad input."""
     parser = argparse.ArgumentParser(prog=prog, description=(cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else None)
     for name, field in cls.model_fields.items():
         env = f"{cls.model_config.get('env_prefix', '')}{name.upper()}"
-        help_text = f"{field.description or ''} [env {env}; default {field.default!r}]"
+        default = field.get_default(call_default_factory=True)  # field.default is a placeholder with a factory
+        help_text = f"{field.description or ''} [env {env}; default {default!r}]"
         if _is_bool(field.annotation):
             parser.add_argument(_flag(name), dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        elif _is_str_list(field.annotation):
+            parser.add_argument(_flag(name), dest=name, action="append", default=None, help=help_text + " (repeatable)")
         else:
             parser.add_argument(_flag(name), dest=name, default=None, help=help_text)
     args = parser.parse_args(argv)
@@ -70,6 +98,8 @@ def parse_settings(cls: type[S], argv: Sequence[str] | None = None, *, prog: str
         if value is None:
             continue
         field = cls.model_fields[name]
+        if isinstance(value, list):  # a repeatable list[str] flag: argparse collected its occurrences
+            value = _str_list_items(value, _flag(name), parser)
         # Lists and dicts come as JSON on the command line, like pydantic-settings reads them from env.
         if isinstance(value, str) and get_origin(field.annotation) in (list, dict):
             try:

@@ -1,16 +1,39 @@
 """Named policy mixes: what ``poise sim --policy`` accepts.
 
-A mix fixes the instances' roles and the dispatch policy. Roles never change in these baselines; the
-adaptive mixes (Arrow, DOPD, ...) add pool and ratio policies in later releases.
+A mix is one choice per policy interface in ``shared.policies``: the instances' initial roles, dispatch,
+and optionally a scaling policy (replica counts), a pool policy (role flips), a migration policy, the
+engines' prefill order and decode batch policies, and a length predictor. The baselines here are the
+systems the papers compare against; the adaptive mixes (Arrow, DOPD, Kairos, ARES) add policies to the same
+registry in later releases. ``--prefill-order``, ``--decode-batch``, ``--migration`` and
+``--length-predictor`` override one interface of any mix.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from shared.policies import DispatchPolicy, LeastLoad, RoundRobin
+from shared.policies import (
+    Continuous,
+    DecodeBatchPolicy,
+    DispatchPolicy,
+    DynamoLoad,
+    DynamoSla,
+    Fcfs,
+    LeastLoad,
+    LengthPredictor,
+    MaxTokens,
+    MigrationPolicy,
+    PoolPolicy,
+    PrefillOrderPolicy,
+    RoundRobin,
+    make_decode_batch_policy,
+    make_length_predictor,
+    make_migration_policy,
+    make_prefill_order_policy,
+)
 from shared.protocol.messages import Role
 
 
@@ -20,6 +43,19 @@ class PolicyMix:
     roles: list[Role]
     dispatch: DispatchPolicy
     description: str
+    # Built by the simulator with the run's latency model and SLO (see shared.policies.scaling):
+    scaling: str | None = None
+    pools: PoolPolicy | None = None
+    migration: MigrationPolicy | None = None
+    prefill_order: PrefillOrderPolicy = field(default_factory=Fcfs)
+    decode_batch: DecodeBatchPolicy = field(default_factory=Continuous)
+    length: LengthPredictor = field(default_factory=MaxTokens)
+    max_instances: int | None = None  # the GPU budget; None = len(roles)
+
+    @property
+    def controlled(self) -> bool:
+        """True when something changes the cluster while it runs (the simulator then runs the control loop)."""
+        return self.scaling is not None or self.pools is not None or self.migration is not None
 
 
 def parse_split(split: str | None, instances: int) -> tuple[int, int]:
@@ -38,14 +74,17 @@ def parse_split(split: str | None, instances: int) -> tuple[int, int]:
     return p, d
 
 
+def _roles(instances: int, split: str | None) -> tuple[list[Role], str]:
+    p, d = parse_split(split, instances)
+    prefill: list[Role] = ["prefill"]
+    decode: list[Role] = ["decode"]
+    return prefill * p + decode * d, f"{p}P{d}D"
+
+
 def _static(name: str, policy: Callable[[], DispatchPolicy], what: str) -> Callable[[int, str | None], PolicyMix]:
     def build(instances: int, split: str | None) -> PolicyMix:
-        p, d = parse_split(split, instances)
-        prefill: list[Role] = ["prefill"]
-        decode: list[Role] = ["decode"]
-        roles = prefill * p + decode * d
-        return PolicyMix(name, roles, policy(),
-                         f"{p}P{d}D, fixed roles, {what} dispatch (sglang-router / DistServe-like)")
+        roles, layout = _roles(instances, split)
+        return PolicyMix(name, roles, policy(), f"{layout}, fixed roles, {what} dispatch (sglang-router / DistServe-like)")
     return build
 
 
@@ -56,18 +95,48 @@ def _colocated(instances: int, split: str | None) -> PolicyMix:
                      f"{instances} colocated instances, chunked prefill, decode-prioritised (vLLM-like)")
 
 
+def _dynamo(name: str, what: str) -> Callable[[int, str | None], PolicyMix]:
+    def build(instances: int, split: str | None) -> PolicyMix:
+        if instances < 2:
+            raise ValueError(f"{name} needs at least 2 instances (one prefill, one decode)")
+        roles, layout = _roles(instances, split)
+        return PolicyMix(name, roles, LeastLoad(), f"starts {layout} on a budget of {instances} GPUs; {what}; "
+                         "replicas start and stop, roles never flip (NVIDIA Dynamo planner)", scaling=name)
+    return build
+
+
 MIXES: dict[str, Callable[[int, str | None], PolicyMix]] = {
     "colocated": _colocated,
     "static-rr": _static("static-rr", RoundRobin, "round-robin"),
     "static-minload": _static("static-minload", LeastLoad, "least-load"),
+    DynamoLoad.name: _dynamo(DynamoLoad.name, "±1 replica per role every 5 s when all engines' estimated TTFT/ITL "
+                             "cross the SLO"),
+    DynamoSla.name: _dynamo(DynamoSla.name, "replica counts every 180 s from the last interval's rate, ISL and OSL "
+                            "and the profile's per-engine capacity"),
 }
 
 
-def make_mix(name: str, instances: int, split: str | None = None) -> PolicyMix:
+def make_mix(name: str, instances: int, split: str | None = None, *, prefill_order: str | None = None,
+             decode_batch: str | None = None, migration: str | None = None,
+             length_predictor: str | None = None) -> PolicyMix:
+    """Build the mix ``name``; the keyword arguments replace one policy of it by its registry name."""
     if instances < 1:
         raise ValueError("--instances must be at least 1")
     try:
         build = MIXES[name]
     except KeyError:
         raise ValueError(f"unknown policy mix {name!r}; known: {', '.join(sorted(MIXES))}") from None
-    return build(instances, split)
+    mix = build(instances, split)
+    changes: dict[str, object] = {}
+    if prefill_order is not None:
+        changes["prefill_order"] = make_prefill_order_policy(prefill_order)
+    if decode_batch is not None:
+        changes["decode_batch"] = make_decode_batch_policy(decode_batch)
+    if migration is not None:
+        changes["migration"] = None if migration == "none" else make_migration_policy(migration)
+    if length_predictor is not None:
+        changes["length"] = make_length_predictor(length_predictor)
+    if not changes:
+        return mix
+    named = ", ".join(f"{k.replace('_', '-')} {getattr(v, 'name', 'none')}" for k, v in changes.items())
+    return dataclasses.replace(mix, description=f"{mix.description}; {named}", **changes)  # type: ignore[arg-type]

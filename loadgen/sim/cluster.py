@@ -1,250 +1,99 @@
-"""The simulated cluster: instances that batch like SGLang, driven by the live system's dispatch policy.
+"""The simulated cluster: instances driven by the live system's dispatch policy, plus the operations the
+planner and migrator carry out live: role flips, starting and stopping replicas, and migrations.
 
-What is modelled, per instance (times from :class:`shared.latency.LatencyModel`, as in engine_sim):
+Costs of those operations (see :class:`SimCosts`):
 
-- **prefill**: a request waits until its decode instance has reserved KV for it (SGLang's ``early`` decode
-  allocation: the prefill starts once the decode side claimed the bootstrap room); then FCFS admission by
-  KV capacity; each step prefills chunks of admitted prompts up to ``chunked_prefill_size`` tokens in one
-  forward pass. Its KV is held until the transfer to the decode instance ends.
-- **decode**: KV for prompt + output is reserved at dispatch time in FCFS order (a request waits while it
-  does not fit); after the prefill, the KV transfer takes ``kv_transfer_time_s(prompt)``; the request then
-  joins the running batch (at most ``max_running_requests``) and its first token is emitted; every decode
-  step emits one token per running request.
-- **null** (colocated): decode-prioritised mixed steps, every running request decodes and prefill chunks
-  fill the chunk budget; a request's first token comes at the end of the step that finishes its prompt.
+- a **role flip** follows SGLang's rule, as the live sidecar does: the instance stops taking requests,
+  drains what it has, then pays ``role_switch_s`` of the profile (``/pd_role_switch`` rebuilds the
+  scheduler) before it serves in the new role;
+- a **start** takes ``start_s`` (process start, weights load, CUDA graphs) before the instance is ready;
+  a **stop** drains first. GPU-seconds count from the start decision to the moment the instance stopped;
+- a **migration** pauses the request for the copy of its KV (``kv_transfer_time_s`` of its context).
 
-Simplifications, written down so results are read right: KV for the whole output is reserved up front (no
-retraction) and transfers do not contend for bandwidth. The serving path's own delay before the first token
-(HTTP legs, bootstrap handshake) is a per-request draw calibrated on the live stack (``overhead.py``).
+Instance ids follow ``poise up``'s: ``p0``, ``p1``... for prefill, ``d0``... for decode, ``c0``... for
+colocated; a replica started later gets the next free number of its role.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from loadgen.sim.events import PRIORITY_STEP_END, PRIORITY_TRANSFER_DONE, EventQueue
+import msgspec
+
+from loadgen.sim.events import PRIORITY_STEP_END, EventQueue
+from loadgen.sim.instance import SimInstance, SimRequest
 from shared.latency import LatencyModel
-from shared.policies import DispatchPolicy, EngineView, Placement, RequestView
-from shared.protocol.messages import Role
-
-
-@dataclass(eq=False)
-class SimRequest:
-    """One request's progress through the simulated cluster (times in simulated seconds)."""
-
-    index: int
-    rid: str
-    arrival_s: float
-    input_tokens: int
-    output_tokens: int
-    prefilled: int = 0  # prompt tokens computed so far
-    generated: int = 0  # output tokens emitted so far
-    first_token_s: float | None = None
-    finished_s: float | None = None
-    error: str | None = None
-    prefill: SimInstance | None = None
-    decode: SimInstance | None = None
-
-    @property
-    def kv_tokens(self) -> int:
-        """KV a decode or colocated instance reserves for the request (prompt + whole output)."""
-        return self.input_tokens + self.output_tokens
-
-
-class SimInstance:
-    """One engine. ``kick()`` starts a step whenever the instance is idle and has work."""
-
-    def __init__(self, instance_id: str, role: Role, model: LatencyModel, queue: EventQueue,
-                 on_finish: Callable[[SimRequest], None], first_token_delay: Callable[[int], float] = lambda i: 0.0) -> None:
-        p = model.profile
-        self.instance_id = instance_id
-        self.role = role
-        self.model = model
-        self.queue = queue
-        self.on_finish = on_finish
-        self.first_token_delay = first_token_delay
-        self.kv_capacity = p.kv_capacity_tokens
-        self.max_running = p.max_running_requests
-        self.chunk = p.chunked_prefill_size
-        self.used_kv = 0
-        self.busy = False
-        self.waiting: deque[SimRequest] = deque()  # prefill/null: before KV admission
-        self.prefilling: list[SimRequest] = []  # prefill/null: admitted, prompt not done
-        self.reserve_queue: deque[SimRequest] = deque()  # decode: waiting for KV
-        self.ready: deque[SimRequest] = deque()  # decode/null: KV in place, waiting for a batch slot
-        self.running: list[SimRequest] = []  # decode/null: in the decode batch
-        self.assigned = 0  # requests dispatched here and not done here
-        self.pending_tokens = 0  # prefill: prompt tokens not computed yet; decode: KV not reserved yet
-        self.steps = 0
-
-    # -- what the dispatcher sees ------------------------------------------------------------------
-    def view(self) -> EngineView:
-        return EngineView(
-            instance_id=self.instance_id, role=self.role, status="ready", kv_capacity_tokens=self.kv_capacity,
-            max_running_requests=self.max_running, running_reqs=len(self.running) + len(self.prefilling),
-            waiting_reqs=len(self.waiting) + len(self.reserve_queue) + len(self.ready), used_tokens=self.used_kv,
-            load_age_s=0.0, inflight_reqs=self.assigned, inflight_tokens=self.pending_tokens,
-        )
-
-    # -- intake ------------------------------------------------------------------------------------
-    def enqueue_prefill(self, req: SimRequest) -> None:
-        self.waiting.append(req)
-        self.kick()
-
-    def enqueue_reserve(self, req: SimRequest) -> None:
-        self.reserve_queue.append(req)
-        self._reserve()
-
-    def _reserve(self) -> None:
-        """Decode: reserve KV for queued requests in order; each reserved one may start its prefill."""
-        while self.reserve_queue and self.used_kv + self.reserve_queue[0].kv_tokens <= self.kv_capacity:
-            req = self.reserve_queue.popleft()
-            self.used_kv += req.kv_tokens
-            self.pending_tokens -= req.kv_tokens
-            assert req.prefill is not None
-            req.prefill.enqueue_prefill(req)
-
-    def transfer_done(self, req: SimRequest) -> None:
-        self.ready.append(req)
-        self.kick()
-
-    def release(self, tokens: int) -> None:
-        self.used_kv -= tokens
-        if self.role == "decode":
-            self._reserve()
-        self.kick()
-
-    # -- steps -------------------------------------------------------------------------------------
-    def kick(self) -> None:
-        if self.busy:
-            return
-        duration = self._begin_step()
-        if duration is None:
-            return
-        self.busy = True
-        self.steps += 1
-        self.queue.at(self.queue.now_s + duration, PRIORITY_STEP_END, self._end_step)
-
-    def _admit_prompts(self, kv_per_request: Callable[[SimRequest], int]) -> None:
-        while self.waiting and self.used_kv + kv_per_request(self.waiting[0]) <= self.kv_capacity:
-            req = self.waiting.popleft()
-            self.used_kv += kv_per_request(req)
-            self.prefilling.append(req)
-
-    def _chunk_plan(self, budget: int) -> list[tuple[SimRequest, int]]:
-        plan = []
-        for req in self.prefilling:
-            if budget <= 0:
-                break
-            n = min(req.input_tokens - req.prefilled, budget)
-            plan.append((req, n))
-            budget -= n
-        return plan
-
-    def _join_ready(self) -> None:
-        now = self.queue.now_s
-        while self.ready and len(self.running) < self.max_running:
-            req = self.ready.popleft()
-            req.first_token_s = now
-            req.generated = 1
-            if req.generated >= req.output_tokens:
-                self._finish(req)
-            else:
-                self.running.append(req)
-
-    def _begin_step(self) -> float | None:
-        if self.role == "prefill":
-            self._admit_prompts(lambda r: r.input_tokens)
-            self._plan = self._chunk_plan(self.chunk)
-            if not self._plan:
-                return None
-            return self.model.prefill_batch_time_s((n, r.prefilled) for r, n in self._plan)
-        if self.role == "decode":
-            self._join_ready()
-            self._batch = list(self.running)
-            if not self._batch:
-                return None
-            return self.model.decode_step_time_s(len(self._batch), sum(r.input_tokens + r.generated for r in self._batch))
-        # colocated
-        self._admit_prompts(lambda r: r.kv_tokens)
-        self._join_ready()
-        self._batch = list(self.running)
-        self._plan = self._chunk_plan(self.chunk)
-        if not self._batch and not self._plan:
-            return None
-        context = sum(r.input_tokens + r.generated for r in self._batch)
-        return self.model.mixed_step_time_s(len(self._batch), context, ((n, r.prefilled) for r, n in self._plan))
-
-    def _end_step(self) -> None:
-        self.busy = False
-        if self.role in ("decode", "null"):
-            for req in self._batch:
-                req.generated += 1
-                if req.generated >= req.output_tokens:
-                    self.running.remove(req)
-                    self._finish(req)
-        if self.role in ("prefill", "null"):
-            for req, n in self._plan:
-                req.prefilled += n
-                self.pending_tokens -= n if self.role == "prefill" else 0
-                if req.prefilled >= req.input_tokens:
-                    self.prefilling.remove(req)
-                    self._prompt_done(req)
-            self._plan = []
-        self._batch = []
-        self.kick()
-
-    def _prompt_done(self, req: SimRequest) -> None:
-        if self.role == "null":
-            self.ready.append(req)  # first token when it joins the batch, at once if there is room
-            return
-        # prefill: hand the KV to the decode instance; this instance keeps it until the copy is done
-        self.assigned -= 1
-        decode = req.decode
-        assert decode is not None
-
-        def arrived() -> None:
-            self.release(req.input_tokens)
-            decode.transfer_done(req)
-
-        # The KV copy, plus the serving path's own handoff delay (see loadgen/sim/overhead.py).
-        delay = self.model.kv_transfer_time_s(req.input_tokens) + self.first_token_delay(req.index)
-        self.queue.at(self.queue.now_s + delay, PRIORITY_TRANSFER_DONE, arrived)
-
-    def _finish(self, req: SimRequest) -> None:
-        req.finished_s = self.queue.now_s
-        self.assigned -= 1
-        self.used_kv -= req.kv_tokens
-        if self.role == "decode":
-            self._reserve()
-        self.on_finish(req)
-
+from shared.policies import (
+    Continuous,
+    DecodeBatchPolicy,
+    DispatchPolicy,
+    Fcfs,
+    LengthPredictor,
+    MigrationDecision,
+    Placement,
+    PrefillOrderPolicy,
+    RequestView,
+)
+from shared.protocol.messages import DecodeRequestInfo, InstanceInfo, InstanceLoad, LoadReport, Role
 
 _ID_PREFIX = {"prefill": "p", "decode": "d", "null": "c"}
+
+
+@dataclass(frozen=True)
+class SimCosts:
+    start_s: float = 30.0  # ours: SGLang with an 8B model starts in tens of seconds (weights, CUDA graphs)
+
+
+@dataclass
+class Lifecycle:
+    """What the cluster did to its instances, for reports (GPU-seconds, the provisioning timeline)."""
+
+    timeline: list[tuple[float, int, int]] = field(default_factory=list)  # (t, prefill, decode) provisioned
+    events: list[tuple[float, str, str]] = field(default_factory=list)  # (t, instance, what happened)
+    flips: int = 0
+    starts: int = 0
+    stops: int = 0
+    migrations: int = 0
+    migrations_refused: int = 0
+    gpu_seconds: float = 0.0
 
 
 class SimCluster:
     """Instances plus the dispatch policy the live gateway uses, fed exact snapshots."""
 
     def __init__(self, roles: list[Role], model: LatencyModel, policy: DispatchPolicy, queue: EventQueue,
-                 first_token_delay: Callable[[int], float] = lambda i: 0.0) -> None:
+                 first_token_delay: Callable[[int], float] = lambda i: 0.0, *,
+                 prefill_order: PrefillOrderPolicy | None = None, decode_batch: DecodeBatchPolicy | None = None,
+                 costs: SimCosts | None = None, max_instances: int | None = None) -> None:
         self.queue = queue
+        self.model = model
         self.policy = policy
+        self.first_token_delay = first_token_delay
+        self.prefill_order = prefill_order or Fcfs()
+        self.decode_batch = decode_batch or Continuous()
+        self.costs = costs or SimCosts()
+        self.max_instances = max_instances if max_instances is not None else len(roles)
         self.finished: list[SimRequest] = []
-        counters = {"prefill": 0, "decode": 0, "null": 0}
-        self.instances: dict[str, SimInstance] = {}
+        self.on_finish: Callable[[SimRequest], None] | None = None  # the control loop listens here
+        self.requests: dict[str, SimRequest] = {}  # dispatched and not finished, by rid
+        self.instances: dict[str, SimInstance] = {}  # every instance ever, stopped ones included
+        self.live: list[SimInstance] = []  # not stopped, in creation order
+        self.lifecycle = Lifecycle()
+        self._started_at: dict[str, float] = {}
+        self._pending_role: dict[str, Role | None] = {}  # draining instances: the role they come back in, or None
+        self._backlog: list[Role] = []  # starts waiting for a GPU that a draining replica will free
+        self._next_number = {"prefill": 0, "decode": 0, "null": 0}
         for role in roles:
-            instance_id = f"{_ID_PREFIX[role]}{counters[role]}"  # the same ids poise up gives
-            counters[role] += 1
-            self.instances[instance_id] = SimInstance(instance_id, role, model, queue, self.finished.append,
-                                                      first_token_delay)
+            self._add(role, "ready")
+        self._record_timeline()
 
+    # -- requests ----------------------------------------------------------------------------------
     def submit(self, req: SimRequest) -> None:
-        views = [i.view() for i in self.instances.values()]
+        views = [i.view() for i in self.live]
         decision = self.policy.place(
-            RequestView(rid=req.rid, input_tokens=req.input_tokens, max_output_tokens=req.output_tokens),
+            RequestView(rid=req.rid, input_tokens=req.input_tokens, max_output_tokens=req.output_tokens,
+                        slo_ttft_s=req.slo_ttft_s, slo_tpot_s=req.slo_tpot_s),
             views, self.queue.now_s)
         if not isinstance(decision, Placement):
             self._fail(req, f"{'429' if decision.retryable else '503'}: {decision.reason}")
@@ -253,6 +102,7 @@ class SimCluster:
         if req.kv_tokens > decode.kv_capacity or req.input_tokens > decode.kv_capacity:
             self._fail(req, f"400: request needs {req.kv_tokens} KV tokens, above the engine's {decode.kv_capacity}")
             return
+        self.requests[req.rid] = req
         req.decode = decode
         decode.assigned += 1
         if decision.prefill_id is None:
@@ -265,7 +115,191 @@ class SimCluster:
         decode.pending_tokens += req.kv_tokens
         decode.enqueue_reserve(req)
 
+    def _finished(self, req: SimRequest) -> None:
+        self.requests.pop(req.rid, None)
+        self.finished.append(req)
+        if self.on_finish is not None:
+            self.on_finish(req)
+
     def _fail(self, req: SimRequest, error: str) -> None:
         req.error = error
         req.finished_s = self.queue.now_s
-        self.finished.append(req)
+        self._finished(req)
+
+    # -- instance lifecycle --------------------------------------------------------------------------
+    def _add(self, role: Role, status: str) -> SimInstance:
+        number = self._next_number[role]
+        self._next_number[role] += 1
+        inst = SimInstance(f"{_ID_PREFIX[role]}{number}", role, self.model, self.queue, self._finished,
+                           self.first_token_delay, prefill_order=self.prefill_order, decode_batch=self.decode_batch,
+                           on_drained=self._drained, status="ready" if status == "ready" else "starting")
+        self.instances[inst.instance_id] = inst
+        self.live.append(inst)
+        self._started_at[inst.instance_id] = self.queue.now_s
+        return inst
+
+    def start(self, role: Role) -> SimInstance | None:
+        """Start a replica of ``role``; ready after ``costs.start_s``. None when the GPU budget is spent."""
+        if len(self.live) >= self.max_instances:
+            return None
+        inst = self._add(role, "starting")
+        self.lifecycle.starts += 1
+        self._log(inst, f"start ({role})")
+
+        def up() -> None:
+            if inst.status == "starting":
+                inst.status = "ready"
+                self._log(inst, "ready")
+                inst.kick()
+
+        self.queue.at(self.queue.now_s + self.costs.start_s, PRIORITY_STEP_END, up)
+        self._record_timeline()
+        return inst
+
+    def scale_to(self, role: Role, want: int) -> bool:
+        """Start or stop replicas of ``role`` until ``want`` are ready or starting; True if anything changed.
+
+        Starts beyond the GPU budget wait for a draining replica to free its GPU (as a pending pod would).
+        Stops take replicas still starting first, then the least loaded.
+        """
+        have = [i for i in self.live if i.role == role and i.status in ("ready", "starting")]
+        self._backlog = [r for r in self._backlog if r != role]
+        if want > len(have):
+            for _ in range(want - len(have)):
+                if self.start(role) is None:
+                    self._backlog.append(role)
+            return True
+        if want < len(have):
+            victims = sorted(have, key=lambda i: (i.status != "starting", i.assigned, i.used_kv, i.instance_id))
+            for inst in victims[: len(have) - want]:
+                self.stop(inst)
+            return True
+        return False
+
+    def stop(self, inst: SimInstance) -> None:
+        """Drain ``inst`` and stop it; it frees its GPU when its last request is gone."""
+        if inst.status in ("stopped", "draining"):
+            return
+        inst.status = "draining"
+        self._pending_role[inst.instance_id] = None
+        self._log(inst, "drain to stop")
+        self._check_drained(inst)
+
+    def flip(self, inst: SimInstance, new_role: Role) -> bool:
+        """Drain ``inst``, switch it to ``new_role`` (paying the profile's switch time), put it back to work."""
+        if inst.status != "ready" or inst.role == new_role or "null" in (inst.role, new_role):
+            return False
+        inst.status = "draining"
+        self._pending_role[inst.instance_id] = new_role
+        self._log(inst, f"drain to flip to {new_role}")
+        self._check_drained(inst)
+        return True
+
+    def _check_drained(self, inst: SimInstance) -> None:
+        if inst.status == "draining" and inst.empty:
+            self._drained(inst)
+
+    def _drained(self, inst: SimInstance) -> None:
+        new_role = self._pending_role.pop(inst.instance_id, None)
+        if new_role is None:
+            inst.status = "stopped"
+            self._log(inst, "stopped")
+            self.live.remove(inst)
+            self.lifecycle.stops += 1
+            self.lifecycle.gpu_seconds += self.queue.now_s - self._started_at.pop(inst.instance_id)
+            self._record_timeline()
+            if self._backlog:
+                self.start(self._backlog.pop(0))
+            return
+        inst.status = "switching"
+        self.lifecycle.flips += 1
+        self._log(inst, "switching")
+
+        def switched() -> None:
+            inst.role = new_role
+            inst.status = "ready"
+            self._log(inst, f"ready as {new_role}")
+            self._record_timeline()
+            inst.kick()
+
+        self.queue.at(self.queue.now_s + self.model.role_switch_time_s(), PRIORITY_STEP_END, switched)
+
+    def _log(self, inst: SimInstance, what: str) -> None:
+        self.lifecycle.events.append((self.queue.now_s, inst.instance_id, what))
+
+    def provisioned(self) -> tuple[int, int]:
+        """(prefill, decode) replicas holding a GPU; colocated instances count as decode."""
+        prefill = sum(1 for i in self.live if i.role == "prefill")
+        return prefill, len(self.live) - prefill
+
+    def _record_timeline(self) -> None:
+        point = (self.queue.now_s, *self.provisioned())
+        if self.lifecycle.timeline and self.lifecycle.timeline[-1][0] == point[0]:
+            self.lifecycle.timeline[-1] = point
+        else:
+            self.lifecycle.timeline.append(point)
+
+    def close(self) -> None:
+        """At the end of the run: charge the GPU-seconds of every instance still up."""
+        for started in self._started_at.values():
+            self.lifecycle.gpu_seconds += self.queue.now_s - started
+        self._started_at.clear()
+
+    # -- migrations ----------------------------------------------------------------------------------
+    def migrate(self, decision: MigrationDecision) -> bool:
+        req = self.requests.get(decision.rid)
+        source = self.instances.get(decision.source_id)
+        target = self.instances.get(decision.target_id)
+        moved = (req is not None and source is not None and target is not None and target is not source
+                 and source.migrate_out(req, target))
+        if moved:
+            self.lifecycle.migrations += 1
+        else:
+            self.lifecycle.migrations_refused += 1
+        return moved
+
+    # -- what the monitor would see ------------------------------------------------------------------
+    def instance_loads(self, profile_name: str) -> list[InstanceLoad]:
+        now = self.queue.now_s
+        out = []
+        for inst in self.live:
+            status = "ready" if inst.status == "ready" else inst.status
+            info = InstanceInfo(instance_id=inst.instance_id, role=inst.role, status=status,  # type: ignore[arg-type]
+                                engine_kind="sim", url=f"sim://{inst.instance_id}", bootstrap_host="",
+                                bootstrap_port=None, model="sim", profile=profile_name,
+                                kv_capacity_tokens=inst.kv_capacity, max_running_requests=inst.max_running,
+                                sidecar="sim", registered_at_unix_s=self._started_at.get(inst.instance_id, 0.0))
+            load = LoadReport(
+                instance_id=inst.instance_id, role=inst.role, status=status,  # type: ignore[arg-type]
+                ts_unix_s=now, num_running_reqs=len(inst.running) + len(inst.prefilling),
+                num_waiting_reqs=len(inst.waiting) + len(inst.reserve_queue) + len(inst.ready),
+                num_waiting_uncached_tokens=inst.pending_tokens if inst.role == "prefill" else 0,
+                num_used_tokens=inst.used_kv, max_total_num_tokens=inst.kv_capacity,
+                token_usage=inst.used_kv / inst.kv_capacity,
+                prefill_queue_reqs=len(inst.waiting) if inst.role == "prefill" else 0,
+                decode_queue_reqs=len(inst.reserve_queue) + len(inst.ready) if inst.role == "decode" else 0,
+            )
+            out.append(InstanceLoad(info=info, load=load, load_age_s=0.0))
+        return out
+
+    def decode_requests(self, predictor: LengthPredictor) -> list[DecodeRequestInfo]:
+        out = []
+        for inst in self.live:
+            if inst.role != "decode":
+                continue
+            for req in inst.running:
+                view = RequestView(rid=req.rid, input_tokens=req.input_tokens, max_output_tokens=req.output_tokens)
+                out.append(DecodeRequestInfo(
+                    rid=req.rid, instance_id=inst.instance_id, input_tokens=req.input_tokens,
+                    generated_tokens=req.generated, max_output_tokens=req.output_tokens, arrived_unix_s=req.arrival_s,
+                    slo_tpot_s=req.slo_tpot_s if req.slo_tpot_s != float("inf") else None,
+                    predicted_remaining_tokens=predictor.predict_remaining(view, req.generated)))
+        return out
+
+
+def lifecycle_json(lifecycle: Lifecycle) -> dict[str, object]:
+    return msgspec.to_builtins({
+        "flips": lifecycle.flips, "starts": lifecycle.starts, "stops": lifecycle.stops,
+        "migrations": lifecycle.migrations, "migrations_refused": lifecycle.migrations_refused,
+        "gpu_seconds": lifecycle.gpu_seconds, "timeline": [list(p) for p in lifecycle.timeline], "events": [list(e) for e in lifecycle.events],
+    })

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from loadgen.sim.baselines import PolicyMix, make_mix
+from loadgen.sim.cluster import SimCosts
 from loadgen.sim.run import simulate
 from loadgen.slo import SLO
 from loadgen.workload import Workload
@@ -26,6 +27,7 @@ class CurvePoint:
     attainment: float
     ttft_p90_s: float | None
     tpot_p90_s: float | None
+    mean_instances: float  # GPU-seconds / makespan: what the run kept provisioned (less than the budget if it scaled)
 
 
 @dataclass
@@ -38,20 +40,23 @@ class GoodputResult:
     capped: bool = False  # the target held up to the highest scale tried: goodput is at least that
 
 
-def _point(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, scale: float) -> CurvePoint:
-    s = simulate(workload, mix, model, slo, rate_scale=scale).summary
-    return CurvePoint(scale, workload.mean_rate_rps * scale, s.slo_attainment, s.ttft_p90_s, s.tpot_p90_s)
+def _point(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, scale: float,
+           costs: SimCosts | None) -> CurvePoint:
+    result = simulate(workload, mix, model, slo, rate_scale=scale, costs=costs)
+    s = result.summary
+    gpus = result.config["lifecycle"]["gpu_seconds"] / s.wall_s if s.wall_s > 0 else float(len(mix.roles))
+    return CurvePoint(scale, workload.mean_rate_rps * scale, s.slo_attainment, s.ttft_p90_s, s.tpot_p90_s, gpus)
 
 
 def search_goodput(workload: Workload, build: Callable[[], PolicyMix], model: LatencyModel, slo: SLO, *,
                    target: float = 0.9, start: float = 1.0, max_scale: float = 256.0,
-                   bisections: int = 6) -> GoodputResult:
+                   bisections: int = 6, costs: SimCosts | None = None) -> GoodputResult:
     """Highest rate scale with attainment >= ``target``; ``build`` makes a fresh mix per run (policies keep state)."""
     mix = build()
     result = GoodputResult(mix.name, mix.description, 0.0, 0.0)
 
     def run(scale: float) -> bool:
-        point = _point(workload, build(), model, slo, scale)
+        point = _point(workload, build(), model, slo, scale, costs)
         result.points.append(point)
         return point.attainment >= target
 
@@ -86,6 +91,11 @@ def search_goodput(workload: Workload, build: Callable[[], PolicyMix], model: La
     result.goodput_rps = lo * workload.mean_rate_rps
     result.points.sort(key=lambda p: p.rate_scale)
     return result
+
+
+def at_goodput(result: GoodputResult) -> CurvePoint | None:
+    """The simulated point at the goodput scale (None when the target was never met)."""
+    return next((p for p in result.points if p.rate_scale == result.goodput_scale), None)
 
 
 def static_best(workload: Workload, instances: int, model: LatencyModel, slo: SLO, **search: float) -> GoodputResult:

@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from loadgen.sim.goodput import GoodputResult
+from loadgen.sim.goodput import GoodputResult, at_goodput
 from loadgen.slo import SLO
 
 
@@ -14,12 +14,15 @@ def goodput_table(results: list[GoodputResult], trace: str, slo: SLO, trace_rps:
     best = max((r.goodput_scale for r in results), default=0.0)
     lines = [f"Goodput on {trace} (SLO attainment >= 90% with TTFT <= {slo.ttft_s:g} s and TPOT <= {slo.tpot_s:g} s; "
              f"the trace's own rate is {trace_rps:.2f} req/s)", "",
-             "| policy | goodput (x trace rate) | goodput (req/s) | vs best | mix |", "|---|---|---|---|---|"]
+             "| policy | goodput (x trace rate) | goodput (req/s) | vs best | mean GPUs at goodput | mix |",
+             "|---|---|---|---|---|---|"]
     for r in sorted(results, key=lambda r: -r.goodput_scale):
         ratio = r.goodput_scale / best if best else 0.0
         at_least = ">= " if r.capped else ""
+        point = at_goodput(r)
+        gpus = f"{point.mean_instances:.1f}" if point is not None else "-"
         lines.append(f"| {r.policy} | {at_least}{r.goodput_scale:.2f} | {at_least}{r.goodput_rps:.2f} | {ratio:.2f} | "
-                     f"{r.description} |")
+                     f"{gpus} | {r.description} |")
     return "\n".join(lines) + "\n"
 
 

@@ -6,45 +6,80 @@ import functools
 import time
 from datetime import UTC, datetime
 
+import msgspec
+
 from loadgen.metrics import summarize
 from loadgen.records import RequestRecord
 from loadgen.replay import ReplayResult
 from loadgen.sim.baselines import PolicyMix
-from loadgen.sim.cluster import SimCluster, SimRequest
+from loadgen.sim.cluster import SimCluster, SimCosts, lifecycle_json
+from loadgen.sim.control import ControlLoop, ControlParams
 from loadgen.sim.events import PRIORITY_ARRIVAL, EventQueue
+from loadgen.sim.instance import SimRequest
 from loadgen.sim.overhead import LIVE_STACK_DELAY, FirstTokenDelay
-from loadgen.slo import SLO
+from loadgen.slo import SLO, SLOClasses
 from loadgen.workload import Workload
 from shared.latency import LatencyModel
+from shared.policies import ScalingContext, make_scaling_policy
 
 
 def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, *, rate_scale: float = 1.0,
-             first_token_delay: FirstTokenDelay = LIVE_STACK_DELAY) -> ReplayResult:
+             first_token_delay: FirstTokenDelay = LIVE_STACK_DELAY, slo_classes: SLOClasses | None = None,
+             costs: SimCosts | None = None, control: ControlParams | None = None) -> ReplayResult:
     """Replay ``workload`` (timestamps divided by ``rate_scale``) against ``mix``; deterministic.
 
     ``first_token_delay`` is the serving path's handoff delay (default: calibrated on the live stack;
-    ``NO_DELAY`` for the bare latency model).
+    ``NO_DELAY`` for the bare latency model). With ``slo_classes``, each request gets its class's SLO
+    (policies see it) and the summary judges it by that SLO; requests the workload already labelled keep
+    their class.
     """
     queue = EventQueue()
-    cluster = SimCluster(mix.roles, model, mix.dispatch, queue, first_token_delay)
+    budget = mix.max_instances or len(mix.roles)
+    cluster = SimCluster(mix.roles, model, mix.dispatch, queue, first_token_delay, prefill_order=mix.prefill_order,
+                         decode_batch=mix.decode_batch, costs=costs, max_instances=budget)
     scaled = workload.scale_rate(rate_scale)
-    requests = [SimRequest(index=r.index, rid=f"sim-{r.index}", arrival_s=r.arrival_s, input_tokens=r.input_tokens,
-                           output_tokens=max(1, r.output_tokens)) for r in scaled.requests]
+    if slo_classes is not None:
+        scaled = Workload(name=scaled.name, requests=[
+            r if r.slo_class is not None else msgspec.structs.replace(r, slo_class=slo_classes.class_for(r.index))
+            for r in scaled.requests])
+    requests = []
+    for r in scaled.requests:
+        target = slo_classes.slo_of(r.slo_class) if slo_classes is not None and r.slo_class is not None else slo
+        requests.append(SimRequest(index=r.index, rid=f"sim-{r.index}", arrival_s=r.arrival_s,
+                                   input_tokens=r.input_tokens, output_tokens=max(1, r.output_tokens),
+                                   slo_ttft_s=target.ttft_s, slo_tpot_s=target.tpot_s, slo_class=r.slo_class))
     for req in requests:
         queue.at(req.arrival_s, PRIORITY_ARRIVAL, functools.partial(cluster.submit, req))
+    loop = None
+    if mix.controlled:
+        scaling = None
+        if mix.scaling is not None:
+            ctx = ScalingContext(ttft_slo_s=slo.ttft_s, tpot_slo_s=slo.tpot_s, max_instances=budget)
+            scaling = make_scaling_policy(mix.scaling, model, ctx)
+        loop = ControlLoop(cluster, queue, total_requests=len(requests), profile_name=model.profile.name,
+                           scaling=scaling, pools=mix.pools, migration=mix.migration, length=mix.length,
+                           params=control)
+        loop.start()
     wall0 = time.perf_counter()
     queue.run()
     wall = time.perf_counter() - wall0
+    cluster.close()
     records = [_record(r) for r in requests]
     makespan = max((r.finished_s for r in records), default=0.0)
     config = {
         "simulated": True, "trace": workload.name, "policy": mix.name, "description": mix.description,
         "roles": mix.roles, "profile": model.profile.name,
-        "first_token_delay_ms": {"median": first_token_delay.median_s * 1e3, "p90": first_token_delay.p90_s * 1e3}, "rate_scale": rate_scale, "requests": len(records),
-        "events": queue.processed, "sim_wall_s": wall,
+        "policies": {"dispatch": mix.dispatch.name, "scaling": mix.scaling, "pools": getattr(mix.pools, "name", None),
+                     "migration": getattr(mix.migration, "name", None), "prefill_order": mix.prefill_order.name,
+                     "decode_batch": mix.decode_batch.name, "length": mix.length.name},
+        "first_token_delay_ms": {"median": first_token_delay.median_s * 1e3, "p90": first_token_delay.p90_s * 1e3},
+        "rate_scale": rate_scale, "requests": len(records), "events": queue.processed, "sim_wall_s": wall,
         "sim_seconds_per_wall_second": makespan / wall if wall > 0 else None,
+        "slo_classes": slo_classes.specs if slo_classes is not None else [],
+        "lifecycle": lifecycle_json(cluster.lifecycle),
+        "decisions": [list(d) for d in loop.decisions] if loop is not None else [],
     }
-    return ReplayResult(records=records, summary=summarize(records, slo, makespan), wall_s=makespan,
+    return ReplayResult(records=records, summary=summarize(records, slo, makespan, slo_classes), wall_s=makespan,
                         started_at=datetime.now(UTC).isoformat(), config=config)
 
 
@@ -54,4 +89,5 @@ def _record(req: SimRequest) -> RequestRecord:
         index=req.index, rid=req.rid, arrival_s=req.arrival_s, sent_s=req.arrival_s, first_token_s=req.first_token_s,
         finished_s=req.finished_s, input_tokens=req.input_tokens, output_tokens_expected=req.output_tokens,
         output_tokens_received=req.generated, status="error" if req.error else "ok", error=req.error,
+        slo_class=req.slo_class,
     )

@@ -17,27 +17,66 @@ import shlex
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import httpx
 import msgspec
 from pydantic import Field
 
+from loadgen.replay import ReplayResult
+from loadgen.slo import PRESETS, SLO, SLOClasses, parse_slo_classes, preset_classes
 from services.cli.replay_job import ReplaySettings, run_replay
 from services.cli.stack import Stack, StackSettings, read_current_stack
 from shared.errors import PoiseError
 from shared.latency import DEFAULT_PROFILE
-from shared.settings import parse_settings, settings_config
+from shared.settings import ServiceSettings, parse_settings, settings_config
+
+if TYPE_CHECKING:
+    from loadgen.sim.baselines import PolicyMix
 
 
-class RunSettings(StackSettings, ReplaySettings):
+class SLOClassSettings(ServiceSettings):
+    """Per-request SLO classes (see `loadgen.slo.SLOClasses`): which targets each request is judged against."""
+
+    slo_class: list[str] = Field(
+        default_factory=list,
+        description="SLO class NAME=TTFT_S:TPOT_S[:SHARE], e.g. interactive=0.5:0.05:0.3; repeat for more classes "
+                    "(JSON list in env). Empty TTFT/TPOT = the trace's; one class may omit SHARE (gets the rest).")
+    slo_preset: str | None = Field(
+        None, description=f"SLO-class preset built on the trace's SLO: {', '.join(sorted(PRESETS))} (not with --slo-class).")
+
+
+def check_slo_classes(settings: SLOClassSettings) -> None:
+    """Reject bad ``--slo-class`` / ``--slo-preset`` values before anything slow starts.
+
+    The specs' validity does not depend on the trace's SLO (it only fills empty fields), so any SLO will do.
+    """
+    if settings.slo_class or settings.slo_preset:
+        slo_classes(settings, SLO(ttft_s=1.0, tpot_s=1.0))
+
+
+def slo_classes(settings: SLOClassSettings, trace_slo: SLO) -> SLOClasses | None:
+    """The classes ``--slo-class`` / ``--slo-preset`` ask for (None: every request gets the trace's SLO)."""
+    if settings.slo_class and settings.slo_preset:
+        raise PoiseError("pass either --slo-class or --slo-preset, not both")
+    try:
+        if settings.slo_preset:
+            return preset_classes(settings.slo_preset, trace_slo)
+        return parse_slo_classes(settings.slo_class, trace_slo)
+    except ValueError as exc:
+        raise PoiseError(str(exc)) from None
+
+
+class RunSettings(SLOClassSettings, StackSettings, ReplaySettings):
     """Bring the dev stack up, replay a slice of a real trace through it, report, and shut down."""
 
     model_config = settings_config("POISE_RUN_")
 
 
-class BenchSettings(ReplaySettings):
+class BenchSettings(SLOClassSettings, ReplaySettings):
     """Replay a trace against a running gateway (default: the one ``poise up`` started here)."""
 
     model_config = settings_config("POISE_BENCH_")
@@ -48,6 +87,13 @@ class BenchSettings(ReplaySettings):
 
 def _print(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
+
+
+def replay_with_classes(settings: RunSettings | BenchSettings, *, gateway_url: str, model: str, title: str,
+                        label: str) -> ReplayResult:
+    """`run_replay` with the SLO classes ``--slo-class`` / ``--slo-preset`` ask for (none: the trace's SLO)."""
+    return run_replay(settings, gateway_url=gateway_url, model=model, title=title, label=label,
+                      classes=lambda trace_slo: slo_classes(settings, trace_slo))[0]
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
@@ -111,13 +157,15 @@ def cmd_up(argv: list[str]) -> int:
 
 def cmd_run(argv: list[str]) -> int:
     settings = parse_settings(RunSettings, argv, prog="poise run")
+    check_slo_classes(settings)
     try:
         stack = start_stack(settings)
     except KeyboardInterrupt:
         return 130
     try:
         title = f"poise run: {settings.trace}, {settings.prefill}P{settings.decode}D engine_sim ({settings.profile})"
-        result, _ = run_replay(settings, gateway_url=stack.gateway_url, model=settings.model, title=title, label="run")
+        result = replay_with_classes(settings, gateway_url=stack.gateway_url, model=settings.model, title=title,
+                                     label="run")
         dead = stack.check_alive()
         if dead:
             _print(f"warning: process(es) died during the run: {', '.join(dead)}")
@@ -132,42 +180,67 @@ def cmd_run(argv: list[str]) -> int:
 
 def cmd_bench(argv: list[str]) -> int:
     settings = parse_settings(BenchSettings, argv, prog="poise bench")
+    check_slo_classes(settings)
     current = read_current_stack() or {}
     gateway_url = settings.gateway_url or current.get("gateway_url")
     model = settings.model or current.get("model")
     if not gateway_url or not model:
         raise PoiseError("no gateway: pass --gateway-url and --model (or start one with `poise up`)")
-    run_replay(settings, gateway_url=gateway_url, model=model, title=f"poise bench: {settings.trace} against {gateway_url}",
-               label="bench")
+    replay_with_classes(settings, gateway_url=gateway_url, model=model,
+                        title=f"poise bench: {settings.trace} against {gateway_url}", label="bench")
     return 0
 
 
-class SimSettings(ReplaySettings):
+class _SimFields(ReplaySettings):
+    """The fields `SimSettings` and `GoodputSettings` share."""
+
+    duration_s: float | None = Field(None, description="Length of the slice in trace seconds (unset = the whole trace).")
+    policy: str = Field("static-minload", description="Policy mix: colocated, static-rr, static-minload, dynamo-load or dynamo-sla.")
+    instances: int = Field(8, description="Number of instances (the GPU budget of the scaling mixes).")
+    split: str | None = Field(None, description="P:D split of the disaggregated mixes, like 4P4D (default: even); the scaling mixes start from it.")
+    profile: str = Field(DEFAULT_PROFILE, description="Latency profile (name or JSON path).")
+    json_out: Path | None = Field(None, description="Also write the summary and config as JSON here (flag: --json).")
+    prefill_order: str | None = Field(None, description="Override the mix's prefill order policy: fcfs or edf.")
+    decode_batch: str | None = Field(None, description="Override the mix's decode batch policy: continuous.")
+    migration: str | None = Field(None, description="Override the mix's migration policy: none or kv-balance.")
+    length_predictor: str | None = Field(None, description="Override the mix's length predictor: max-tokens or historical-mean.")
+    replica_start_s: float = Field(30.0, ge=0.0, description="Seconds a replica the scaling mixes start takes to become ready.")
+
+    def mix_builder(self, name: str) -> Callable[[], PolicyMix]:
+        """A factory of fresh mixes (policies keep state between runs); a bad name or override is a PoiseError."""
+        from loadgen.sim.baselines import make_mix
+
+        build = functools.partial(make_mix, name, self.instances, self.split, prefill_order=self.prefill_order,
+                                  decode_batch=self.decode_batch, migration=self.migration,
+                                  length_predictor=self.length_predictor)
+        try:
+            build()
+        except ValueError as exc:
+            raise PoiseError(str(exc)) from None
+        return build
+
+
+class SimSettings(SLOClassSettings, _SimFields):
     """Replay a trace against a policy mix in virtual time, with the live system's latency model and policies."""
 
     model_config = settings_config("POISE_SIM_")
 
-    duration_s: float | None = Field(None, description="Length of the slice in trace seconds (unset = the whole trace).")
-    policy: str = Field("static-minload", description="Policy mix: colocated, static-rr or static-minload.")
-    instances: int = Field(8, description="Number of instances (GPUs' worth of engines).")
-    split: str | None = Field(None, description="P:D split of the disaggregated mixes, like 4P4D (default: even).")
-    profile: str = Field(DEFAULT_PROFILE, description="Latency profile (name or JSON path).")
-    json_out: Path | None = Field(None, description="Also write the summary and config as JSON here (flag: --json).")
 
-
-class GoodputSettings(SimSettings):
+# Not SLO classes (yet): the goodput search in loadgen/sim judges attainment against the trace's one SLO.
+class GoodputSettings(_SimFields):
     """Search the goodput (highest rate with >= 90% SLO attainment) of several policy mixes on one trace."""
 
     model_config = settings_config("POISE_GOODPUT_")
 
     duration_s: float | None = Field(600.0, description="Length of the slice in trace seconds (Arrow uses 10 minutes of Mooncake).")
-    policies: list[str] = Field(default_factory=lambda: ["colocated", "static-rr", "static-minload", "static-best"],
-                                description="Policy mixes to compare (JSON list); static-best tries every split.")
+    policies: list[str] = Field(default_factory=lambda: ["colocated", "static-rr", "static-minload", "static-best",
+                                                         "dynamo-load", "dynamo-sla"],
+                                description="Policy mixes to compare (repeat the flag or give a JSON list); static-best tries every split.")
     target: float = Field(0.9, description="SLO attainment that defines goodput.")
 
 
 def cmd_sim_goodput(argv: list[str]) -> int:
-    from loadgen.sim.baselines import make_mix
+    from loadgen.sim.cluster import SimCosts
     from loadgen.sim.goodput import search_goodput, static_best
     from loadgen.sim.goodput_report import goodput_table, write_goodput_report
     from loadgen.slo import slo_for
@@ -181,15 +254,12 @@ def cmd_sim_goodput(argv: list[str]) -> int:
     results = []
     for name in settings.policies:
         t0 = time.monotonic()
+        costs = SimCosts(start_s=settings.replica_start_s)
         if name == "static-best":
             result = static_best(workload, settings.instances, model, slo, target=settings.target)
         else:
-            try:
-                make_mix(name, settings.instances, settings.split)
-            except ValueError as exc:
-                raise PoiseError(str(exc)) from None
-            build = functools.partial(make_mix, name, settings.instances, settings.split)
-            result = search_goodput(workload, build, model, slo, target=settings.target)
+            result = search_goodput(workload, settings.mix_builder(name), model, slo, target=settings.target,
+                                    costs=costs)
         _print(f"{name}: goodput {result.goodput_scale:.2f}x ({result.goodput_rps:.2f} req/s), "
                f"{len(result.points)} runs in {time.monotonic() - t0:.1f}s")
         results.append(result)
@@ -206,7 +276,7 @@ def cmd_sim(argv: list[str]) -> int:
     if argv[:1] == ["goodput"]:
         return cmd_sim_goodput(argv[1:])
     from loadgen.report import format_table, write_report
-    from loadgen.sim.baselines import make_mix
+    from loadgen.sim.cluster import SimCosts
     from loadgen.sim.run import simulate
     from loadgen.slo import slo_for
     from services.cli.replay_job import select_workload
@@ -215,24 +285,35 @@ def cmd_sim(argv: list[str]) -> int:
     # The issue's documented flag is --json; the settings field is json_out (``json`` is taken by pydantic).
     argv = ["--json-out" if a == "--json" else a for a in argv]
     settings = parse_settings(SimSettings, argv, prog="poise sim")
-    try:
-        mix = make_mix(settings.policy, settings.instances, settings.split)
-    except ValueError as exc:
-        raise PoiseError(str(exc)) from None
+    mix = settings.mix_builder(settings.policy)()
+    check_slo_classes(settings)
     workload = select_workload(settings)
     slo = slo_for(workload.name)
-    result = simulate(workload, mix, LatencyModel(load_profile(settings.profile)), slo, rate_scale=settings.rate_scale)
+    classes = slo_classes(settings, slo)
+    if classes is not None:
+        workload = classes.assign(workload)
+        _print(f"SLO classes: {classes.describe()}")
+    result = simulate(workload, mix, LatencyModel(load_profile(settings.profile)), slo, rate_scale=settings.rate_scale,
+                      slo_classes=classes, costs=SimCosts(start_s=settings.replica_start_s))
     out = settings.out_dir or Path(".poise") / "results" / f"sim-{time.strftime('%Y%m%d-%H%M%S')}"
     title = f"poise sim: {workload.name}, {mix.description}"
-    files = write_report(result, out, title=title, command=shlex.join(["poise", "sim", *argv]), slo=slo)
+    files = write_report(result, out, title=title, command=shlex.join(["poise", "sim", *argv]), slo=slo,
+                         classes=classes)
     print(format_table(result.summary, slo))
     c = result.config
     print(f"\nsimulated {c['requests']} requests ({c['events']} events) in {c['sim_wall_s']:.2f}s wall "
           f"({c['sim_seconds_per_wall_second']:.0f} simulated s per wall s)")
+    if mix.controlled:
+        lc = c["lifecycle"]
+        print(f"control: {lc['flips']} flips, {lc['starts']} starts, {lc['stops']} stops, {lc['migrations']} migrations; "
+              f"{lc['gpu_seconds']:.0f} GPU-seconds (budget {len(mix.roles)} x {result.wall_s:.0f} s)")
     print(f"report: {files.md}  {files.json}  {files.png}")
     if settings.json_out is not None:
         settings.json_out.parent.mkdir(parents=True, exist_ok=True)
-        settings.json_out.write_bytes(msgspec.json.encode({"summary": result.summary, "config": c, "slo": slo}))
+        document: dict[str, object] = {"summary": result.summary, "config": c, "slo": slo}
+        if classes is not None:
+            document["slo_classes"] = classes
+        settings.json_out.write_bytes(msgspec.json.encode(document))
     return 0
 
 

@@ -6,6 +6,7 @@ import asyncio
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import Field
@@ -13,7 +14,7 @@ from pydantic import Field
 from loadgen.progress import print_progress
 from loadgen.replay import ReplayResult, replay
 from loadgen.report import format_table, write_report
-from loadgen.slo import slo_for
+from loadgen.slo import SLO, SLOClasses, slo_for
 from loadgen.traces import load_trace
 from loadgen.workload import Workload
 from shared.settings import ServiceSettings
@@ -38,18 +39,29 @@ def select_workload(settings: ReplaySettings) -> Workload:
     return workload.slice(settings.start_s, settings.duration_s, settings.max_requests)
 
 
-def run_replay(settings: ReplaySettings, *, gateway_url: str, model: str, title: str, label: str) -> tuple[ReplayResult, Path]:
+def run_replay(settings: ReplaySettings, *, gateway_url: str, model: str, title: str, label: str,
+               classes: Callable[[SLO], SLOClasses | None] | None = None) -> tuple[ReplayResult, Path]:
+    """Replay the selected slice and write the report. ``classes(trace_slo)`` gives the SLO classes, if any:
+    the requests are then labelled with them and judged by their class's SLO."""
     workload = select_workload(settings)
     slo = slo_for(workload.name)
+    slo_classes = classes(slo) if classes is not None else None
+    if slo_classes is not None:
+        workload = slo_classes.assign(workload)
+        targets = f"SLO classes: {slo_classes.describe()}"
+    else:
+        targets = f"SLO: TTFT {slo.ttft_s:g}s, TPOT {slo.tpot_s:g}s"
     print(f"replaying {len(workload.requests)} requests of {workload.name} "
-          f"({workload.duration_s:.0f}s of trace at {settings.rate_scale:g}x rate) against {gateway_url}; "
-          f"SLO: TTFT {slo.ttft_s:g}s, TPOT {slo.tpot_s:g}s", file=sys.stderr)
+          f"({workload.duration_s:.0f}s of trace at {settings.rate_scale:g}x rate) against {gateway_url}; {targets}",
+          file=sys.stderr)
     result = asyncio.run(replay(
         workload, gateway_url, model=model, endpoint=settings.endpoint, rate_scale=settings.rate_scale,  # type: ignore[arg-type]
-        slo=slo, timeout_s=settings.timeout_s, api_key=settings.api_key, progress=print_progress,
+        slo=slo, slo_classes=slo_classes, timeout_s=settings.timeout_s, api_key=settings.api_key,
+        progress=print_progress,
     ))
     out = settings.out_dir or Path(".poise") / "results" / f"{label}-{time.strftime('%Y%m%d-%H%M%S')}"
-    files = write_report(result, out, title=title, command=shlex.join(["poise", *sys.argv[1:]]), slo=slo)
+    files = write_report(result, out, title=title, command=shlex.join(["poise", *sys.argv[1:]]), slo=slo,
+                         classes=slo_classes)
     print(format_table(result.summary, slo))
     print(f"\nreport: {files.md}  {files.json}  {files.png}")
     return result, out

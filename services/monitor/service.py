@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.monitor.config import MonitorSettings
-from services.monitor.series import SeriesBuilder
 from shared.bus import Bus, bus_from_settings
 from shared.protocol import (
     ClusterSnapshot,
@@ -52,6 +51,7 @@ from shared.runtime import (
     cancel_and_wait,
     replica_id,
 )
+from shared.series import SeriesBuilder
 
 log = logging.getLogger(__name__)
 

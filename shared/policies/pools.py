@@ -39,6 +39,7 @@ class PoolPolicy(Protocol):
 
     name: str  # the registry key
     note: str  # one line for ``poise admin status``: what this policy does
+    interval_s: float  # how often the executor asks when the last decision named no time
 
     def decide(self, snapshot: ClusterSnapshot, now_s: float) -> PoolDecision | None: ...
 
@@ -48,6 +49,7 @@ class StaticPools:
 
     name = "static"
     note = "static: keeps the registered roles; adaptive P:D (Arrow/DOPD) comes in a later release"
+    interval_s = 5.0
 
     def decide(self, snapshot: ClusterSnapshot, now_s: float) -> PoolDecision | None:
         return PoolDecision()

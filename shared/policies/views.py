@@ -42,3 +42,5 @@ class RequestView(msgspec.Struct, frozen=True, kw_only=True):
     input_tokens: int
     max_output_tokens: int
     priority: int | None = None
+    slo_ttft_s: float | None = None  # the request's SLO class targets, when it has one
+    slo_tpot_s: float | None = None

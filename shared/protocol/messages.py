@@ -111,13 +111,31 @@ class SeriesPoint(msgspec.Struct, frozen=True, kw_only=True):
     tpot_p90_s: float | None
 
 
+class DecodeRequestInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """One request running on a decode (or colocated) instance: what a migration policy chooses among."""
+
+    rid: str
+    instance_id: str
+    input_tokens: int
+    generated_tokens: int
+    max_output_tokens: int
+    arrived_unix_s: float
+    slo_tpot_s: float | None = None
+    predicted_remaining_tokens: float | None = None  # from the length predictor; None when there is none
+
+
 class ClusterSnapshot(msgspec.Struct, frozen=True, kw_only=True):
-    """The monitor's view of the cluster, served on request."""
+    """The monitor's view of the cluster, served on request.
+
+    ``decode_requests`` is filled only where someone tracks running requests one by one (the simulator
+    today; the migrator with ARES later); an empty list means "not known", not "idle".
+    """
 
     schema: Literal["poise.v1.cluster_snapshot"] = "poise.v1.cluster_snapshot"
     ts_unix_s: float
     instances: list[InstanceLoad]
     series: list[SeriesPoint]
+    decode_requests: list[DecodeRequestInfo] = msgspec.field(default_factory=list)
 
 
 class SnapshotRequest(msgspec.Struct, frozen=True, kw_only=True):

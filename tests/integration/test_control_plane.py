@@ -181,7 +181,7 @@ async def test_planner_and_migrator_lead_and_act(nats_server: NatsServer, etcd_s
         assert reply.status.is_leader and reply.status.policy == "one-flip" and reply.status.replica_id == "a"
         reply = await bus.request(subjects.admin("migrator"), AdminCommand(verb="status"), AdminReply)
         assert reply.ok and reply.status is not None and reply.status.is_leader
-        assert reply.status.policy == "none" and "ARES comes later" in reply.status.policy_note
+        assert reply.status.policy == "none" and "no decode-to-decode migration" in reply.status.policy_note
         await _until(lambda: migrator._ticker.ticks > 0)
         assert migrator._ticker.errors == 0
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.monitor.series import SeriesBuilder, percentile
 from shared.protocol import LoadReport, RequestEvent
+from shared.series import SeriesBuilder, percentile
 
 
 def _event(rid: str, *, status: str = "ok", inp: int = 100, out: int = 10, ttft: float | None = 0.1,

@@ -49,14 +49,14 @@ def test_no_migration_never_moves(n_prefill: int, n_decode: int, running: int) -
 
 
 def test_registries_and_notes() -> None:
-    assert set(POOL_POLICIES) == {"static"} and set(MIGRATION_POLICIES) == {"none"}
+    assert set(POOL_POLICIES) == {"static"} and set(MIGRATION_POLICIES) == {"none", "kv-balance"}
     pool = make_pool_policy("static")
     assert pool.name == "static" and "Arrow/DOPD" in pool.note
     migration = make_migration_policy("none")
-    assert migration.name == "none" and "ARES" in migration.note
+    assert migration.name == "none" and not migration.needs_requests
     with pytest.raises(ValueError, match="known: static"):
         make_pool_policy("arrow")
-    with pytest.raises(ValueError, match="known: none"):
+    with pytest.raises(ValueError, match="known: kv-balance, none"):
         make_migration_policy("ares")
 
 
