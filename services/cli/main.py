@@ -307,6 +307,9 @@ def cmd_sim(argv: list[str]) -> int:
         lc = c["lifecycle"]
         print(f"control: {lc['flips']} flips, {lc['starts']} starts, {lc['stops']} stops, {lc['migrations']} migrations; "
               f"{lc['gpu_seconds']:.0f} GPU-seconds (budget {len(mix.roles)} x {result.wall_s:.0f} s)")
+        from loadgen.sim.timeline_plot import write_timeline_plot
+
+        print(f"provisioning over time: {write_timeline_plot(result, out / 'timeline.png')}")
     print(f"report: {files.md}  {files.json}  {files.png}")
     if settings.json_out is not None:
         settings.json_out.parent.mkdir(parents=True, exist_ok=True)

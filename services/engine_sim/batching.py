@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -145,9 +146,16 @@ def _decode_reserve(eng: SimEngine, req: SimRequest) -> int:
 
 def _prefill_parts(eng: SimEngine, budget: int, reserve_for: Callable[[SimRequest], int], headroom: int,
                    max_admitted: int) -> list[tuple[SimRequest, int]]:
-    """Continue the chunked request(s), then admit waiting requests FCFS while budget and KV allow."""
+    """Continue the chunked request(s), then admit waiting requests in the prefill order policy's order
+    (FCFS by default) while budget and KV allow."""
     q = eng.queues
     now = time.monotonic()
+    if eng.prefill_order.reorders:
+        # Chunk boundaries are where a prefill can be preempted: the policy's order wins there too.
+        if len(q.prefilling) > 1:
+            q.prefilling = eng.prefill_order.order(q.prefilling, now)
+        if len(q.waiting) > 1:
+            q.waiting = deque(eng.prefill_order.order(q.waiting, now))
     parts: list[tuple[SimRequest, int]] = []
     for req in q.prefilling:
         if budget <= 0:
@@ -159,7 +167,7 @@ def _prefill_parts(eng: SimEngine, budget: int, reserve_for: Callable[[SimReques
         req = q.waiting[0]
         reserve = reserve_for(req)
         if not eng.kv.fits(reserve + headroom):
-            break  # FCFS: the head of the queue waits for KV, and so does everyone behind it
+            break  # in order: the head of the queue waits for KV, and so does everyone behind it
         q.waiting.popleft()
         _admit(eng, req, reserve, now)
         n = min(req.prefill_len, budget)
@@ -186,7 +194,9 @@ def _plan_decode(eng: SimEngine) -> Step | None:
     _ensure_growth(eng)
     if not q.running:
         return None
-    running = list(q.running)
+    running = _decode_batch(eng, now)
+    if not running:
+        return None
     ctx = sum(r.prompt_tokens + len(r.output_ids) for r in running)
     return Step(eng.latency.decode_step_time_s(len(running), ctx), [], running)
 
@@ -199,10 +209,17 @@ def _plan_null(eng: SimEngine) -> Step | None:
     parts = _prefill_parts(eng, budget, lambda r: r.prefill_len + _decode_reserve(eng, r), growth, max_admitted)
     if not parts and not q.running:
         return None
-    running = list(q.running)
+    running = _decode_batch(eng, time.monotonic())
     ctx = sum(r.prompt_tokens + len(r.output_ids) for r in running)
     t = eng.latency.mixed_step_time_s(len(running), ctx, [(n, r.prefilled) for r, n in parts])
     return Step(t, parts, running)
+
+
+def _decode_batch(eng: SimEngine, now: float) -> list[SimRequest]:
+    """The running requests that step now: all of them (continuous batching) unless the policy holds some."""
+    if eng.decode_batch.selects_all:
+        return list(eng.queues.running)
+    return list(eng.decode_batch.select(eng.queues.running, eng.max_running, now))
 
 
 def _admit_prealloc(eng: SimEngine, now: float, headroom: int = 0) -> None:

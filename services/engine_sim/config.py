@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from shared.latency import DEFAULT_PROFILE
+from shared.policies import DECODE_BATCH_POLICIES, PREFILL_ORDER_POLICIES
 from shared.settings import ServiceSettings, settings_config
 
 Mode = Literal["prefill", "decode", "null"]
@@ -73,11 +74,21 @@ class EngineSimSettings(ServiceSettings):
         "before failing, like SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT.",
     )
     instance_id: str = Field("engine-sim", description="Name of this engine in logs and /server_info.")
+    prefill_order: str = Field(
+        "fcfs", description=f"Prefill order policy (shared.policies): {', '.join(sorted(PREFILL_ORDER_POLICIES))}."
+    )
+    decode_batch: str = Field(
+        "continuous", description=f"Decode batch policy (shared.policies): {', '.join(sorted(DECODE_BATCH_POLICIES))}."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> EngineSimSettings:
         if self.bootstrap_port is not None and self.bootstrap_port == self.port and self.port != 0:
             raise ValueError("bootstrap_port must differ from port")
+        if self.prefill_order not in PREFILL_ORDER_POLICIES:
+            raise ValueError(f"unknown prefill_order {self.prefill_order!r}; known: {', '.join(sorted(PREFILL_ORDER_POLICIES))}")
+        if self.decode_batch not in DECODE_BATCH_POLICIES:
+            raise ValueError(f"unknown decode_batch {self.decode_batch!r}; known: {', '.join(sorted(DECODE_BATCH_POLICIES))}")
         return self
 
     def resolved_bootstrap_port(self) -> int:

@@ -40,6 +40,7 @@ from services.engine_sim.role_switch import RoleSwitchResult
 from services.engine_sim.tokens import TokenSource, draw_output_length
 from shared.http1 import Http1Pool
 from shared.latency import LatencyModel, LatencyProfile, load_profile
+from shared.policies import make_decode_batch_policy, make_prefill_order_policy
 
 # Re-exported: app.py, __init__.py and older imports take these names from engine.py.
 __all__ = ["CATCH_UP_SLACK_S", "ENGINE_NAME", "SGLANG_API_VERSION", "EngineRequestError", "RoleSwitchResult",
@@ -77,6 +78,9 @@ class SimEngine:
         self.capacity = settings.kv_capacity_tokens or self.profile.kv_capacity_tokens
         self.max_running = settings.max_running_requests or self.profile.max_running_requests
         self.chunk_size = settings.chunked_prefill_size or self.profile.chunked_prefill_size
+        # The same policy objects the simulator's engines call (shared/policies).
+        self.prefill_order = make_prefill_order_policy(settings.prefill_order)
+        self.decode_batch = make_decode_batch_policy(settings.decode_batch)
         self.kv = KvPool(self.capacity)
         self.metrics = EngineMetrics(model_name=settings.served_model_name, mode=settings.mode,
                                      role_switch_enabled=settings.enable_pd_role_switch)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import math
 import time
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -56,6 +57,8 @@ class SimRequest:
     bootstrap_port: int | None = None
     bootstrap_room: int | None = None
     priority: int | None = None
+    slo_ttft_s: float = math.inf  # the request's SLO class targets; inf = none given
+    slo_tpot_s: float = math.inf
     stop_after: int = 0  # output length at which the request stops (the length model's draw, capped)
 
     phase: Phase = Phase.INTAKE
@@ -82,6 +85,15 @@ class SimRequest:
     @property
     def finished(self) -> bool:
         return self.finish is not None
+
+    # What the shared prefill-order and decode-batch policies read (shared.policies PrefillItem / DecodeItem).
+    @property
+    def input_tokens(self) -> int:
+        return self.prompt_tokens
+
+    @property
+    def generated(self) -> int:
+        return len(self.output_ids)
 
     @property
     def context_tokens(self) -> int:

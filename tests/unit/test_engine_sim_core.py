@@ -419,3 +419,29 @@ async def test_decode_repolls_while_the_prefill_is_still_running() -> None:
         await finish(prefill, p, 5)
         assert len(d.output_ids) == 3 and p.finish == {"type": "length", "length": 0}
         assert d.first_token_s is not None and d.first_token_s - d.arrival_s >= prefill.latency.prefill_time_s(8000)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("order", ["fcfs", "edf"])
+async def test_the_prefill_order_policy_decides_who_is_prefilled_first(order: str) -> None:
+    # The same shared policy objects as the simulator: with EDF the request with a TTFT target overtakes the
+    # three submitted before it (which have none); with FCFS it waits its turn.
+    engine = make_engine(time_scale=0.05, prefill_order=order, chunked_prefill_size=8192)
+    async with running(engine):
+        reqs = [engine.submit(prompt_tokens=8000, max_new_tokens=2, ignore_eos=True, rid=f"r{i}") for i in range(4)]
+        reqs[3].slo_ttft_s = 0.5
+        for req in reqs:
+            await finish(engine, req)
+    firsts = [r.first_token_s for r in reqs]
+    assert all(t is not None for t in firsts)
+    if order == "edf":
+        assert firsts[3] < min(firsts[:3])  # type: ignore[operator,type-var]
+    else:
+        assert firsts[3] > max(firsts[:3])  # type: ignore[operator,type-var]
+
+
+def test_unknown_engine_policies_are_rejected() -> None:
+    with pytest.raises(ValueError, match="known: edf, fcfs"):
+        EngineSimSettings(prefill_order="kairos")
+    with pytest.raises(ValueError, match="known: continuous"):
+        EngineSimSettings(decode_batch="slack")

@@ -208,3 +208,22 @@ def test_controlled_runs_are_deterministic_on_a_real_slice() -> None:
     assert a.config["lifecycle"] == b.config["lifecycle"]
     assert [r.finished_s for r in a.records] == [r.finished_s for r in b.records]
     assert all_complete(a)
+
+
+def test_poise_sim_reports_the_control_plane_and_plots_provisioning(tmp_path: object,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+    from pathlib import Path
+
+    from services.cli.main import cmd_sim
+
+    out = Path(str(tmp_path))
+    assert cmd_sim(["--trace", "azure-code", "--duration-s", "120", "--policy", "dynamo-load", "--rate-scale", "4",
+                    "--replica-start-s", "5", "--out-dir", str(out / "rep"), "--json", str(out / "s.json")]) == 0
+    text = capsys.readouterr().out
+    assert "control:" in text and "GPU-seconds" in text
+    assert (out / "rep" / "timeline.png").stat().st_size > 10_000
+    doc = json.loads((out / "s.json").read_text())
+    lifecycle = doc["config"]["lifecycle"]
+    assert doc["config"]["policies"]["scaling"] == "dynamo-load" and lifecycle["stops"] > 0
+    assert lifecycle["gpu_seconds"] < 8 * doc["summary"]["wall_s"]
