@@ -14,8 +14,12 @@ import dataclasses
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+from shared.latency import LatencyModel
 from shared.policies import (
+    ArrowDispatch,
+    ArrowPools,
     Continuous,
     DecodeBatchPolicy,
     DispatchPolicy,
@@ -26,9 +30,11 @@ from shared.policies import (
     LengthPredictor,
     MaxTokens,
     MigrationPolicy,
+    PolicyContext,
     PoolPolicy,
     PrefillOrderPolicy,
     RoundRobin,
+    ScalingPolicy,
     make_decode_batch_policy,
     make_length_predictor,
     make_migration_policy,
@@ -43,19 +49,28 @@ class PolicyMix:
     roles: list[Role]
     dispatch: DispatchPolicy
     description: str
-    # Built by the simulator with the run's latency model and SLO (see shared.policies.scaling):
-    scaling: str | None = None
+    scaling: ScalingPolicy | None = None
     pools: PoolPolicy | None = None
     migration: MigrationPolicy | None = None
     prefill_order: PrefillOrderPolicy = field(default_factory=Fcfs)
     decode_batch: DecodeBatchPolicy = field(default_factory=Continuous)
     length: LengthPredictor = field(default_factory=MaxTokens)
     max_instances: int | None = None  # the GPU budget; None = len(roles)
+    # SLO-aware policies need the engines' latency model and the SLO, which the simulator knows: it calls
+    # ``bind(model, ctx)`` and replaces the fields it returns (e.g. ``{"dispatch": ArrowDispatch(...)}``).
+    bind: Callable[[LatencyModel, PolicyContext], dict[str, Any]] | None = None
 
     @property
     def controlled(self) -> bool:
         """True when something changes the cluster while it runs (the simulator then runs the control loop)."""
-        return self.scaling is not None or self.pools is not None or self.migration is not None
+        return (self.scaling is not None or self.pools is not None or self.migration is not None
+                or self.bind is not None)
+
+    def bound(self, model: LatencyModel, ctx: PolicyContext) -> PolicyMix:
+        """This mix with its SLO-aware policies built for ``model`` and ``ctx`` (itself when it has none)."""
+        if self.bind is None:
+            return self
+        return dataclasses.replace(self, bind=None, **self.bind(model, ctx))
 
 
 def parse_split(split: str | None, instances: int) -> tuple[int, int]:
@@ -95,24 +110,36 @@ def _colocated(instances: int, split: str | None) -> PolicyMix:
                      f"{instances} colocated instances, chunked prefill, decode-prioritised (vLLM-like)")
 
 
-def _dynamo(name: str, what: str) -> Callable[[int, str | None], PolicyMix]:
+def _dynamo(name: str, policy: Callable[[LatencyModel, PolicyContext], ScalingPolicy],
+            what: str) -> Callable[[int, str | None], PolicyMix]:
     def build(instances: int, split: str | None) -> PolicyMix:
         if instances < 2:
             raise ValueError(f"{name} needs at least 2 instances (one prefill, one decode)")
         roles, layout = _roles(instances, split)
         return PolicyMix(name, roles, LeastLoad(), f"starts {layout} on a budget of {instances} GPUs; {what}; "
-                         "replicas start and stop, roles never flip (NVIDIA Dynamo planner)", scaling=name)
+                         "replicas start and stop, roles never flip (NVIDIA Dynamo planner)",
+                         bind=lambda model, ctx: {"scaling": policy(model, ctx)})
     return build
+
+
+def _arrow(instances: int, split: str | None) -> PolicyMix:
+    if instances < 2:
+        raise ValueError("arrow needs at least 2 instances (one prefill, one decode)")
+    roles, layout = _roles(instances, split)
+    return PolicyMix("arrow", roles, LeastLoad(),
+                     f"starts {layout}; SLO-aware dispatch (Alg. 1-2) and drain-then-switch flips (Alg. 3-4)",
+                     bind=lambda model, ctx: {"dispatch": ArrowDispatch(model, ctx), "pools": ArrowPools(model, ctx)})
 
 
 MIXES: dict[str, Callable[[int, str | None], PolicyMix]] = {
     "colocated": _colocated,
     "static-rr": _static("static-rr", RoundRobin, "round-robin"),
     "static-minload": _static("static-minload", LeastLoad, "least-load"),
-    DynamoLoad.name: _dynamo(DynamoLoad.name, "±1 replica per role every 5 s when all engines' estimated TTFT/ITL "
-                             "cross the SLO"),
-    DynamoSla.name: _dynamo(DynamoSla.name, "replica counts every 180 s from the last interval's rate, ISL and OSL "
-                            "and the profile's per-engine capacity"),
+    DynamoLoad.name: _dynamo(DynamoLoad.name, DynamoLoad, "±1 replica per role every 5 s when all engines' "
+                             "estimated TTFT/ITL cross the SLO"),
+    DynamoSla.name: _dynamo(DynamoSla.name, DynamoSla, "replica counts every 180 s from the last interval's rate, "
+                            "ISL and OSL and the profile's per-engine capacity"),
+    "arrow": _arrow,
 }
 
 

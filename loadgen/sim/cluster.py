@@ -83,6 +83,7 @@ class SimCluster:
         self._started_at: dict[str, float] = {}
         self._pending_role: dict[str, Role | None] = {}  # draining instances: the role they come back in, or None
         self._backlog: list[Role] = []  # starts waiting for a GPU that a draining replica will free
+        self._prefill_hook: Callable[[SimInstance, list[tuple[SimRequest, int]], float], None] | None = None
         self._next_number = {"prefill": 0, "decode": 0, "null": 0}
         for role in roles:
             self._add(role, "ready")
@@ -112,6 +113,7 @@ class SimCluster:
         req.prefill = prefill
         prefill.assigned += 1
         prefill.pending_tokens += req.input_tokens
+        prefill.pending_sq += req.input_tokens * req.input_tokens
         decode.pending_tokens += req.kv_tokens
         decode.enqueue_reserve(req)
 
@@ -126,6 +128,17 @@ class SimCluster:
         req.finished_s = self.queue.now_s
         self._finished(req)
 
+    def observe_prefill(self, observe: Callable[[str, int, float], None]) -> None:
+        """Feed ``observe(instance, prompt tokens, seconds)`` with every prefill step that ran one whole prompt
+        alone: the clean samples an online TTFT predictor refits from (Arrow)."""
+        def hook(inst: SimInstance, plan: list[tuple[SimRequest, int]], seconds: float) -> None:
+            if len(plan) == 1 and plan[0][1] == plan[0][0].input_tokens:
+                observe(inst.instance_id, plan[0][1], seconds)
+
+        self._prefill_hook = hook
+        for inst in self.instances.values():
+            inst.on_prefill_step = hook
+
     # -- instance lifecycle --------------------------------------------------------------------------
     def _add(self, role: Role, status: str) -> SimInstance:
         number = self._next_number[role]
@@ -133,6 +146,7 @@ class SimCluster:
         inst = SimInstance(f"{_ID_PREFIX[role]}{number}", role, self.model, self.queue, self._finished,
                            self.first_token_delay, prefill_order=self.prefill_order, decode_batch=self.decode_batch,
                            on_drained=self._drained, status="ready" if status == "ready" else "starting")
+        inst.on_prefill_step = self._prefill_hook
         self.instances[inst.instance_id] = inst
         self.live.append(inst)
         self._started_at[inst.instance_id] = self.queue.now_s
@@ -275,7 +289,9 @@ class SimCluster:
                 num_waiting_reqs=len(inst.waiting) + len(inst.reserve_queue) + len(inst.ready),
                 num_waiting_uncached_tokens=inst.pending_tokens if inst.role == "prefill" else 0,
                 num_used_tokens=inst.used_kv, max_total_num_tokens=inst.kv_capacity,
+                num_running_tokens=sum(r.input_tokens + r.generated for r in inst.running),
                 token_usage=inst.used_kv / inst.kv_capacity,
+                gen_throughput_tps=len(inst.running) / inst.step_ewma_s if inst.running and inst.step_ewma_s else 0.0,
                 prefill_queue_reqs=len(inst.waiting) if inst.role == "prefill" else 0,
                 decode_queue_reqs=len(inst.reserve_queue) + len(inst.ready) if inst.role == "decode" else 0,
             )

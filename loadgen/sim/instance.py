@@ -96,6 +96,9 @@ class SimInstance:
         self.running: list[SimRequest] = []  # decode/null: in the decode batch
         self.assigned = 0  # requests dispatched (or migrated) here and not done here
         self.pending_tokens = 0  # prefill: prompt tokens not computed yet; decode: KV not reserved yet
+        self.pending_sq = 0  # prefill: sum of squared prompt lengths of prompts not done yet
+        self.step_ewma_s: float | None = None  # decode/null: recent decode step time (the token interval)
+        self.on_prefill_step: Callable[[SimInstance, list[tuple[SimRequest, int]], float], None] | None = None
         self.steps = 0
         self._batch: list[SimRequest] = []
         self._plan: list[tuple[SimRequest, int]] = []
@@ -108,6 +111,7 @@ class SimInstance:
             running_reqs=len(self.running) + len(self.prefilling),
             waiting_reqs=len(self.waiting) + len(self.reserve_queue) + len(self.ready), used_tokens=self.used_kv,
             load_age_s=0.0, inflight_reqs=self.assigned, inflight_tokens=self.pending_tokens,
+            inflight_tokens_sq=self.pending_sq, token_interval_s=self.step_ewma_s if self.running else None,
         )
 
     @property
@@ -188,6 +192,11 @@ class SimInstance:
             return
         self.busy = True
         self.steps += 1
+        if self._batch:
+            # Decode steps set the token interval (EWMA over ~10 steps, like a monitor's recent average).
+            self.step_ewma_s = duration if self.step_ewma_s is None else 0.9 * self.step_ewma_s + 0.1 * duration
+        elif self._plan and self.on_prefill_step is not None:
+            self.on_prefill_step(self, self._plan, duration)
         self.queue.at(self.queue.now_s + duration, PRIORITY_STEP_END, self._end_step)
 
     def _admit_prompts(self, kv_per_request: Callable[[SimRequest], int]) -> None:
@@ -286,6 +295,7 @@ class SimInstance:
             return
         # prefill: hand the KV to the decode instance; this instance keeps it until the copy is done
         self.assigned -= 1
+        self.pending_sq -= req.input_tokens * req.input_tokens
         decode = req.decode
         assert decode is not None
 

@@ -20,7 +20,7 @@ from loadgen.sim.overhead import LIVE_STACK_DELAY, FirstTokenDelay
 from loadgen.slo import SLO, SLOClasses
 from loadgen.workload import Workload
 from shared.latency import LatencyModel
-from shared.policies import ScalingContext, make_scaling_policy
+from shared.policies import PolicyContext
 
 
 def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, *, rate_scale: float = 1.0,
@@ -35,6 +35,7 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
     """
     queue = EventQueue()
     budget = mix.max_instances or len(mix.roles)
+    mix = mix.bound(model, PolicyContext(ttft_slo_s=slo.ttft_s, tpot_slo_s=slo.tpot_s, max_instances=budget))
     cluster = SimCluster(mix.roles, model, mix.dispatch, queue, first_token_delay, prefill_order=mix.prefill_order,
                          decode_batch=mix.decode_batch, costs=costs, max_instances=budget)
     scaled = workload.scale_rate(rate_scale)
@@ -51,13 +52,12 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
     for req in requests:
         queue.at(req.arrival_s, PRIORITY_ARRIVAL, functools.partial(cluster.submit, req))
     loop = None
+    observe = getattr(mix.dispatch, "observe_prefill", None)
+    if observe is not None:
+        cluster.observe_prefill(observe)
     if mix.controlled:
-        scaling = None
-        if mix.scaling is not None:
-            ctx = ScalingContext(ttft_slo_s=slo.ttft_s, tpot_slo_s=slo.tpot_s, max_instances=budget)
-            scaling = make_scaling_policy(mix.scaling, model, ctx)
         loop = ControlLoop(cluster, queue, total_requests=len(requests), profile_name=model.profile.name,
-                           scaling=scaling, pools=mix.pools, migration=mix.migration, length=mix.length,
+                           scaling=mix.scaling, pools=mix.pools, migration=mix.migration, length=mix.length,
                            params=control)
         loop.start()
     wall0 = time.perf_counter()
@@ -69,7 +69,7 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
     config = {
         "simulated": True, "trace": workload.name, "policy": mix.name, "description": mix.description,
         "roles": mix.roles, "profile": model.profile.name,
-        "policies": {"dispatch": mix.dispatch.name, "scaling": mix.scaling, "pools": getattr(mix.pools, "name", None),
+        "policies": {"dispatch": mix.dispatch.name, "scaling": getattr(mix.scaling, "name", None), "pools": getattr(mix.pools, "name", None),
                      "migration": getattr(mix.migration, "name", None), "prefill_order": mix.prefill_order.name,
                      "decode_batch": mix.decode_batch.name, "length": mix.length.name},
         "first_token_delay_ms": {"median": first_token_delay.median_s * 1e3, "p90": first_token_delay.p90_s * 1e3},

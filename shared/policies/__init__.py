@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from shared.policies.arrow import ArrowDispatch, ArrowParams, ArrowPools, max_running_tokens
+from shared.policies.context import PolicyContext
 from shared.policies.decode_batch import (
     DECODE_BATCH_POLICIES,
     Continuous,
@@ -53,7 +55,6 @@ from shared.policies.scaling import (
     SCALING_POLICIES,
     DynamoLoad,
     DynamoSla,
-    ScalingContext,
     ScalingPolicy,
     ScalingTarget,
     make_scaling_policy,
@@ -75,6 +76,10 @@ def make_dispatch_policy(name: str, params: DispatchParams | None = None) -> Dis
 
 
 __all__ = [
+    "ArrowDispatch",
+    "ArrowParams",
+    "ArrowPools",
+    "max_running_tokens",
     "Continuous",
     "DECODE_BATCH_POLICIES",
     "DISPATCH_POLICIES",
@@ -109,7 +114,7 @@ __all__ = [
     "RoleChange",
     "RoundRobin",
     "SCALING_POLICIES",
-    "ScalingContext",
+    "PolicyContext",
     "ScalingPolicy",
     "ScalingTarget",
     "StaticPools",

@@ -52,7 +52,7 @@ def _pending(e: EngineView, params: DispatchParams) -> int:
     return max(reported, e.inflight_reqs)
 
 
-def _candidates(
+def open_engines(
     engines: Sequence[EngineView], role: str, exclude: frozenset[str], params: DispatchParams
 ) -> tuple[list[EngineView], int]:
     """Accepting engines of ``role`` that are not full, and how many were full."""
@@ -61,7 +61,7 @@ def _candidates(
     return open_, len(ready) - len(open_)
 
 
-def _reject(engines: Sequence[EngineView], full: int) -> Rejection:
+def rejection(engines: Sequence[EngineView], full: int) -> Rejection:
     if full:
         return Rejection(reason=f"all {full} engine(s) that could serve this request are at their queue limit", retryable=True)
     roles = sorted({e.role for e in engines if e.accepting})
@@ -83,15 +83,15 @@ class _PairPolicy:
     def place(
         self, request: RequestView, engines: Sequence[EngineView], now_s: float, exclude: frozenset[str] = frozenset()
     ) -> Placement | Rejection:
-        prefills, full_p = _candidates(engines, "prefill", exclude, self.params)
-        decodes, full_d = _candidates(engines, "decode", exclude, self.params)
+        prefills, full_p = open_engines(engines, "prefill", exclude, self.params)
+        decodes, full_d = open_engines(engines, "decode", exclude, self.params)
         if prefills and decodes:
             return Placement(prefill_id=self._pick(prefills, "prefill").instance_id,
                              decode_id=self._pick(decodes, "decode").instance_id)
-        colocated, full_c = _candidates(engines, "null", exclude, self.params)
+        colocated, full_c = open_engines(engines, "null", exclude, self.params)
         if colocated:
             return Placement(prefill_id=None, decode_id=self._pick(colocated, "null").instance_id)
-        return _reject(engines, full_p + full_d + full_c)
+        return rejection(engines, full_p + full_d + full_c)
 
 
 class LeastLoad(_PairPolicy):

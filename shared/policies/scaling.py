@@ -22,6 +22,7 @@ from typing import Protocol
 import msgspec
 
 from shared.latency import LatencyModel
+from shared.policies.context import PolicyContext
 from shared.protocol.messages import ClusterSnapshot, InstanceLoad, Role, SeriesPoint
 
 
@@ -31,15 +32,6 @@ class ScalingTarget(msgspec.Struct, frozen=True, kw_only=True):
     prefill: int
     decode: int
     reason: str
-
-
-class ScalingContext(msgspec.Struct, frozen=True, kw_only=True):
-    """What a scaling policy is configured with: the SLO it plans for and the GPUs it may use."""
-
-    ttft_slo_s: float
-    tpot_slo_s: float
-    max_instances: int  # the GPU budget: prefill + decode replicas never exceed it
-    min_per_role: int = 1  # Dynamo's min_endpoint
 
 
 class ScalingPolicy(Protocol):
@@ -55,7 +47,7 @@ def active(snapshot: ClusterSnapshot, role: Role) -> list[InstanceLoad]:
     return [i for i in snapshot.instances if i.info.role == role and i.info.status in ("ready", "starting")]
 
 
-def _fit_budget(prefill: int, decode: int, ctx: ScalingContext) -> tuple[int, int]:
+def _fit_budget(prefill: int, decode: int, ctx: PolicyContext) -> tuple[int, int]:
     """Clamp to [min_per_role, budget]; over budget, shrink both in proportion (Dynamo's max_gpu_budget)."""
     prefill, decode = max(prefill, ctx.min_per_role), max(decode, ctx.min_per_role)
     total = prefill + decode
@@ -82,7 +74,7 @@ class DynamoLoad:
     name = "dynamo-load"
     note = "dynamo-load: reactive ±1 replica per role when all engines' estimated TTFT/ITL cross the SLO"
 
-    def __init__(self, model: LatencyModel, ctx: ScalingContext, params: DynamoLoadParams | None = None) -> None:
+    def __init__(self, model: LatencyModel, ctx: PolicyContext, params: DynamoLoadParams | None = None) -> None:
         self.model, self.ctx, self.params = model, ctx, params or DynamoLoadParams()
         self.interval_s = self.params.interval_s
 
@@ -139,7 +131,7 @@ class DynamoSla:
     name = "dynamo-sla"
     note = "dynamo-sla: replicas from last interval's rate, ISL, OSL and the profile's per-engine capacity"
 
-    def __init__(self, model: LatencyModel, ctx: ScalingContext, params: DynamoSlaParams | None = None) -> None:
+    def __init__(self, model: LatencyModel, ctx: PolicyContext, params: DynamoSlaParams | None = None) -> None:
         self.model, self.ctx, self.params = model, ctx, params or DynamoSlaParams()
         self.interval_s = self.params.interval_s
 
@@ -196,7 +188,7 @@ def _window(series: Sequence[SeriesPoint], span_s: float) -> list[SeriesPoint]:
     return out
 
 
-ScalingFactory = Callable[[LatencyModel, ScalingContext], ScalingPolicy]
+ScalingFactory = Callable[[LatencyModel, PolicyContext], ScalingPolicy]
 
 SCALING_POLICIES: dict[str, ScalingFactory] = {
     DynamoLoad.name: DynamoLoad,
@@ -204,7 +196,7 @@ SCALING_POLICIES: dict[str, ScalingFactory] = {
 }
 
 
-def make_scaling_policy(name: str, model: LatencyModel, ctx: ScalingContext) -> ScalingPolicy:
+def make_scaling_policy(name: str, model: LatencyModel, ctx: PolicyContext) -> ScalingPolicy:
     try:
         factory = SCALING_POLICIES[name]
     except KeyError:

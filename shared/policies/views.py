@@ -29,6 +29,8 @@ class EngineView(msgspec.Struct, frozen=True, kw_only=True):
     # From the dispatcher's own bookkeeping (fresh, unlike the reports):
     inflight_reqs: int = 0  # requests this dispatcher sent and that have not finished on this engine
     inflight_tokens: int = 0  # their prompt tokens (prefill) or prompt + max_tokens (decode)
+    inflight_tokens_sq: int = 0  # prefill: sum of squared prompt lengths (a quadratic TTFT model sums exactly)
+    token_interval_s: float | None = None  # decode: recent mean time between tokens; None = unknown
 
     @property
     def accepting(self) -> bool:

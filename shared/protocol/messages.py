@@ -53,7 +53,8 @@ class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
     num_running_reqs: int = 0
     num_waiting_reqs: int = 0
     num_waiting_uncached_tokens: int = 0
-    num_used_tokens: int = 0  # KV tokens in use
+    num_used_tokens: int = 0  # KV tokens in use (held and pre-allocated)
+    num_running_tokens: int | None = None  # context tokens of the running decode batch (Arrow); None = not reported
     max_total_num_tokens: int = 0  # KV capacity in tokens
     token_usage: float = 0.0  # num_used_tokens / max_total_num_tokens
     gen_throughput_tps: float = 0.0  # decode tokens per second, engine-reported

@@ -17,9 +17,9 @@ from shared.policies import (
     HistoricalMean,
     LengthPredictor,
     MaxTokens,
+    PolicyContext,
     PrefillOrderPolicy,
     RequestView,
-    ScalingContext,
     ScalingPolicy,
     make_decode_batch_policy,
     make_length_predictor,
@@ -29,7 +29,7 @@ from shared.policies import (
 from shared.protocol import ClusterSnapshot, InstanceInfo, InstanceLoad, LoadReport, SeriesPoint
 
 MODEL = LatencyModel(load_profile())
-CTX = ScalingContext(ttft_slo_s=2.0, tpot_slo_s=0.1, max_instances=8)
+CTX = PolicyContext(ttft_slo_s=2.0, tpot_slo_s=0.1, max_instances=8)
 _checks: tuple[ScalingPolicy, PrefillOrderPolicy, DecodeBatchPolicy, LengthPredictor] = (
     DynamoSla(MODEL, CTX), Fcfs(), Continuous(), MaxTokens())  # mypy: the classes satisfy their Protocols
 
@@ -98,7 +98,7 @@ def test_dynamo_load_moves_one_replica_when_every_engine_crosses_the_slo() -> No
 
 
 def test_dynamo_load_gives_the_last_gpu_to_the_role_further_over_its_slo() -> None:
-    ctx = ScalingContext(ttft_slo_s=2.0, tpot_slo_s=0.02, max_instances=3)
+    ctx = PolicyContext(ttft_slo_s=2.0, tpot_slo_s=0.02, max_instances=3)
     policy = DynamoLoad(MODEL, ctx)
     series = [point(1.0, 1000, 100, interval_s=5.0)]
     both = [engine("p0", "prefill", queued_tokens=400_000), engine("d0", "decode", running=200, used=300_000)]

@@ -98,7 +98,7 @@ def test_bad_splits(split: str, instances: int) -> None:
 
 def test_unknown_mix_names_the_known_ones() -> None:
     with pytest.raises(ValueError, match="static-minload"):
-        make_mix("arrow", 8)
+        make_mix("kairos", 8)
 
 
 def test_poise_sim_command_writes_reports(tmp_path: object) -> None:

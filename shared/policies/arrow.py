@@ -1,0 +1,257 @@
+"""Arrow (arXiv 2505.11916): SLO-aware dispatch (Algorithms 1-2) and instance flips (Algorithms 3-4).
+
+Two pure objects, one per decision (../shared/spec/spec-arrow-dopd.md, part A):
+
+- :class:`ArrowDispatch` places each request. Prefill (Alg. 1): the prefill instance with the least
+  predicted queue delay (per-instance quadratic TTFT predictor over the prompts it has in flight); decode
+  (Alg. 2): among decode instances whose running tokens stay under Max Running Tokens with this request and
+  whose recent token interval meets the TPOT SLO, the one with the fewest running tokens; else the fewest.
+- :class:`ArrowPools` flips instances (the planner's loop): P→D when the decode instances' token interval
+  has been over the TPOT SLO for a while, when no decode instance can take more tokens, or when a prefill
+  instance idles while decode is busy; D→P when every prefill instance would miss the TTFT SLO for an
+  average prompt *and* decode load is low. Decode wins when both want an instance (Arrow's overload rule).
+
+Where SGLang differs from Arrow's engine (written down, as the issue asks):
+
+- Arrow's instances run both phases at once, so a flip is free and immediate. SGLang serves one role at a
+  time: a flip stops new work of the old role, drains, calls ``/pd_role_switch`` and re-registers. Arrow's
+  transitional pools P→D / D→P are therefore *draining* instances that take no new work of either kind.
+- Arrow binds the decode instance after the prefill (late binding) and keeps a request on its prefill
+  instance when that one has meanwhile become a decode instance. SGLang's router binds both at dispatch
+  (the decode side pre-allocates KV and claims the bootstrap room), so Alg. 2 runs at dispatch time with
+  the same rule, and the "stay on the prefill instance" branch never applies.
+- Arrow triggers D→P inside Alg. 1 for the request being placed. Since a flip drains first, it cannot help
+  that request; the trigger moves to the planner's loop (every ``interval_s``), on the same condition.
+
+Predicates the paper leaves open use the spec's recommendations (A10), as :class:`ArrowParams` fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+
+from shared.latency import LatencyModel
+from shared.policies.context import PolicyContext
+from shared.policies.dispatch import DispatchParams, Placement, Rejection, open_engines, rejection
+from shared.policies.pools import PoolDecision, RoleChange
+from shared.policies.ttft_predictor import QuadraticTtft
+from shared.policies.views import EngineView, RequestView
+from shared.protocol.messages import ClusterSnapshot, InstanceLoad
+
+
+class ArrowParams(msgspec.Struct, frozen=True, kw_only=True):
+    max_tokens_margin: float = 0.9  # Max Running Tokens: batch tokens whose step stays under SLO x this (A10.6)
+    d2p_max_token_frac: float = 0.6  # "decode load is low": mean running tokens per remaining D <= this x MA    # D→P when the best predicted TTFT exceeds this x TTFT SLO. Arrow's rule is 1.0 (flip once the SLO would
+    # be missed), which assumes a free flip; a SGLang flip drains first, so we flip at half (measured in the
+    # simulator on Azure code: see README, Adaptive P:D).
+    d2p_ttft_frac: float = 0.5
+    d2p_max_tpot_frac: float = 0.8  # ...and mean token interval <= this x TPOT SLO (A10.1)
+    tpot_breach_s: float = 2.0  # token interval over the SLO this long triggers P→D (A10.2)
+    idle_s: float = 1.0  # a prefill instance with nothing to do this long is idle (A10.3)
+    busy_frac: float = 0.8  # decode is busy when an instance is over this x MAX tokens or x TPOT SLO
+    flip_cooldown_s: float = 2.0  # at least this long between flips (the paper has no hysteresis)
+    interval_s: float = 0.5  # how often the planner evaluates the flip triggers
+    # D→P when the best predicted TTFT exceeds this x TTFT SLO. Arrow's rule is 1.0 (flip once the SLO would
+    # be missed), which assumes a free flip; a SGLang flip drains first, so we flip at half (measured in the
+    # simulator on Azure code: see README, Adaptive P:D).
+    d2p_ttft_frac: float = 0.5
+
+
+def max_running_tokens(model: LatencyModel, tpot_slo_s: float, margin: float) -> int:
+    """Arrow's Max Running Tokens: min(KV capacity, most batch tokens one decode step serves within the SLO).
+
+    The step's per-sequence term is charged for a full batch (``max_running_requests``): conservative.
+    """
+    p = model.profile
+    per_token = p.decode_s_per_context_token * model.time_scale
+    budget = margin * tpot_slo_s - (p.decode_overhead_s + p.decode_s_per_seq * p.max_running_requests) * model.time_scale
+    by_time = int(budget / per_token) if per_token > 0 and budget > 0 else p.kv_capacity_tokens
+    return max(1, min(p.kv_capacity_tokens, by_time))
+
+
+class _ArrowModel:
+    """What both Arrow objects share: the SLO, Max Running Tokens, and a TTFT predictor per instance."""
+
+    def __init__(self, model: LatencyModel, ctx: PolicyContext, params: ArrowParams | None) -> None:
+        self.model, self.ctx = model, ctx
+        self.params = params or ArrowParams()
+        self.max_tokens = max_running_tokens(model, ctx.tpot_slo_s, self.params.max_tokens_margin)
+        self._profile_fit = QuadraticTtft.from_model(model)
+        self.predictors: dict[str, QuadraticTtft] = {}
+
+    def predictor(self, instance_id: str) -> QuadraticTtft:
+        pred = self.predictors.get(instance_id)
+        if pred is None:
+            f = self._profile_fit
+            pred = self.predictors[instance_id] = QuadraticTtft(f.a, f.b, f.c)
+        return pred
+
+    def observe_prefill(self, instance_id: str, prompt_tokens: int, seconds: float) -> None:
+        """A prompt prefilled alone on ``instance_id`` took ``seconds``: refit that instance's predictor."""
+        self.predictor(instance_id).observe(prompt_tokens, seconds)
+
+
+class ArrowDispatch(_ArrowModel):
+    """Algorithms 1 and 2, bound at dispatch time (SGLang picks both engines up front)."""
+
+    name = "arrow"
+
+    def __init__(self, model: LatencyModel, ctx: PolicyContext, params: ArrowParams | None = None,
+                 dispatch: DispatchParams | None = None) -> None:
+        super().__init__(model, ctx, params)
+        self.dispatch_params = dispatch or DispatchParams()
+
+    def prefill_delay(self, e: EngineView) -> float:
+        return self.predictor(e.instance_id).queue_delay(e.inflight_reqs, e.inflight_tokens, e.inflight_tokens_sq)
+
+    def running_tokens(self, e: EngineView) -> int:
+        return max(e.used_tokens, 0) + e.inflight_tokens
+
+    def place(self, request: RequestView, engines: Sequence[EngineView], now_s: float,
+              exclude: frozenset[str] = frozenset()) -> Placement | Rejection:
+        prefills, full_p = open_engines(engines, "prefill", exclude, self.dispatch_params)
+        decodes, full_d = open_engines(engines, "decode", exclude, self.dispatch_params)
+        if prefills and decodes:
+            return Placement(prefill_id=self._prefill(request, prefills).instance_id,
+                             decode_id=self._decode(request, decodes).instance_id)
+        colocated, full_c = open_engines(engines, "null", exclude, self.dispatch_params)
+        if colocated:
+            return Placement(prefill_id=None, decode_id=self._decode(request, colocated).instance_id)
+        return rejection(engines, full_p + full_d + full_c)
+
+    def _prefill(self, request: RequestView, prefills: list[EngineView]) -> EngineView:
+        # Alg. 1: least predicted queue delay. Whether it meets the SLO matters for flips, which the
+        # planner decides (see the module docstring); the request goes to the best instance either way.
+        return min(prefills, key=lambda e: (self.prefill_delay(e), e.instance_id))
+
+    def _decode(self, request: RequestView, decodes: list[EngineView]) -> EngineView:
+        tpot_slo = request.slo_tpot_s or self.ctx.tpot_slo_s
+        need = request.input_tokens + request.max_output_tokens  # A5.3 [REC]: count the request itself
+
+        def fits(e: EngineView) -> bool:
+            interval_ok = e.token_interval_s is None or e.token_interval_s <= tpot_slo
+            return self.running_tokens(e) + need <= self.max_tokens and interval_ok
+
+        fitting = [e for e in decodes if fits(e)]
+        return min(fitting or decodes, key=lambda e: (self.running_tokens(e), e.instance_id))
+
+
+class ArrowPools(_ArrowModel):
+    """Algorithms 3 and 4 with the monitor-driven triggers; one flip at a time, decode first."""
+
+    name = "arrow"
+    note = "arrow: flips P→D on TPOT breach / full decode / idle prefill, D→P when every prefill misses TTFT"
+
+    def __init__(self, model: LatencyModel, ctx: PolicyContext, params: ArrowParams | None = None) -> None:
+        super().__init__(model, ctx, params)
+        self.interval_s = self.params.interval_s
+        self._breach_since: float | None = None
+        self._idle_since: dict[str, float] = {}
+        self._last_flip_s = float("-inf")
+        self.bounds: tuple[int, int] | None = None  # (min prefill, max prefill) set by a ratio planner (DOPD)
+
+    # -- estimates from the monitor's snapshot ------------------------------------------------------
+    def _prefill_delay(self, inst: InstanceLoad) -> float:
+        load = inst.load
+        if load is None:
+            return 0.0
+        n = load.num_waiting_reqs + load.num_running_reqs
+        if n <= 0:
+            return 0.0
+        # The snapshot has only the queue's total tokens: assume equal prompts (exact for one prompt).
+        mean = load.num_waiting_uncached_tokens / n
+        return self.predictor(inst.info.instance_id).queue_delay(n, load.num_waiting_uncached_tokens, int(n * mean * mean))
+
+    @staticmethod
+    def _running_tokens(inst: InstanceLoad) -> int:
+        """Arrow's decode load: tokens of the running batch (KV in use when the engine does not say)."""
+        load = inst.load
+        if load is None:
+            return 0
+        return load.num_running_tokens if load.num_running_tokens is not None else load.num_used_tokens
+
+    @staticmethod
+    def _token_interval(inst: InstanceLoad) -> float | None:
+        load = inst.load
+        if load is None or load.num_running_reqs <= 0 or load.gen_throughput_tps <= 0:
+            return None
+        return load.num_running_reqs / load.gen_throughput_tps
+
+    def decide(self, snapshot: ClusterSnapshot, now_s: float) -> PoolDecision | None:
+        ready = [i for i in snapshot.instances if i.info.status == "ready" and i.load is not None]
+        prefills = [i for i in ready if i.info.role == "prefill"]
+        decodes = [i for i in ready if i.info.role == "decode"]
+        in_flight = any(i.info.status in ("draining", "switching") for i in snapshot.instances)
+        self._track(prefills, decodes, now_s)
+        if in_flight or now_s - self._last_flip_s < self.params.flip_cooldown_s:
+            return None  # one flip at a time: the next decision sees its effect
+        change = self._to_decode(prefills, decodes, now_s) or self._to_prefill(prefills, decodes, snapshot)
+        if change is None:
+            return None
+        self._last_flip_s = now_s
+        return PoolDecision(changes=[change])
+
+    def _track(self, prefills: list[InstanceLoad], decodes: list[InstanceLoad], now_s: float) -> None:
+        intervals = [t for t in (self._token_interval(d) for d in decodes) if t is not None]
+        if intervals and sum(intervals) / len(intervals) > self.ctx.tpot_slo_s:
+            self._breach_since = now_s if self._breach_since is None else self._breach_since
+        else:
+            self._breach_since = None
+        for p in prefills:
+            load = p.load
+            busy = load is not None and (load.num_running_reqs + load.num_waiting_reqs + load.prefill_queue_reqs) > 0
+            if busy:
+                self._idle_since.pop(p.info.instance_id, None)
+            else:
+                self._idle_since.setdefault(p.info.instance_id, now_s)
+
+    def _to_decode(self, prefills: list[InstanceLoad], decodes: list[InstanceLoad], now_s: float) -> RoleChange | None:
+        """Alg. 4 and its triggers: decode has priority, so no prefill-load check."""
+        if len(prefills) <= max(1, self.bounds[0] if self.bounds else 1):
+            return None
+        reason = None
+        if self._breach_since is not None and now_s - self._breach_since >= self.params.tpot_breach_s:
+            reason = f"decode token interval over the {self.ctx.tpot_slo_s * 1e3:.0f} ms TPOT SLO"
+        elif decodes and all(self._running_tokens(d) >= self.max_tokens for d in decodes):
+            reason = f"every decode instance at Max Running Tokens ({self.max_tokens})"
+        else:
+            idle = [p for p in prefills if now_s - self._idle_since.get(p.info.instance_id, now_s) >= self.params.idle_s]
+            if idle and self._decode_busy(decodes):
+                reason = "a prefill instance idles while decode is busy"
+        if reason is None:
+            return None
+        target = min(prefills, key=lambda p: (self._prefill_delay(p), p.info.instance_id))
+        return RoleChange(instance_id=target.info.instance_id, new_role="decode", reason=f"arrow: {reason}")
+
+    def _to_prefill(self, prefills: list[InstanceLoad], decodes: list[InstanceLoad],
+                    snapshot: ClusterSnapshot) -> RoleChange | None:
+        """Alg. 3's trigger (Alg. 1): every prefill instance misses the TTFT SLO, and decode load is low."""
+        if len(decodes) <= 1 or not prefills:
+            return None
+        if self.bounds is not None and len(prefills) >= self.bounds[1]:
+            return None
+        isl = next((p.mean_input_tokens for p in reversed(snapshot.series) if p.completed), 1024.0)
+        best = min(self._prefill_delay(p) + self.predictor(p.info.instance_id).predict(isl) for p in prefills)
+        if best <= self.params.d2p_ttft_frac * self.ctx.ttft_slo_s or not self._decode_low(decodes):
+            return None
+        target = min(decodes, key=lambda d: (self._running_tokens(d), d.info.instance_id))
+        return RoleChange(instance_id=target.info.instance_id, new_role="prefill",
+                          reason=f"arrow: best predicted TTFT {best:.2f} s over the {self.ctx.ttft_slo_s:g} s SLO")
+
+    def _decode_low(self, decodes: list[InstanceLoad]) -> bool:
+        tokens = sum(self._running_tokens(d) for d in decodes)
+        if tokens / (len(decodes) - 1) > self.params.d2p_max_token_frac * self.max_tokens:
+            return False
+        intervals = [t for t in (self._token_interval(d) for d in decodes) if t is not None]
+        return not intervals or sum(intervals) / len(intervals) <= self.params.d2p_max_tpot_frac * self.ctx.tpot_slo_s
+
+    def _decode_busy(self, decodes: list[InstanceLoad]) -> bool:
+        frac = self.params.busy_frac
+        for d in decodes:
+            interval = self._token_interval(d)
+            used = self._running_tokens(d)
+            if used > frac * self.max_tokens or (interval is not None and interval > frac * self.ctx.tpot_slo_s):
+                return True
+        return False
