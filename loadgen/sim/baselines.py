@@ -23,6 +23,8 @@ from shared.policies import (
     Continuous,
     DecodeBatchPolicy,
     DispatchPolicy,
+    DopdPools,
+    DopdScaling,
     DynamoLoad,
     DynamoSla,
     Fcfs,
@@ -30,6 +32,7 @@ from shared.policies import (
     LengthPredictor,
     MaxTokens,
     MigrationPolicy,
+    PoisePools,
     PolicyContext,
     PoolPolicy,
     PrefillOrderPolicy,
@@ -110,14 +113,14 @@ def _colocated(instances: int, split: str | None) -> PolicyMix:
                      f"{instances} colocated instances, chunked prefill, decode-prioritised (vLLM-like)")
 
 
-def _dynamo(name: str, policy: Callable[[LatencyModel, PolicyContext], ScalingPolicy],
-            what: str) -> Callable[[int, str | None], PolicyMix]:
+def _elastic(name: str, policy: Callable[[LatencyModel, PolicyContext], ScalingPolicy], what: str,
+             who: str) -> Callable[[int, str | None], PolicyMix]:
     def build(instances: int, split: str | None) -> PolicyMix:
         if instances < 2:
             raise ValueError(f"{name} needs at least 2 instances (one prefill, one decode)")
         roles, layout = _roles(instances, split)
         return PolicyMix(name, roles, LeastLoad(), f"starts {layout} on a budget of {instances} GPUs; {what}; "
-                         "replicas start and stop, roles never flip (NVIDIA Dynamo planner)",
+                         f"replicas start and stop, roles never flip ({who})",
                          bind=lambda model, ctx: {"scaling": policy(model, ctx)})
     return build
 
@@ -131,15 +134,33 @@ def _arrow(instances: int, split: str | None) -> PolicyMix:
                      bind=lambda model, ctx: {"dispatch": ArrowDispatch(model, ctx), "pools": ArrowPools(model, ctx)})
 
 
+def _dopd_ratio(instances: int, split: str | None) -> PolicyMix:
+    roles, layout = _roles(instances, split)
+    return PolicyMix("dopd-ratio", roles, LeastLoad(),
+                     f"starts {layout}; DOPD's forecast ratio (Eq. 14) on a fixed GPU count, reached by flips",
+                     bind=lambda model, ctx: {"pools": DopdPools(model, ctx)})
+
+
+def _poise(instances: int, split: str | None) -> PolicyMix:
+    roles, layout = _roles(instances, split)
+    return PolicyMix("poise", roles, LeastLoad(),
+                     f"starts {layout}; DOPD's forecast sets the P:D target, Arrow dispatches and flips within ±1",
+                     bind=lambda model, ctx: {"dispatch": ArrowDispatch(model, ctx), "pools": PoisePools(model, ctx)})
+
+
 MIXES: dict[str, Callable[[int, str | None], PolicyMix]] = {
     "colocated": _colocated,
     "static-rr": _static("static-rr", RoundRobin, "round-robin"),
     "static-minload": _static("static-minload", LeastLoad, "least-load"),
-    DynamoLoad.name: _dynamo(DynamoLoad.name, DynamoLoad, "±1 replica per role every 5 s when all engines' "
-                             "estimated TTFT/ITL cross the SLO"),
-    DynamoSla.name: _dynamo(DynamoSla.name, DynamoSla, "replica counts every 180 s from the last interval's rate, "
-                            "ISL and OSL and the profile's per-engine capacity"),
+    DynamoLoad.name: _elastic(DynamoLoad.name, DynamoLoad, "±1 replica per role every 5 s when all engines' "
+                              "estimated TTFT/ITL cross the SLO", "NVIDIA Dynamo's load planner"),
+    DynamoSla.name: _elastic(DynamoSla.name, DynamoSla, "replica counts every 180 s from the last interval's rate, "
+                             "ISL and OSL and the profile's per-engine capacity", "NVIDIA Dynamo's SLA planner"),
     "arrow": _arrow,
+    DopdScaling.name: _elastic(DopdScaling.name, DopdScaling, "ARIMA forecast of ISL/OSL/concurrency every 10 s "
+                               "-> optimal P:D counts (Eq. 11-14), burst fast path", "DOPD"),
+    "dopd-ratio": _dopd_ratio,
+    "poise": _poise,
 }
 
 

@@ -27,6 +27,7 @@ from shared.policies.decode_batch import (
     make_decode_batch_policy,
 )
 from shared.policies.dispatch import DispatchParams, DispatchPolicy, LeastLoad, Placement, Rejection, RoundRobin
+from shared.policies.dopd import DopdParams, DopdPools, DopdScaling, optimal_split, split_of
 from shared.policies.length import (
     LENGTH_PREDICTORS,
     HistoricalMean,
@@ -42,6 +43,7 @@ from shared.policies.migration import (
     NoMigration,
     make_migration_policy,
 )
+from shared.policies.poise import PoiseParams, PoisePools
 from shared.policies.pools import POOL_POLICIES, PoolDecision, PoolPolicy, RoleChange, StaticPools, make_pool_policy
 from shared.policies.prefill_order import (
     PREFILL_ORDER_POLICIES,
@@ -76,6 +78,13 @@ def make_dispatch_policy(name: str, params: DispatchParams | None = None) -> Dis
 
 
 __all__ = [
+    "DopdParams",
+    "DopdPools",
+    "DopdScaling",
+    "optimal_split",
+    "split_of",
+    "PoiseParams",
+    "PoisePools",
     "ArrowDispatch",
     "ArrowParams",
     "ArrowPools",

@@ -52,6 +52,7 @@ class ArrowParams(msgspec.Struct, frozen=True, kw_only=True):
     idle_s: float = 1.0  # a prefill instance with nothing to do this long is idle (A10.3)
     busy_frac: float = 0.8  # decode is busy when an instance is over this x MAX tokens or x TPOT SLO
     flip_cooldown_s: float = 2.0  # at least this long between flips (the paper has no hysteresis)
+    min_dwell_s: float = 30.0  # an instance stays in its new role at least this long (ours: a flip drains)
     interval_s: float = 0.5  # how often the planner evaluates the flip triggers
     # D→P when the best predicted TTFT exceeds this x TTFT SLO. Arrow's rule is 1.0 (flip once the SLO would
     # be missed), which assumes a free flip; a SGLang flip drains first, so we flip at half (measured in the
@@ -149,7 +150,8 @@ class ArrowPools(_ArrowModel):
         self.interval_s = self.params.interval_s
         self._breach_since: float | None = None
         self._idle_since: dict[str, float] = {}
-        self._last_flip_s = float("-inf")
+        self.last_flip_s = float("-inf")
+        self._flipped_at: dict[str, float] = {}
         self.bounds: tuple[int, int] | None = None  # (min prefill, max prefill) set by a ratio planner (DOPD)
 
     # -- estimates from the monitor's snapshot ------------------------------------------------------
@@ -185,13 +187,25 @@ class ArrowPools(_ArrowModel):
         decodes = [i for i in ready if i.info.role == "decode"]
         in_flight = any(i.info.status in ("draining", "switching") for i in snapshot.instances)
         self._track(prefills, decodes, now_s)
-        if in_flight or now_s - self._last_flip_s < self.params.flip_cooldown_s:
+        if in_flight or now_s - self.last_flip_s < self.params.flip_cooldown_s:
             return None  # one flip at a time: the next decision sees its effect
-        change = self._to_decode(prefills, decodes, now_s) or self._to_prefill(prefills, decodes, snapshot)
+        # A freshly flipped instance is idle in its new role: without a dwell time the idle rule flips it back.
+        settled_p = [p for p in prefills if not self._dwelling(p, now_s)]
+        settled_d = [d for d in decodes if not self._dwelling(d, now_s)]
+        change = (self._to_decode(prefills, settled_p, decodes, now_s)
+                  or self._to_prefill(prefills, decodes, settled_d, snapshot))
         if change is None:
             return None
-        self._last_flip_s = now_s
+        self.note_flip(change.instance_id, now_s)
         return PoolDecision(changes=[change])
+
+    def note_flip(self, instance_id: str, now_s: float) -> None:
+        """Record a flip (also one another policy made) for the cooldown and the dwell time."""
+        self.last_flip_s = now_s
+        self._flipped_at[instance_id] = now_s
+
+    def _dwelling(self, inst: InstanceLoad, now_s: float) -> bool:
+        return now_s - self._flipped_at.get(inst.info.instance_id, float("-inf")) < self.params.min_dwell_s
 
     def _track(self, prefills: list[InstanceLoad], decodes: list[InstanceLoad], now_s: float) -> None:
         intervals = [t for t in (self._token_interval(d) for d in decodes) if t is not None]
@@ -207,9 +221,10 @@ class ArrowPools(_ArrowModel):
             else:
                 self._idle_since.setdefault(p.info.instance_id, now_s)
 
-    def _to_decode(self, prefills: list[InstanceLoad], decodes: list[InstanceLoad], now_s: float) -> RoleChange | None:
+    def _to_decode(self, prefills: list[InstanceLoad], movable: list[InstanceLoad], decodes: list[InstanceLoad],
+                   now_s: float) -> RoleChange | None:
         """Alg. 4 and its triggers: decode has priority, so no prefill-load check."""
-        if len(prefills) <= max(1, self.bounds[0] if self.bounds else 1):
+        if len(prefills) <= max(1, self.bounds[0] if self.bounds else 1) or not movable:
             return None
         reason = None
         if self._breach_since is not None and now_s - self._breach_since >= self.params.tpot_breach_s:
@@ -217,18 +232,18 @@ class ArrowPools(_ArrowModel):
         elif decodes and all(self._running_tokens(d) >= self.max_tokens for d in decodes):
             reason = f"every decode instance at Max Running Tokens ({self.max_tokens})"
         else:
-            idle = [p for p in prefills if now_s - self._idle_since.get(p.info.instance_id, now_s) >= self.params.idle_s]
+            idle = [p for p in movable if now_s - self._idle_since.get(p.info.instance_id, now_s) >= self.params.idle_s]
             if idle and self._decode_busy(decodes):
                 reason = "a prefill instance idles while decode is busy"
         if reason is None:
             return None
-        target = min(prefills, key=lambda p: (self._prefill_delay(p), p.info.instance_id))
+        target = min(movable, key=lambda p: (self._prefill_delay(p), p.info.instance_id))
         return RoleChange(instance_id=target.info.instance_id, new_role="decode", reason=f"arrow: {reason}")
 
-    def _to_prefill(self, prefills: list[InstanceLoad], decodes: list[InstanceLoad],
+    def _to_prefill(self, prefills: list[InstanceLoad], decodes: list[InstanceLoad], movable: list[InstanceLoad],
                     snapshot: ClusterSnapshot) -> RoleChange | None:
         """Alg. 3's trigger (Alg. 1): every prefill instance misses the TTFT SLO, and decode load is low."""
-        if len(decodes) <= 1 or not prefills:
+        if len(decodes) <= 1 or not prefills or not movable:
             return None
         if self.bounds is not None and len(prefills) >= self.bounds[1]:
             return None
@@ -236,7 +251,7 @@ class ArrowPools(_ArrowModel):
         best = min(self._prefill_delay(p) + self.predictor(p.info.instance_id).predict(isl) for p in prefills)
         if best <= self.params.d2p_ttft_frac * self.ctx.ttft_slo_s or not self._decode_low(decodes):
             return None
-        target = min(decodes, key=lambda d: (self._running_tokens(d), d.info.instance_id))
+        target = min(movable, key=lambda d: (self._running_tokens(d), d.info.instance_id))
         return RoleChange(instance_id=target.info.instance_id, new_role="prefill",
                           reason=f"arrow: best predicted TTFT {best:.2f} s over the {self.ctx.ttft_slo_s:g} s SLO")
 

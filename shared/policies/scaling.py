@@ -47,7 +47,7 @@ def active(snapshot: ClusterSnapshot, role: Role) -> list[InstanceLoad]:
     return [i for i in snapshot.instances if i.info.role == role and i.info.status in ("ready", "starting")]
 
 
-def _fit_budget(prefill: int, decode: int, ctx: PolicyContext) -> tuple[int, int]:
+def fit_budget(prefill: int, decode: int, ctx: PolicyContext) -> tuple[int, int]:
     """Clamp to [min_per_role, budget]; over budget, shrink both in proportion (Dynamo's max_gpu_budget)."""
     prefill, decode = max(prefill, ctx.min_per_role), max(decode, ctx.min_per_role)
     total = prefill + decode
@@ -148,7 +148,7 @@ class DynamoSla:
         decode_tps = self.decode_capacity_tps(isl, osl)
         prefill = math.ceil(rate * isl / prefill_tps) if prefill_tps > 0 else self.ctx.max_instances
         decode = math.ceil(rate * osl / decode_tps) if decode_tps > 0 else self.ctx.max_instances
-        prefill, decode = _fit_budget(prefill, decode, self.ctx)
+        prefill, decode = fit_budget(prefill, decode, self.ctx)
         return ScalingTarget(prefill=prefill, decode=decode,
                              reason=f"sla: {rate:.2f} req/s, ISL {isl:.0f}, OSL {osl:.0f}")
 

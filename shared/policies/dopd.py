@@ -1,0 +1,265 @@
+"""DOPD (arXiv 2511.20982): forecast the load, compute the optimal P:D ratio, resize (or flip) to it.
+
+Part B of ../shared/spec/spec-arrow-dopd.md; DOPD's equations and algorithms are missing from our copy of
+the paper, so this follows the spec's reconstruction (tags there), with our choices marked "ours".
+
+Every ``interval_s`` the policy reads the monitor's series for the last interval (mean ISL, OSL, request
+rate and concurrency), feeds them to ARIMA forecasters (``shared.forecast``: order by AIC over a small grid,
+DOPD's predicted/observed correction factor, last-value fallback), and computes from the engines' latency
+profile (:func:`optimal_split`):
+
+- Eq. 11-13: the most requests one decode instance holds, N_max = min(KV capacity, KV tokens one step can
+  read within the TPOT SLO) / (ISL + OSL), capped by ``max_running_requests``; N_d = γ·N_max (γ = 0.9);
+- Eq. 14: R* = N_d·T_p / (OSL·T_d), with T_p the prefill time of one ISL prompt and T_d the decode step
+  at N_d requests of context ISL + OSL/2;
+- counts: N_D = ceil(C / N_d) for forecast concurrency C, and N_P = ceil(R*·C / (N_d·ρ)) — the spec's
+  ceil(R*·N_D) would provision prefill for decode slots nobody uses; ours scales R* by how full the decode
+  instances are, with a utilisation target ρ = 0.8 for the prefill queue (ours).
+
+Two ways to act on it: :class:`DopdScaling` (a scaling policy: replica counts, with DOPD's burst fast path
+on prefill queue depth and KV use and a per-step change limit), and :class:`DopdPools` (a pool policy for a
+fixed GPU count: the split R*/(1+R*) of the instances, reached by flips one at a time).
+
+The ARIMA fits are the slow part (tens of ms). The live planner calls ``decide`` from a thread executor;
+the simulator calls it inline.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+
+import msgspec
+
+from shared.forecast import ForecastParams, MultiForecaster
+from shared.latency import LatencyModel
+from shared.policies.context import PolicyContext
+from shared.policies.pools import PoolDecision, RoleChange
+from shared.policies.scaling import ScalingTarget, active, fit_budget
+from shared.protocol.messages import ClusterSnapshot, InstanceLoad, SeriesPoint
+
+
+class DopdParams(msgspec.Struct, frozen=True, kw_only=True):
+    interval_s: float = 10.0  # DOPD's 70B config adjusts every 10 s (Dynamo's default is 180 s)
+    gamma: float = 0.9  # decode concurrency de-rating for bursts (the paper's value is lost; spec REC)
+    prefill_utilisation: float = 0.8  # ours: keep prefill queues out of the Kingman knee
+    max_step: int = 2  # most instances added or removed per role per decision (spec REC)
+    queue_per_prefill: float = 5.0  # burst fast path: queued prompts per prefill instance (Dynamo's load planner)
+    kv_high: float = 0.9  # burst fast path: mean decode KV use (Dynamo's load planner)
+    scale_in_after: int = 2  # a lower count must be computed this many intervals in a row (spec REC)
+    dead_band: float = 0.25  # fixed GPU count: move the split only when the share is 0.75 instances off (ours)
+    forecast: ForecastParams = msgspec.field(default_factory=ForecastParams)
+
+
+class Split(msgspec.Struct, frozen=True, kw_only=True):
+    """One evaluation of DOPD's model: what it computed and from what (for logs and tests)."""
+
+    isl: float
+    osl: float
+    concurrency: float
+    n_max: int
+    n_d: int
+    t_prefill_s: float
+    t_decode_s: float
+    ratio: float  # R* = N_P / N_D at full decode instances
+    prefill: int
+    decode: int
+
+
+def optimal_split(model: LatencyModel, ctx: PolicyContext, isl: float, osl: float, concurrency: float,
+                  params: DopdParams | None = None) -> Split:
+    """Eq. 11-14 on the latency profile: the counts for ``concurrency`` requests in flight (no budget applied)."""
+    params = params or DopdParams()
+    p = model.profile
+    isl, osl = max(1.0, isl), max(1.0, osl)
+    per_token = p.decode_s_per_context_token * model.time_scale
+    readable = (ctx.tpot_slo_s - p.decode_overhead_s * model.time_scale) / per_token if per_token > 0 else math.inf
+    n_max = int(min(p.kv_capacity_tokens, max(readable, 0.0)) // (isl + osl))
+    n_max = max(1, min(n_max, p.max_running_requests))
+    n_d = max(1, int(params.gamma * n_max))
+    t_p = model.prefill_time_s(int(isl))
+    t_d = model.decode_step_time_s(n_d, int(n_d * (isl + osl / 2)))
+    ratio = n_d * t_p / (osl * t_d) if t_d > 0 else math.inf
+    concurrency = max(0.0, concurrency)
+    decode = max(ctx.min_per_role, math.ceil(concurrency / n_d))
+    prefill = max(ctx.min_per_role, math.ceil(ratio * concurrency / (n_d * params.prefill_utilisation)))
+    return Split(isl=isl, osl=osl, concurrency=concurrency, n_max=n_max, n_d=n_d, t_prefill_s=t_p, t_decode_s=t_d,
+                 ratio=ratio, prefill=prefill, decode=decode)
+
+
+def split_of(total: int, ratio: float, min_per_role: int = 1, current: int | None = None,
+             dead_band: float = 0.0) -> tuple[int, int]:
+    """A fixed number of instances divided as R*:1 (prefill:decode), at least ``min_per_role`` each.
+
+    With ``current``, the prefill count stays put unless the exact share is more than ``0.5 + dead_band``
+    instances away from it: a ratio hovering near a rounding boundary must not flip an instance back and
+    forth (each flip drains an instance).
+    """
+    exact = total * ratio / (1.0 + ratio) if math.isfinite(ratio) else float(total)
+    prefill = current if current is not None and abs(exact - current) <= 0.5 + dead_band else round(exact)
+    prefill = max(min_per_role, min(total - min_per_role, prefill))
+    return prefill, total - prefill
+
+
+class _Forecasting:
+    """The part both DOPD policies share: series in, calibrated forecasts out, on each interval."""
+
+    def __init__(self, model: LatencyModel, ctx: PolicyContext, params: DopdParams | None) -> None:
+        self.model, self.ctx = model, ctx
+        self.params = params or DopdParams()
+        self.interval_s = self.params.interval_s
+        self.forecaster = MultiForecaster(("isl", "osl", "concurrency"), self.params.forecast)
+        self._seen_until = -math.inf  # series points up to this start time were observed
+        self.last_split: Split | None = None
+        self.decision_s: list[float] = []  # wall seconds per decision (forecast + ratio), for the benchmark
+
+    def _observe(self, series: Sequence[SeriesPoint]) -> bool:
+        """Feed the points of the newest interval_s of series to the forecasters; False when there are none."""
+        fresh = [p for p in series if p.start_unix_s > self._seen_until]
+        if not fresh:
+            return False
+        self._seen_until = fresh[-1].start_unix_s
+        window = fresh[-max(1, int(round(self.interval_s / max(fresh[-1].interval_s, 1e-9)))):]
+        completed = sum(p.completed for p in window)
+        values = {"concurrency": sum(p.mean_running_reqs for p in window) / len(window)}
+        if completed:
+            values["isl"] = sum(p.mean_input_tokens * p.completed for p in window) / completed
+            values["osl"] = sum(p.mean_output_tokens * p.completed for p in window) / completed
+        self.forecaster.observe(values)
+        return True
+
+    def _forecast_split(self, snapshot: ClusterSnapshot) -> Split | None:
+        t0 = time.perf_counter()
+        if not self._observe(snapshot.series):
+            return None
+        f = self.forecaster.forecast()
+        isl, osl = f["isl"].calibrated, f["osl"].calibrated
+        if isl <= 0 or osl <= 0:
+            return None  # nothing completed yet: no lengths to plan with
+        split = optimal_split(self.model, self.ctx, isl, osl, f["concurrency"].calibrated, self.params)
+        self.last_split = split
+        self.decision_s.append(time.perf_counter() - t0)
+        return split
+
+
+class DopdScaling(_Forecasting):
+    """DOPD's PD Manager for elastic clusters: replica counts from the forecast, burst fast path, step limit."""
+
+    name = "dopd"
+    note = "dopd: ARIMA forecast of ISL/OSL/concurrency -> optimal P:D counts (Eq. 11-14), burst fast path"
+
+    def __init__(self, model: LatencyModel, ctx: PolicyContext, params: DopdParams | None = None) -> None:
+        super().__init__(model, ctx, params)
+        self.interval_s = min(self.params.interval_s, 1.0)  # the fast path looks every second
+        self._next_periodic = -math.inf
+        self._lower_streak = {"prefill": 0, "decode": 0}
+
+    def decide(self, snapshot: ClusterSnapshot, now_s: float) -> ScalingTarget | None:
+        n_p, n_d = len(active(snapshot, "prefill")), len(active(snapshot, "decode"))
+        burst = self._burst(snapshot, n_p, n_d)
+        if burst is not None:
+            return burst
+        if now_s < self._next_periodic:
+            return None
+        self._next_periodic = now_s + self.params.interval_s
+        split = self._forecast_split(snapshot)
+        if split is None:
+            return None
+        prefill = self._step("prefill", n_p, split.prefill)
+        decode = self._step("decode", n_d, split.decode)
+        prefill, decode = fit_budget(prefill, decode, self.ctx)
+        if (prefill, decode) == (n_p, n_d):
+            return None
+        return ScalingTarget(prefill=prefill, decode=decode,
+                             reason=f"dopd: ISL {split.isl:.0f} OSL {split.osl:.0f} C {split.concurrency:.1f} "
+                                    f"-> R* {split.ratio:.2f}, N_d {split.n_d}")
+
+    def _step(self, role: str, have: int, want: int) -> int:
+        """At most ``max_step`` per decision; scale in only after ``scale_in_after`` lower results in a row."""
+        if want < have:
+            self._lower_streak[role] += 1
+            if self._lower_streak[role] < self.params.scale_in_after:
+                return have
+        else:
+            self._lower_streak[role] = 0
+        return have + max(-self.params.max_step, min(self.params.max_step, want - have))
+
+    def _burst(self, snapshot: ClusterSnapshot, n_p: int, n_d: int) -> ScalingTarget | None:
+        prefills = [i for i in snapshot.instances if i.info.role == "prefill" and i.info.status == "ready"]
+        decodes = [i for i in snapshot.instances if i.info.role == "decode" and i.info.status == "ready"]
+        if not prefills or not decodes:
+            return None
+        queued = sum(_queued(i) for i in prefills)
+        kv = sum(i.load.token_usage for i in decodes if i.load) / len(decodes)
+        add_p = add_d = 0
+        if queued / n_p > self.params.queue_per_prefill:
+            add_p = min(self.params.max_step, math.ceil(queued / self.params.queue_per_prefill) - n_p)
+        if kv > self.params.kv_high:
+            add_d = min(self.params.max_step, math.ceil(n_d * kv / self.params.kv_high) - n_d)
+        if add_p <= 0 and add_d <= 0:
+            return None
+        prefill, decode = fit_budget(n_p + max(add_p, 0), n_d + max(add_d, 0), self.ctx)
+        if (prefill, decode) == (n_p, n_d):
+            return None
+        return ScalingTarget(prefill=prefill, decode=decode,
+                             reason=f"dopd burst: {queued} prompts queued, decode KV {kv:.0%}")
+
+
+class DopdPools(_Forecasting):
+    """DOPD for a fixed GPU count: the instances split R*:1 between prefill and decode, by flips."""
+
+    name = "dopd"
+    note = "dopd: ARIMA forecast of ISL/OSL -> optimal P:D ratio (Eq. 14) on the instances there are, by flips"
+
+    def __init__(self, model: LatencyModel, ctx: PolicyContext, params: DopdParams | None = None) -> None:
+        super().__init__(model, ctx, params)
+        self.target_prefill: int | None = None
+
+    def update_target(self, snapshot: ClusterSnapshot) -> int | None:
+        """Recompute the wanted number of prefill instances from a fresh forecast (None: nothing to go on)."""
+        split = self._forecast_split(snapshot)
+        if split is not None:
+            total = sum(1 for i in snapshot.instances if i.info.role in ("prefill", "decode"))
+            self.target_prefill = split_of(total, split.ratio, self.ctx.min_per_role, self.target_prefill,
+                                           self.params.dead_band)[0]
+        return self.target_prefill
+
+    def decide(self, snapshot: ClusterSnapshot, now_s: float) -> PoolDecision | None:
+        target = self.update_target(snapshot)
+        if target is None:
+            return None
+        return PoolDecision(changes=flip_towards(snapshot, target, "dopd"))
+
+
+def flip_towards(snapshot: ClusterSnapshot, target_prefill: int, who: str) -> list[RoleChange]:
+    """One flip that moves the prefill count towards ``target_prefill``; none while a flip is in progress.
+
+    The instance that flips is the least loaded of the surplus role, so it drains soonest.
+    """
+    if any(i.info.status in ("draining", "switching") for i in snapshot.instances):
+        return []
+    ready = [i for i in snapshot.instances if i.info.status == "ready" and i.load is not None]
+    prefills = [i for i in ready if i.info.role == "prefill"]
+    decodes = [i for i in ready if i.info.role == "decode"]
+    if len(prefills) < target_prefill and len(decodes) > 1:
+        victim = min(decodes, key=lambda i: (_load(i), i.info.instance_id))
+        return [RoleChange(instance_id=victim.info.instance_id, new_role="prefill",
+                           reason=f"{who}: {len(prefills)} prefill instances, target {target_prefill}")]
+    if len(prefills) > target_prefill and len(prefills) > 1:
+        victim = min(prefills, key=lambda i: (_queued(i), i.info.instance_id))
+        return [RoleChange(instance_id=victim.info.instance_id, new_role="decode",
+                           reason=f"{who}: {len(prefills)} prefill instances, target {target_prefill}")]
+    return []
+
+
+def _queued(inst: InstanceLoad) -> int:
+    load = inst.load
+    return 0 if load is None else load.num_waiting_reqs + load.num_running_reqs + load.prefill_queue_reqs
+
+
+def _load(inst: InstanceLoad) -> int:
+    load = inst.load
+    if load is None:
+        return 0
+    return load.num_running_tokens if load.num_running_tokens is not None else load.num_used_tokens

@@ -1,0 +1,66 @@
+"""Poise's default pool policy: DOPD's forecast sets the split, Arrow's flips react within it.
+
+How the two are arbitrated. DOPD works on the minute scale: every ``interval_s`` it forecasts ISL and OSL,
+computes the optimal ratio (Eq. 14) and turns it into a target number of prefill instances. Arrow works on
+the second scale: its triggers (TPOT breach, full or busy decode, TTFT pressure) flip single instances. The
+target bounds Arrow: Arrow may move the prefill count at most ``slack`` instances away from DOPD's target,
+and when the count is outside that band (the forecast moved, or at start) DOPD's own flip comes first.
+When Arrow has not flipped for ``settle_s``, the count drifts back to the target one flip at a time. So a
+burst gets Arrow's quick reaction, and the split returns to the forecast's optimum afterwards.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from shared.latency import LatencyModel
+from shared.policies.arrow import ArrowParams, ArrowPools
+from shared.policies.context import PolicyContext
+from shared.policies.dopd import DopdParams, DopdPools, flip_towards
+from shared.policies.pools import PoolDecision
+from shared.protocol.messages import ClusterSnapshot
+
+
+class PoiseParams(msgspec.Struct, frozen=True, kw_only=True):
+    slack: int = 1  # Arrow may flip this many instances away from DOPD's target
+    settle_s: float = 30.0  # after this long without an Arrow flip, drift back to DOPD's target
+    arrow: ArrowParams = msgspec.field(default_factory=ArrowParams)
+    dopd: DopdParams = msgspec.field(default_factory=DopdParams)
+
+
+class PoisePools:
+    name = "poise"
+    note = "poise: DOPD's forecast sets the P:D target, Arrow flips within ±1 of it"
+
+    def __init__(self, model: LatencyModel, ctx: PolicyContext, params: PoiseParams | None = None) -> None:
+        self.params = params or PoiseParams()
+        self.dopd = DopdPools(model, ctx, self.params.dopd)
+        self.arrow = ArrowPools(model, ctx, self.params.arrow)
+        self.interval_s = self.arrow.interval_s
+        self._next_forecast = float("-inf")
+
+    def decide(self, snapshot: ClusterSnapshot, now_s: float) -> PoolDecision | None:
+        if now_s >= self._next_forecast:
+            self._next_forecast = now_s + self.dopd.interval_s
+            self.dopd.update_target(snapshot)
+        target = self.dopd.target_prefill
+        if target is None:
+            return self.arrow.decide(snapshot, now_s)  # no forecast yet: Arrow alone
+        slack = self.params.slack
+        self.arrow.bounds = (target - slack, target + slack)
+        prefills = sum(1 for i in snapshot.instances if i.info.role == "prefill" and i.info.status == "ready")
+        if not target - slack <= prefills <= target + slack:
+            changes = flip_towards(snapshot, target, "poise (dopd target)")
+            for change in changes:
+                self.arrow.note_flip(change.instance_id, now_s)
+            return PoolDecision(changes=changes)
+        decision = self.arrow.decide(snapshot, now_s)
+        if decision is not None and decision.changes:
+            return decision
+        if prefills != target and now_s - self.arrow.last_flip_s >= self.params.settle_s:
+            # The burst Arrow reacted to is over: back to the forecast's optimum.
+            changes = flip_towards(snapshot, target, "poise (back to the dopd target)")
+            for change in changes:
+                self.arrow.note_flip(change.instance_id, now_s)
+            return PoolDecision(changes=changes)
+        return None

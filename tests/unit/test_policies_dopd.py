@@ -1,0 +1,124 @@
+"""DOPD's ratio model, its scaling and flip policies, and Poise's arbitration of DOPD and Arrow."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from loadgen.sim.baselines import make_mix
+from loadgen.sim.run import simulate
+from loadgen.slo import slo_for
+from loadgen.traces import load_trace
+from shared.latency import LatencyModel, load_profile
+from shared.policies import (
+    DopdParams,
+    DopdPools,
+    DopdScaling,
+    PoisePools,
+    PolicyContext,
+    optimal_split,
+    split_of,
+)
+from shared.protocol import ClusterSnapshot, InstanceInfo, InstanceLoad, LoadReport, SeriesPoint
+
+MODEL = LatencyModel(load_profile())
+CTX = PolicyContext(ttft_slo_s=3.0, tpot_slo_s=0.1, max_instances=8)
+
+
+def test_the_ratio_follows_eq_14_on_the_profile() -> None:
+    s = optimal_split(MODEL, CTX, isl=2048, osl=28, concurrency=100)
+    p = MODEL.profile
+    assert s.n_max == min(p.max_running_requests, p.kv_capacity_tokens // (2048 + 28))
+    assert s.n_d == int(0.9 * s.n_max)
+    assert s.t_prefill_s == pytest.approx(MODEL.prefill_time_s(2048))
+    assert s.t_decode_s == pytest.approx(MODEL.decode_step_time_s(s.n_d, int(s.n_d * (2048 + 14))))
+    assert s.ratio == pytest.approx(s.n_d * s.t_prefill_s / (28 * s.t_decode_s))
+    assert s.decode == math.ceil(100 / s.n_d)
+    assert s.prefill == math.ceil(s.ratio * 100 / (s.n_d * 0.8))
+    # Long prompts and short outputs (Azure code) want far more prefill than conversations do.
+    conv = optimal_split(MODEL, CTX, isl=1155, osl=211, concurrency=100)
+    assert s.ratio > 5 * conv.ratio and 1.0 < conv.ratio < 3.0
+
+
+def test_a_fixed_gpu_count_is_split_by_the_ratio_with_a_dead_band() -> None:
+    assert split_of(8, 16.7) == (7, 1)  # never below one decode
+    assert split_of(8, 1.86) == (5, 3)
+    assert split_of(8, 0.01) == (1, 7)
+    # 8 * 1.4 / 2.4 = 4.67: rounds to 5, but from 4 the dead band keeps 4 ...
+    assert split_of(8, 1.4) == (5, 3)
+    assert split_of(8, 1.4, current=4, dead_band=0.25) == (4, 4)
+    # ... until the share is clearly closer to 5 than the band allows.
+    assert split_of(8, 2.0, current=4, dead_band=0.25) == (5, 3)
+
+
+def inst(i: str, role: str, *, status: str = "ready", waiting: int = 0, kv: float = 0.0) -> InstanceLoad:
+    info = InstanceInfo(instance_id=i, role=role, status=status, engine_kind="sim", url="sim://x",  # type: ignore[arg-type]
+                        bootstrap_host="", bootstrap_port=None, model="m", profile="p", kv_capacity_tokens=380_000,
+                        max_running_requests=256, sidecar="sim", registered_at_unix_s=0.0)
+    load = LoadReport(instance_id=i, role=role, status=status, ts_unix_s=0.0,  # type: ignore[arg-type]
+                      num_waiting_reqs=waiting, token_usage=kv, num_used_tokens=int(kv * 380_000))
+    return InstanceLoad(info=info, load=load, load_age_s=0.0)
+
+
+def series(n: int, isl: float, osl: float, running: float, start: float = 0.0) -> list[SeriesPoint]:
+    return [SeriesPoint(start_unix_s=start + 5 * k, interval_s=5.0, arrivals=20, arrival_rate_rps=4.0, completed=20,
+                        mean_input_tokens=isl, mean_output_tokens=osl, mean_running_reqs=running, ttft_p90_s=None,
+                        tpot_p90_s=None) for k in range(n)]
+
+
+def snap(instances: list[InstanceLoad], points: list[SeriesPoint]) -> ClusterSnapshot:
+    return ClusterSnapshot(ts_unix_s=0.0, instances=instances, series=points)
+
+
+def test_dopd_scaling_sizes_roles_from_the_forecast_within_the_step_limit() -> None:
+    policy = DopdScaling(MODEL, CTX)
+    cluster = [inst("p0", "prefill"), inst("d0", "decode")]
+    want = optimal_split(MODEL, CTX, 2048, 28, 400.0)
+    assert want.prefill > 3  # far more than one prefill instance
+    target = None
+    for k in range(8):  # steady series: the forecast converges on it
+        target = policy.decide(snap(cluster, series(2 * (k + 1), 2048, 28, 400.0)), now_s=10.0 * k) or target
+    assert target is not None and target.prefill == 3 and target.decode >= 1  # 1 + max_step 2 in one decision
+    assert policy.last_split is not None and policy.last_split.prefill == want.prefill
+    assert policy.decision_s and max(policy.decision_s) < 5.0
+
+
+def test_dopd_burst_fast_path_adds_prefill_without_waiting_for_the_interval() -> None:
+    policy = DopdScaling(MODEL, CTX, DopdParams(interval_s=600))
+    policy.decide(snap([inst("p0", "prefill"), inst("d0", "decode")], series(2, 1000, 100, 5)), 0.0)
+    burst = [inst("p0", "prefill", waiting=30), inst("p1", "prefill", waiting=30), inst("d0", "decode")]
+    target = policy.decide(snap(burst, series(3, 1000, 100, 5)), 1.0)
+    assert target is not None and target.prefill == 4 and "burst" in target.reason  # +2, the step limit
+    full_kv = [inst("p0", "prefill"), inst("d0", "decode", kv=0.97), inst("d1", "decode", kv=0.99)]
+    target = policy.decide(snap(full_kv, series(4, 1000, 100, 5)), 2.0)
+    assert target is not None and target.decode == 3
+
+
+def test_dopd_pools_flips_one_instance_at_a_time_towards_the_ratio() -> None:
+    policy = DopdPools(MODEL, CTX)
+    cluster = [inst(f"p{i}", "prefill") for i in range(4)] + [inst(f"d{i}", "decode") for i in range(4)]
+    decision = policy.decide(snap(cluster, series(2, 2048, 28, 50)), 0.0)
+    assert policy.target_prefill == 7
+    assert decision is not None and len(decision.changes) == 1 and decision.changes[0].new_role == "prefill"
+    draining = [*cluster[:7], inst("d3", "decode", status="draining")]
+    assert policy.decide(snap(draining, series(3, 2048, 28, 50)), 10.0).changes == []  # type: ignore[union-attr]
+
+
+def test_poise_lets_arrow_act_near_the_target_and_dopd_far_from_it() -> None:
+    pools = PoisePools(MODEL, CTX)
+    far = [inst("p0", "prefill")] + [inst(f"d{i}", "decode") for i in range(7)]
+    decision = pools.decide(snap(far, series(2, 2048, 28, 50)), 0.0)
+    assert decision is not None and "dopd target" in decision.changes[0].reason
+    assert pools.arrow.bounds == (6, 8)
+
+
+def test_dopd_and_poise_reach_azure_codes_best_split_and_beat_minimal_load() -> None:
+    w = load_trace("azure-code").slice(0.0, 600.0)
+    slo = slo_for("azure-code")
+    static = simulate(w, make_mix("static-minload", 8), MODEL, slo, rate_scale=12.0)
+    ratio = simulate(w, make_mix("dopd-ratio", 8), MODEL, slo, rate_scale=12.0)
+    poise = simulate(w, make_mix("poise", 8), MODEL, slo, rate_scale=12.0)
+    assert ratio.config["lifecycle"]["timeline"][-1][1:] == [7, 1]  # static-best's split for this trace
+    assert poise.summary.slo_attainment >= 0.9 > static.summary.slo_attainment
+    assert poise.summary.requests_failed == 0
