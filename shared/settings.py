@@ -45,6 +45,28 @@ class ControlPlaneSettings(ServiceSettings):
     nats_password: str | None = Field(None, description="NATS password for nats_user.")
 
 
+class SloPlanSettings(ServiceSettings):
+    """What SLO-aware policies plan with (gateway, planner): the SLO and the engines' latency profile.
+
+    Defaults are Arrow's Table 1 SLO for Azure conversation and the built-in H100 profile, the same as the
+    dev stack's engines; set them to your workload and hardware.
+    """
+
+    slo_ttft_s: float = Field(2.0, gt=0.0, description="TTFT SLO the policies plan for, in seconds.")
+    slo_tpot_s: float = Field(0.15, gt=0.0, description="TPOT SLO the policies plan for, in seconds.")
+    profile: str = Field("llama-3.1-8b-h100", description="Latency profile of the engines (their performance model).")
+
+    def policy_context(self, max_instances: int = 1_000_000) -> Any:
+        from shared.policies.context import PolicyContext
+
+        return PolicyContext(ttft_slo_s=self.slo_ttft_s, tpot_slo_s=self.slo_tpot_s, max_instances=max_instances)
+
+    def latency_model(self) -> Any:
+        from shared.latency import LatencyModel, load_profile
+
+        return LatencyModel(load_profile(self.profile))
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 

@@ -18,6 +18,7 @@ from shared.protocol import InstanceInfo, LoadReport
 class _Inflight:
     reqs: int = 0
     tokens: int = 0
+    tokens_sq: int = 0  # sum of squared token counts: a quadratic prefill-time model sums exactly over it
 
 
 class ClusterView:
@@ -39,12 +40,14 @@ class ClusterView:
         slot = self._inflight.setdefault(instance_id, _Inflight())
         slot.reqs += 1
         slot.tokens += tokens
+        slot.tokens_sq += tokens * tokens
 
     def release(self, instance_id: str, tokens: int) -> None:
         slot = self._inflight.get(instance_id)
         if slot is not None:
             slot.reqs = max(0, slot.reqs - 1)
             slot.tokens = max(0, slot.tokens - tokens)
+            slot.tokens_sq = max(0, slot.tokens_sq - tokens * tokens)
 
     # -- outputs -----------------------------------------------------------------------------------
     def served_models(self) -> list[str]:
@@ -62,7 +65,7 @@ class ClusterView:
                 views.append(EngineView(
                     instance_id=info.instance_id, role=info.role, status=info.status,
                     kv_capacity_tokens=info.kv_capacity_tokens, max_running_requests=info.max_running_requests,
-                    inflight_reqs=slot.reqs, inflight_tokens=slot.tokens,
+                    inflight_reqs=slot.reqs, inflight_tokens=slot.tokens, inflight_tokens_sq=slot.tokens_sq,
                 ))
                 continue
             load, received = load_entry
@@ -71,9 +74,17 @@ class ClusterView:
                 kv_capacity_tokens=info.kv_capacity_tokens, max_running_requests=info.max_running_requests,
                 running_reqs=load.num_running_reqs, waiting_reqs=load.num_waiting_reqs, used_tokens=load.num_used_tokens,
                 queue_reqs=load.prefill_queue_reqs + load.decode_queue_reqs, load_age_s=now - received,
-                inflight_reqs=slot.reqs, inflight_tokens=slot.tokens,
+                inflight_reqs=slot.reqs, inflight_tokens=slot.tokens, inflight_tokens_sq=slot.tokens_sq,
+                token_interval_s=_token_interval(load),
             ))
         return views
 
     def inflight_total(self) -> int:
         return sum(s.reqs for s in self._inflight.values())
+
+
+def _token_interval(load: LoadReport) -> float | None:
+    """Recent time between tokens of a decode engine: its running requests over its generation throughput."""
+    if load.num_running_reqs <= 0 or load.gen_throughput_tps <= 0:
+        return None
+    return load.num_running_reqs / load.gen_throughput_tps

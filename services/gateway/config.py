@@ -5,10 +5,10 @@ from __future__ import annotations
 from pydantic import Field
 
 from shared.policies import DISPATCH_POLICIES
-from shared.settings import ControlPlaneSettings, settings_config
+from shared.settings import ControlPlaneSettings, SloPlanSettings, settings_config
 
 
-class GatewaySettings(ControlPlaneSettings):
+class GatewaySettings(SloPlanSettings, ControlPlaneSettings):
     """The OpenAI-compatible gateway in front of the prefill/decode engines."""
 
     model_config = settings_config("POISE_GATEWAY_")

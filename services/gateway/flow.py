@@ -97,6 +97,15 @@ class RequestFlow:
             self.cluster.release(instance_id, tokens)
         self._held.clear()
 
+    def _prefill_done(self, placement: Placement) -> None:
+        """The first token reached the decode side: the prefill engine's part is over (its queue is shorter)."""
+        if placement.prefill_id is None:
+            return
+        entry = (placement.prefill_id, self.parsed.input_tokens)
+        if entry in self._held:
+            self._held.remove(entry)
+            self.cluster.release(*entry)
+
     async def start(self) -> None:
         """Dispatch and wait for the first token, retrying on another pair; raises :class:`APIError`."""
         exclude: set[str] = set()
@@ -125,6 +134,7 @@ class RequestFlow:
                 # A non-streaming answer arrives whole, so it gets the request's deadline (enforced around
                 # start() by the caller), not the first-token one.
                 await attempt.wait_first_token(self.first_token_timeout_s if self.parsed.stream else float("inf"))
+                self._prefill_done(placement)
                 return
             except LegFailed as exc:
                 last_error = exc

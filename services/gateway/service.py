@@ -41,7 +41,8 @@ class GatewayService:
         self.cluster = ClusterView()
         self.metrics = GatewayMetrics()
         self.policy: DispatchPolicy = make_dispatch_policy(
-            settings.dispatch_policy, DispatchParams(max_pending_per_engine=settings.max_pending_per_engine))
+            settings.dispatch_policy, settings.latency_model(), settings.policy_context(),
+            DispatchParams(max_pending_per_engine=settings.max_pending_per_engine))
         self.counter: TokenCounter = make_counter(settings.tokenizer)
         self.replica_id = replica_id()
         self.bus: Bus | None = None

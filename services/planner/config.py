@@ -5,11 +5,11 @@ from __future__ import annotations
 from pydantic import Field, field_validator, model_validator
 
 from shared.elected import ElectedServiceSettings
-from shared.policies.pools import POOL_POLICIES
-from shared.settings import settings_config
+from shared.policies import POOL_POLICIES
+from shared.settings import SloPlanSettings, settings_config
 
 
-class PlannerSettings(ElectedServiceSettings):
+class PlannerSettings(SloPlanSettings, ElectedServiceSettings):
     """Leader-elected loop: cluster snapshot -> pool policy -> role commands to the sidecars."""
 
     model_config = settings_config("POISE_PLANNER_")

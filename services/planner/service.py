@@ -23,7 +23,7 @@ from typing import Any
 from services.planner.config import PlannerSettings
 from shared.elected import ElectedService
 from shared.errors import BusTimeout, PoiseError
-from shared.policies.pools import PoolDecision, PoolPolicy, RoleChange, make_pool_policy
+from shared.policies import PoolDecision, PoolPolicy, RoleChange, make_pool_policy
 from shared.protocol import AdminReply, RoleCommand, RoleCommandReply, ServiceStatus
 from shared.protocol.messages import Role
 from shared.runtime import AdminEndpoint, cancel_and_wait, fetch_snapshot, require_arg
@@ -42,7 +42,7 @@ class PlannerService(ElectedService):
     def __init__(self, settings: PlannerSettings, *, policy: PoolPolicy | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         super().__init__(settings)
-        self.policy = policy or make_pool_policy(settings.policy)
+        self.policy = policy or make_pool_policy(settings.policy, settings.latency_model(), settings.policy_context())
         self._clock = clock  # the snapshot's clock (unix seconds): what policies get as now_s
         self._inflight: dict[str, asyncio.Task[RoleCommandReply]] = {}  # instance -> running role command
         self.recent: deque[dict[str, Any]] = deque(maxlen=20)  # latest role-command outcomes, for status

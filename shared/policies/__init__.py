@@ -15,8 +15,6 @@ a policy's typed params and defaults live next to it. The interfaces, one module
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from shared.policies.arrow import ArrowDispatch, ArrowParams, ArrowPools, max_running_tokens
 from shared.policies.context import PolicyContext
 from shared.policies.decode_batch import (
@@ -44,7 +42,7 @@ from shared.policies.migration import (
     make_migration_policy,
 )
 from shared.policies.poise import PoiseParams, PoisePools
-from shared.policies.pools import POOL_POLICIES, PoolDecision, PoolPolicy, RoleChange, StaticPools, make_pool_policy
+from shared.policies.pools import PoolDecision, PoolPolicy, RoleChange, StaticPools
 from shared.policies.prefill_order import (
     PREFILL_ORDER_POLICIES,
     Edf,
@@ -52,6 +50,12 @@ from shared.policies.prefill_order import (
     PrefillItem,
     PrefillOrderPolicy,
     make_prefill_order_policy,
+)
+from shared.policies.registry import (
+    DISPATCH_POLICIES,
+    POOL_POLICIES,
+    make_dispatch_policy,
+    make_pool_policy,
 )
 from shared.policies.scaling import (
     SCALING_POLICIES,
@@ -62,20 +66,6 @@ from shared.policies.scaling import (
     make_scaling_policy,
 )
 from shared.policies.views import EngineView, RequestView
-
-DISPATCH_POLICIES: dict[str, Callable[[DispatchParams | None], DispatchPolicy]] = {
-    LeastLoad.name: LeastLoad,
-    RoundRobin.name: RoundRobin,
-}
-
-
-def make_dispatch_policy(name: str, params: DispatchParams | None = None) -> DispatchPolicy:
-    try:
-        factory = DISPATCH_POLICIES[name]
-    except KeyError:
-        raise ValueError(f"unknown dispatch policy {name!r}; known: {', '.join(sorted(DISPATCH_POLICIES))}") from None
-    return factory(params)
-
 
 __all__ = [
     "DopdParams",

@@ -11,7 +11,6 @@ Imports nothing from asyncio, nats, aetcd, httpx or fastapi.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol
 
 import msgspec
@@ -53,16 +52,3 @@ class StaticPools:
 
     def decide(self, snapshot: ClusterSnapshot, now_s: float) -> PoolDecision | None:
         return PoolDecision()
-
-
-POOL_POLICIES: dict[str, Callable[[], PoolPolicy]] = {
-    StaticPools.name: StaticPools,
-}
-
-
-def make_pool_policy(name: str) -> PoolPolicy:
-    try:
-        factory = POOL_POLICIES[name]
-    except KeyError:
-        raise ValueError(f"unknown pool policy {name!r}; known: {', '.join(sorted(POOL_POLICIES))}") from None
-    return factory()

@@ -83,6 +83,11 @@ def test_round_robin_cycles() -> None:
 
 
 def test_registry_rejects_unknown_names() -> None:
-    assert make_dispatch_policy("least-load").name == "least-load"
-    with pytest.raises(ValueError, match="known: least-load"):
-        make_dispatch_policy("nope")
+    from shared.latency import LatencyModel, load_profile
+    from shared.policies import PolicyContext
+
+    model, ctx = LatencyModel(load_profile()), PolicyContext(ttft_slo_s=2.0, tpot_slo_s=0.15, max_instances=8)
+    assert make_dispatch_policy("least-load", model, ctx).name == "least-load"
+    assert make_dispatch_policy("arrow", model, ctx).name == "arrow"
+    with pytest.raises(ValueError, match="known: arrow, least-load, round-robin"):
+        make_dispatch_policy("nope", model, ctx)

@@ -7,11 +7,13 @@ import sys
 
 import pytest
 
+from shared.latency import LatencyModel, load_profile
 from shared.policies import (
     MIGRATION_POLICIES,
     POOL_POLICIES,
     MigrationPolicy,
     NoMigration,
+    PolicyContext,
     PoolDecision,
     PoolPolicy,
     RoleChange,
@@ -49,13 +51,17 @@ def test_no_migration_never_moves(n_prefill: int, n_decode: int, running: int) -
 
 
 def test_registries_and_notes() -> None:
-    assert set(POOL_POLICIES) == {"static"} and set(MIGRATION_POLICIES) == {"none", "kv-balance"}
-    pool = make_pool_policy("static")
+    assert set(POOL_POLICIES) == {"static", "arrow", "dopd", "poise"}
+    assert set(MIGRATION_POLICIES) == {"none", "kv-balance"}
+    ctx = PolicyContext(ttft_slo_s=2.0, tpot_slo_s=0.15, max_instances=8)
+    model = LatencyModel(load_profile())
+    pool = make_pool_policy("static", model, ctx)
     assert pool.name == "static" and "Arrow/DOPD" in pool.note
     migration = make_migration_policy("none")
     assert migration.name == "none" and not migration.needs_requests
-    with pytest.raises(ValueError, match="known: static"):
-        make_pool_policy("arrow")
+    assert make_pool_policy("poise", model, ctx).name == "poise"
+    with pytest.raises(ValueError, match="known: arrow, dopd, poise, static"):
+        make_pool_policy("llumnix", model, ctx)
     with pytest.raises(ValueError, match="known: kv-balance, none"):
         make_migration_policy("ares")
 
