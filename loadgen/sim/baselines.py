@@ -76,8 +76,11 @@ class PolicyMix:
         return dataclasses.replace(self, bind=None, **self.bind(model, ctx))
 
 
-def parse_split(split: str | None, instances: int) -> tuple[int, int]:
-    """``"4P4D"`` or ``"4:4"`` → (4, 4); None → an even split (prefill gets the odd one)."""
+def parse_split(split: str | None, instances: int, *, within_budget: bool = False) -> tuple[int, int]:
+    """``"4P4D"`` or ``"4:4"`` → (4, 4); None → an even split (prefill gets the odd one).
+
+    ``within_budget``: ``instances`` is a GPU budget the split may stay under (elastic mixes start small).
+    """
     if split is None:
         decode = instances // 2
         return instances - decode, decode
@@ -87,13 +90,13 @@ def parse_split(split: str | None, instances: int) -> tuple[int, int]:
     p, d = int(m.group(1)), int(m.group(2))
     if p < 1 or d < 1:
         raise ValueError("a disaggregated split needs at least one prefill and one decode instance")
-    if p + d != instances:
+    if p + d != instances and not (within_budget and p + d < instances):
         raise ValueError(f"split {split} has {p + d} instances, but --instances is {instances}")
     return p, d
 
 
-def _roles(instances: int, split: str | None) -> tuple[list[Role], str]:
-    p, d = parse_split(split, instances)
+def _roles(instances: int, split: str | None, within_budget: bool = False) -> tuple[list[Role], str]:
+    p, d = parse_split(split, instances, within_budget=within_budget)
     prefill: list[Role] = ["prefill"]
     decode: list[Role] = ["decode"]
     return prefill * p + decode * d, f"{p}P{d}D"
@@ -118,10 +121,10 @@ def _elastic(name: str, policy: Callable[[LatencyModel, PolicyContext], ScalingP
     def build(instances: int, split: str | None) -> PolicyMix:
         if instances < 2:
             raise ValueError(f"{name} needs at least 2 instances (one prefill, one decode)")
-        roles, layout = _roles(instances, split)
+        roles, layout = _roles(instances, split, within_budget=True)
         return PolicyMix(name, roles, LeastLoad(), f"starts {layout} on a budget of {instances} GPUs; {what}; "
                          f"replicas start and stop, roles never flip ({who})",
-                         bind=lambda model, ctx: {"scaling": policy(model, ctx)})
+                         bind=lambda model, ctx: {"scaling": policy(model, ctx)}, max_instances=instances)
     return build
 
 

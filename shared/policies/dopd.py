@@ -12,9 +12,11 @@ profile (:func:`optimal_split`):
   read within the TPOT SLO) / (ISL + OSL), capped by ``max_running_requests``; N_d = γ·N_max (γ = 0.9);
 - Eq. 14: R* = N_d·T_p / (OSL·T_d), with T_p the prefill time of one ISL prompt and T_d the decode step
   at N_d requests of context ISL + OSL/2;
-- counts: N_D = ceil(C / N_d) for forecast concurrency C, and N_P = ceil(R*·C / (N_d·ρ)) — the spec's
-  ceil(R*·N_D) would provision prefill for decode slots nobody uses; ours scales R* by how full the decode
-  instances are, with a utilisation target ρ = 0.8 for the prefill queue (ours).
+- counts: N_D = ceil(C / N_d) for forecast concurrency C, and N_P = max(ceil(R*·N_D), ceil(λ·T_p / ρ)).
+  The first term is the spec's; it assumes the decode instances run at N_d, where a step takes T_d. Below
+  that the steps are shorter, the same concurrency carries a higher request rate λ, and R*·N_D leaves
+  prefill short: the second term (ours) provisions prefill for the forecast rate by Little's law, with a
+  utilisation target ρ = 0.8 that keeps the prefill queue out of the Kingman knee.
 
 Two ways to act on it: :class:`DopdScaling` (a scaling policy: replica counts, with DOPD's burst fast path
 on prefill queue depth and KV use and a per-step change limit), and :class:`DopdPools` (a pool policy for a
@@ -47,7 +49,7 @@ class DopdParams(msgspec.Struct, frozen=True, kw_only=True):
     max_step: int = 2  # most instances added or removed per role per decision (spec REC)
     queue_per_prefill: float = 5.0  # burst fast path: queued prompts per prefill instance (Dynamo's load planner)
     kv_high: float = 0.9  # burst fast path: mean decode KV use (Dynamo's load planner)
-    scale_in_after: int = 2  # a lower count must be computed this many intervals in a row (spec REC)
+    scale_in_after: int = 6  # a lower count must come out this many intervals in a row (ours; spec REC is 2)
     dead_band: float = 0.25  # fixed GPU count: move the split only when the share is 0.75 instances off (ours)
     forecast: ForecastParams = msgspec.field(default_factory=ForecastParams)
 
@@ -58,6 +60,7 @@ class Split(msgspec.Struct, frozen=True, kw_only=True):
     isl: float
     osl: float
     concurrency: float
+    rate_rps: float
     n_max: int
     n_d: int
     t_prefill_s: float
@@ -68,8 +71,9 @@ class Split(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def optimal_split(model: LatencyModel, ctx: PolicyContext, isl: float, osl: float, concurrency: float,
-                  params: DopdParams | None = None) -> Split:
-    """Eq. 11-14 on the latency profile: the counts for ``concurrency`` requests in flight (no budget applied)."""
+                  rate_rps: float = 0.0, params: DopdParams | None = None) -> Split:
+    """Eq. 11-14 on the latency profile: the counts for ``concurrency`` requests in flight arriving at
+    ``rate_rps`` (no budget applied)."""
     params = params or DopdParams()
     p = model.profile
     isl, osl = max(1.0, isl), max(1.0, osl)
@@ -83,8 +87,9 @@ def optimal_split(model: LatencyModel, ctx: PolicyContext, isl: float, osl: floa
     ratio = n_d * t_p / (osl * t_d) if t_d > 0 else math.inf
     concurrency = max(0.0, concurrency)
     decode = max(ctx.min_per_role, math.ceil(concurrency / n_d))
-    prefill = max(ctx.min_per_role, math.ceil(ratio * concurrency / (n_d * params.prefill_utilisation)))
-    return Split(isl=isl, osl=osl, concurrency=concurrency, n_max=n_max, n_d=n_d, t_prefill_s=t_p, t_decode_s=t_d,
+    by_rate = math.ceil(max(0.0, rate_rps) * t_p / params.prefill_utilisation)
+    prefill = max(ctx.min_per_role, math.ceil(ratio * decode) if math.isfinite(ratio) else 1, by_rate)
+    return Split(isl=isl, osl=osl, concurrency=concurrency, rate_rps=rate_rps, n_max=n_max, n_d=n_d, t_prefill_s=t_p, t_decode_s=t_d,
                  ratio=ratio, prefill=prefill, decode=decode)
 
 
@@ -109,7 +114,7 @@ class _Forecasting:
         self.model, self.ctx = model, ctx
         self.params = params or DopdParams()
         self.interval_s = self.params.interval_s
-        self.forecaster = MultiForecaster(("isl", "osl", "concurrency"), self.params.forecast)
+        self.forecaster = MultiForecaster(("isl", "osl", "concurrency", "rate"), self.params.forecast)
         self._seen_until = -math.inf  # series points up to this start time were observed
         self.last_split: Split | None = None
         self.decision_s: list[float] = []  # wall seconds per decision (forecast + ratio), for the benchmark
@@ -122,7 +127,9 @@ class _Forecasting:
         self._seen_until = fresh[-1].start_unix_s
         window = fresh[-max(1, int(round(self.interval_s / max(fresh[-1].interval_s, 1e-9)))):]
         completed = sum(p.completed for p in window)
-        values = {"concurrency": sum(p.mean_running_reqs for p in window) / len(window)}
+        span = sum(p.interval_s for p in window)
+        values = {"concurrency": sum(p.mean_running_reqs for p in window) / len(window),
+                  "rate": sum(p.arrivals for p in window) / span if span > 0 else 0.0}
         if completed:
             values["isl"] = sum(p.mean_input_tokens * p.completed for p in window) / completed
             values["osl"] = sum(p.mean_output_tokens * p.completed for p in window) / completed
@@ -137,7 +144,8 @@ class _Forecasting:
         isl, osl = f["isl"].calibrated, f["osl"].calibrated
         if isl <= 0 or osl <= 0:
             return None  # nothing completed yet: no lengths to plan with
-        split = optimal_split(self.model, self.ctx, isl, osl, f["concurrency"].calibrated, self.params)
+        split = optimal_split(self.model, self.ctx, isl, osl, f["concurrency"].calibrated, f["rate"].calibrated,
+                              self.params)
         self.last_split = split
         self.decision_s.append(time.perf_counter() - t0)
         return split
@@ -173,6 +181,7 @@ class DopdScaling(_Forecasting):
             return None
         return ScalingTarget(prefill=prefill, decode=decode,
                              reason=f"dopd: ISL {split.isl:.0f} OSL {split.osl:.0f} C {split.concurrency:.1f} "
+                                    f"rate {split.rate_rps:.1f}/s "
                                     f"-> R* {split.ratio:.2f}, N_d {split.n_d}")
 
     def _step(self, role: str, have: int, want: int) -> int:

@@ -27,7 +27,7 @@ CTX = PolicyContext(ttft_slo_s=3.0, tpot_slo_s=0.1, max_instances=8)
 
 
 def test_the_ratio_follows_eq_14_on_the_profile() -> None:
-    s = optimal_split(MODEL, CTX, isl=2048, osl=28, concurrency=100)
+    s = optimal_split(MODEL, CTX, isl=2048, osl=28, concurrency=100, rate_rps=40.0)
     p = MODEL.profile
     assert s.n_max == min(p.max_running_requests, p.kv_capacity_tokens // (2048 + 28))
     assert s.n_d == int(0.9 * s.n_max)
@@ -35,7 +35,12 @@ def test_the_ratio_follows_eq_14_on_the_profile() -> None:
     assert s.t_decode_s == pytest.approx(MODEL.decode_step_time_s(s.n_d, int(s.n_d * (2048 + 14))))
     assert s.ratio == pytest.approx(s.n_d * s.t_prefill_s / (28 * s.t_decode_s))
     assert s.decode == math.ceil(100 / s.n_d)
-    assert s.prefill == math.ceil(s.ratio * 100 / (s.n_d * 0.8))
+    # The spec's R* x N_D, or enough prefill for the arrival rate at 80% utilisation, whichever is more.
+    assert s.prefill == max(math.ceil(s.ratio * s.decode), math.ceil(40.0 * s.t_prefill_s / 0.8))
+    # Conversation-like lengths at a high rate: R* x N_D (= 2) would leave prefill short; the rate term wins.
+    busy = optimal_split(MODEL, CTX, isl=1155, osl=211, concurrency=100, rate_rps=80.0)
+    assert busy.decode == 1 and math.ceil(busy.ratio) == 2
+    assert busy.prefill == math.ceil(80.0 * busy.t_prefill_s / 0.8) > 2
     # Long prompts and short outputs (Azure code) want far more prefill than conversations do.
     conv = optimal_split(MODEL, CTX, isl=1155, osl=211, concurrency=100)
     assert s.ratio > 5 * conv.ratio and 1.0 < conv.ratio < 3.0
