@@ -14,15 +14,22 @@ def goodput_table(results: list[GoodputResult], trace: str, slo: SLO, trace_rps:
     best = max((r.goodput_scale for r in results), default=0.0)
     lines = [f"Goodput on {trace} (SLO attainment >= 90% with TTFT <= {slo.ttft_s:g} s and TPOT <= {slo.tpot_s:g} s; "
              f"the trace's own rate is {trace_rps:.2f} req/s)", "",
-             "| policy | goodput (x trace rate) | goodput (req/s) | vs best | mean GPUs at goodput | mix |",
-             "|---|---|---|---|---|---|"]
+             "| policy | goodput (x trace rate) | goodput (req/s) | vs best | vs static-minload | vs colocated | "
+             "mean GPUs at goodput | mix |",
+             "|---|---|---|---|---|---|---|---|"]
+    by_name = {r.policy: r.goodput_scale for r in results}
+
+    def versus(r: GoodputResult, other: str) -> str:
+        base = by_name.get(other)
+        return f"{r.goodput_scale / base:.2f}x" if base else "-"
+
     for r in sorted(results, key=lambda r: -r.goodput_scale):
         ratio = r.goodput_scale / best if best else 0.0
         at_least = ">= " if r.capped else ""
         point = at_goodput(r)
         gpus = f"{point.mean_instances:.1f}" if point is not None else "-"
         lines.append(f"| {r.policy} | {at_least}{r.goodput_scale:.2f} | {at_least}{r.goodput_rps:.2f} | {ratio:.2f} | "
-                     f"{gpus} | {r.description} |")
+                     f"{versus(r, 'static-minload')} | {versus(r, 'colocated')} | {gpus} | {r.description} |")
     return "\n".join(lines) + "\n"
 
 
