@@ -6,7 +6,12 @@ engines' :class:`shared.latency.LatencyModel` (their performance model); the oth
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TypeVar
+
 import msgspec
+
+T = TypeVar("T")
 
 
 class PolicyContext(msgspec.Struct, frozen=True, kw_only=True):
@@ -14,3 +19,11 @@ class PolicyContext(msgspec.Struct, frozen=True, kw_only=True):
     tpot_slo_s: float
     max_instances: int  # the GPU budget: prefill + decode replicas never exceed it
     min_per_role: int = 1  # never fewer prefill (or decode) instances than this (Dynamo's min_endpoint)
+
+
+def lookup(registry: Mapping[str, T], name: str, kind: str) -> T:
+    """``registry[name]``, or a ValueError that names the known entries (what a CLI or settings error shows)."""
+    try:
+        return registry[name]
+    except KeyError:
+        raise ValueError(f"unknown {kind} {name!r}; known: {', '.join(sorted(registry))}") from None

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
+from shared.policies.context import lookup
+
 
 class DecodeItem(Protocol):
     """What a batch selection policy may read about a running request."""
@@ -52,8 +54,4 @@ DECODE_BATCH_POLICIES: dict[str, Callable[[], DecodeBatchPolicy]] = {Continuous.
 
 
 def make_decode_batch_policy(name: str) -> DecodeBatchPolicy:
-    try:
-        return DECODE_BATCH_POLICIES[name]()
-    except KeyError:
-        known = ", ".join(sorted(DECODE_BATCH_POLICIES))
-        raise ValueError(f"unknown decode batch policy {name!r}; known: {known}") from None
+    return lookup(DECODE_BATCH_POLICIES, name, "decode batch policy")()

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from shared.policies.context import lookup
 from shared.policies.views import RequestView
 
 
@@ -67,8 +68,4 @@ LENGTH_PREDICTORS: dict[str, Callable[[], LengthPredictor]] = {
 
 
 def make_length_predictor(name: str) -> LengthPredictor:
-    try:
-        return LENGTH_PREDICTORS[name]()
-    except KeyError:
-        known = ", ".join(sorted(LENGTH_PREDICTORS))
-        raise ValueError(f"unknown length predictor {name!r}; known: {known}") from None
+    return lookup(LENGTH_PREDICTORS, name, "length predictor")()

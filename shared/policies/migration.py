@@ -14,6 +14,7 @@ from typing import Protocol
 
 import msgspec
 
+from shared.policies.context import lookup
 from shared.protocol.messages import ClusterSnapshot
 
 
@@ -109,8 +110,4 @@ MIGRATION_POLICIES: dict[str, Callable[[], MigrationPolicy]] = {
 
 
 def make_migration_policy(name: str) -> MigrationPolicy:
-    try:
-        factory = MIGRATION_POLICIES[name]
-    except KeyError:
-        raise ValueError(f"unknown migration policy {name!r}; known: {', '.join(sorted(MIGRATION_POLICIES))}") from None
-    return factory()
+    return lookup(MIGRATION_POLICIES, name, "migration policy")()

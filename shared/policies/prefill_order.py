@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
+from shared.policies.context import lookup
+
 
 class PrefillItem(Protocol):
     """What an ordering policy may read about a waiting prompt."""
@@ -63,8 +65,4 @@ PREFILL_ORDER_POLICIES: dict[str, Callable[[], PrefillOrderPolicy]] = {Fcfs.name
 
 
 def make_prefill_order_policy(name: str) -> PrefillOrderPolicy:
-    try:
-        return PREFILL_ORDER_POLICIES[name]()
-    except KeyError:
-        known = ", ".join(sorted(PREFILL_ORDER_POLICIES))
-        raise ValueError(f"unknown prefill order policy {name!r}; known: {known}") from None
+    return lookup(PREFILL_ORDER_POLICIES, name, "prefill order policy")()

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from shared.latency import LatencyModel
 from shared.policies.arrow import ArrowDispatch, ArrowPools
-from shared.policies.context import PolicyContext
+from shared.policies.context import PolicyContext, lookup
 from shared.policies.dispatch import DispatchParams, DispatchPolicy, LeastLoad, RoundRobin
 from shared.policies.dopd import DopdPools
 from shared.policies.poise import PoisePools
@@ -35,16 +35,8 @@ POOL_POLICIES: dict[str, PoolFactory] = {
 
 def make_dispatch_policy(name: str, model: LatencyModel, ctx: PolicyContext,
                          params: DispatchParams | None = None) -> DispatchPolicy:
-    try:
-        factory = DISPATCH_POLICIES[name]
-    except KeyError:
-        raise ValueError(f"unknown dispatch policy {name!r}; known: {', '.join(sorted(DISPATCH_POLICIES))}") from None
-    return factory(model, ctx, params)
+    return lookup(DISPATCH_POLICIES, name, "dispatch policy")(model, ctx, params)
 
 
 def make_pool_policy(name: str, model: LatencyModel, ctx: PolicyContext) -> PoolPolicy:
-    try:
-        factory = POOL_POLICIES[name]
-    except KeyError:
-        raise ValueError(f"unknown pool policy {name!r}; known: {', '.join(sorted(POOL_POLICIES))}") from None
-    return factory(model, ctx)
+    return lookup(POOL_POLICIES, name, "pool policy")(model, ctx)

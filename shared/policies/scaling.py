@@ -22,7 +22,7 @@ from typing import Protocol
 import msgspec
 
 from shared.latency import LatencyModel
-from shared.policies.context import PolicyContext
+from shared.policies.context import PolicyContext, lookup
 from shared.protocol.messages import ClusterSnapshot, InstanceLoad, Role, SeriesPoint
 
 
@@ -197,8 +197,4 @@ SCALING_POLICIES: dict[str, ScalingFactory] = {
 
 
 def make_scaling_policy(name: str, model: LatencyModel, ctx: PolicyContext) -> ScalingPolicy:
-    try:
-        factory = SCALING_POLICIES[name]
-    except KeyError:
-        raise ValueError(f"unknown scaling policy {name!r}; known: {', '.join(sorted(SCALING_POLICIES))}") from None
-    return factory(model, ctx)
+    return lookup(SCALING_POLICIES, name, "scaling policy")(model, ctx)
