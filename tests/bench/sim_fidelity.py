@@ -2,27 +2,54 @@
 
 The live side is the real stack (NATS, etcd, gateway, 2P+2D engine_sim with the H100 profile); the simulator
 runs the same mix (static-minload 2P2D, the gateway's least-load policy). Slice 1 (Azure conversation,
-0-120 s) is what the first-token delay in ``loadgen/sim/overhead.py`` was calibrated on; the other slices were not. The issue's bar: P50/P90 TTFT and TPOT within 10%, SLO
-attainment within 3 points. Writes ``tests/bench/results/sim_fidelity.{md,json}``. With ``--calibrate`` it
-instead prints the live-minus-model first-token delay that ``loadgen/sim/overhead.py`` is set from.
+0-120 s) is what the first-token delay in ``loadgen/sim/overhead.py`` was calibrated on; the other slices were
+not. The issue's bar: P50/P90 TTFT and TPOT within 10%, SLO attainment within 3 points. Writes
+``tests/bench/results/sim_fidelity.{md,json}``: the simulator with overhead.py's delay, and again with the
+delay measured on this run's calibration slice (``FirstTokenDelay.fit``; the host's load moves it, see
+overhead.py). With ``--calibrate`` it instead prints the live-minus-model first-token delay that
+``loadgen/sim/overhead.py`` is set from. The short version is ``tests/e2e/test_sim_fidelity.py``.
+
+Known gap, the burst tail (Azure conversation 240-300 s): where 5-10% of a slice's requests have long prompts,
+its P90 TTFT is set by short requests that arrive within milliseconds of a long one, and there the live P90
+is 10-25% above the simulator's. Per-request comparison (same trace index on both sides) shows why:
+
+- dispatch: the gateway holds a prefill engine's in-flight prompt tokens (what least-load ranks prefill
+  engines by) until the whole request ends, decode included (``RequestFlow._hold``/``_release``); the
+  simulator's ``SimInstance.view`` counts only prompt tokens not yet computed. So live ranks prefill engines
+  by the prompts of requests long past their prefill, and puts a short request behind a 4000-token prompt
+  the simulator sends elsewhere. Only ~48% of requests get the same prefill engine on both sides; with the
+  gateway releasing the prefill's share at the first token (tried on a copy), 88-95% do and the live P90 on
+  240-300 s fell from 109-125 ms to 100-103 ms, against the simulator's 90 ms;
+- the handshake: live, a prefill starts only once its decode engine claimed the bootstrap room, and the
+  decode engine admits new requests only between two decode steps (~8 ms), so requests a few ms apart often
+  share a prefill step; the simulator starts the first at once and queues the second. Modelling that (decode
+  reservation at step boundaries, ~4 ms before the prefill may start, the rest of the delay after it) closes
+  another 4-5 points of the P90 gap;
+- not host CPU: with the same placement the residual live-minus-simulator TTFT is median ~1 ms, p90 ~9 ms,
+  uncorrelated with prompt length (r = 0.00-0.04) and barely with requests in flight (r = 0.06-0.12).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shlex
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loadgen.replay import replay
+from loadgen.metrics import Summary, percentile
+from loadgen.records import RequestRecord
+from loadgen.replay import ReplayResult, replay
 from loadgen.sim.baselines import make_mix
-from loadgen.sim.overhead import NO_DELAY
+from loadgen.sim.overhead import LIVE_STACK_DELAY, NO_DELAY, FirstTokenDelay
 from loadgen.sim.run import simulate
-from loadgen.slo import slo_for
+from loadgen.slo import SLO, slo_for
 from loadgen.traces import load_trace
+from loadgen.workload import Workload
 from services.cli.stack import Stack, StackSettings
 from shared.latency import LatencyModel, load_profile
 
@@ -31,18 +58,61 @@ SLICES = [("azure-conv", 0.0, 120.0, 1.0, "calibration"), ("azure-conv", 720.0, 
           ("azure-code", 600.0, 120.0, 1.0, "held out"), ("azure-conv", 240.0, 60.0, 1.0, "held out"),
           ("azure-conv", 240.0, 60.0, 1.5, "held out")]
 METRICS = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s")
+MAX_ERROR_PCT = 10.0  # the issue's bar on each of METRICS
+MAX_ATTAINMENT_POINTS = 3.0  # and on SLO attainment
+
+
+def compare(live: Summary, sim: Summary) -> dict[str, Any]:
+    """Live vs simulated summary, metric by metric: error = (sim - live) / live."""
+    row: dict[str, Any] = {}
+    for m in METRICS:
+        lv, sv = getattr(live, m), getattr(sim, m)
+        row[m] = {"live_ms": lv * 1e3, "sim_ms": sv * 1e3, "error_pct": (sv - lv) / lv * 100}
+    row["attainment"] = {"live": live.slo_attainment, "sim": sim.slo_attainment,
+                         "diff_points": (sim.slo_attainment - live.slo_attainment) * 100}
+    return row
+
+
+def misses(row: dict[str, Any]) -> list[str]:
+    """What in a :func:`compare` row is outside the issue's bar (empty when all of it is within)."""
+    out = [f"{m}: live {row[m]['live_ms']:.2f} ms, sim {row[m]['sim_ms']:.2f} ms ({row[m]['error_pct']:+.1f}%, "
+           f"bar +-{MAX_ERROR_PCT:g}%)" for m in METRICS if abs(row[m]["error_pct"]) > MAX_ERROR_PCT]
+    a = row["attainment"]
+    if abs(a["diff_points"]) > MAX_ATTAINMENT_POINTS:
+        out.append(f"attainment: live {a['live'] * 100:.1f}%, sim {a['sim'] * 100:.1f}% ({a['diff_points']:+.1f} points, "
+                   f"bar +-{MAX_ATTAINMENT_POINTS:g})")
+    return out
+
+
+def first_token_deltas(live: Sequence[RequestRecord], bare: Sequence[RequestRecord]) -> list[float]:
+    """Live minus bare-model (``NO_DELAY``) TTFT per request, sorted, in seconds: the serving path's own
+    first-token delay on this host, what ``loadgen/sim/overhead.py`` models (``FirstTokenDelay.fit`` takes it)."""
+    sim = {r.index: r for r in bare}
+    return sorted(r.ttft_s - t for r in live if r.ttft_s is not None and (t := sim[r.index].ttft_s) is not None)
+
+
+def simulate_mix(workload: Workload, model: LatencyModel, slo: SLO, rate: float = 1.0,
+                 delay: FirstTokenDelay = LIVE_STACK_DELAY) -> ReplayResult:
+    """The live stack's mix in the simulator: static-minload (the gateway's least-load policy), 2P2D."""
+    return simulate(workload, make_mix("static-minload", 4, "2P2D"), model, slo, rate_scale=rate,
+                    first_token_delay=delay)
+
+
+def _replay(stack: Stack, workload: Workload, slo: SLO, rate: float = 1.0) -> ReplayResult:
+    return asyncio.run(replay(workload, stack.gateway_url, model=stack.settings.model, slo=slo, rate_scale=rate))
 
 
 def calibrate(stack: Stack, model: LatencyModel) -> None:
     """``--calibrate``: live minus bare-model TTFT per request on the calibration slice (what overhead.py holds)."""
-    workload = load_trace("azure-conv").slice(0.0, 120.0)
-    slo = slo_for("azure-conv")
-    live = asyncio.run(replay(workload, stack.gateway_url, model=stack.settings.model, slo=slo)).records
-    sim = {r.index: r for r in simulate(workload, make_mix("static-minload", 4, "2P2D"), model, slo,
-                                        first_token_delay=NO_DELAY).records}
-    deltas = sorted(r.ttft_s - sim[r.index].ttft_s for r in live if r.ttft_s is not None and sim[r.index].ttft_s is not None)
-    p10, p50, p90 = (deltas[int(q * (len(deltas) - 1))] * 1e3 for q in (0.1, 0.5, 0.9))
+    workload, slo = load_trace("azure-conv").slice(0.0, 120.0), slo_for("azure-conv")
+    deltas = first_token_deltas(_replay(stack, workload, slo).records,
+                                simulate_mix(workload, model, slo, delay=NO_DELAY).records)
+    p10, p50, p90 = (percentile(deltas, q) * 1e3 for q in (10, 50, 90))
     print(f"first-token delay over {len(deltas)} requests: p10 {p10:.1f} ms, p50 {p50:.1f} ms, p90 {p90:.1f} ms")
+
+
+def _cell(c: dict[str, Any]) -> str:
+    return f"{c['live_ms']:.1f} / {c['sim_ms']:.1f} ({c['error_pct']:+.1f}%)"
 
 
 def main() -> None:
@@ -58,37 +128,57 @@ def main() -> None:
             stack.stop()
         return
     rows: list[dict[str, Any]] = []
+    host: FirstTokenDelay | None = None
+    load: list[float] = []
     try:
         for trace, start, duration, rate, role in SLICES:
             workload = load_trace(trace).slice(start, duration)
             slo = slo_for(trace)
             print(f"{trace} {start:g}-{start + duration:g}s: {len(workload.requests)} requests", file=sys.stderr)
-            live = asyncio.run(replay(workload, stack.gateway_url, model=stack.settings.model, slo=slo,
-                                      rate_scale=rate)).summary
-            sim = simulate(workload, make_mix("static-minload", 4, "2P2D"), model, slo, rate_scale=rate).summary
+            live = _replay(stack, workload, slo, rate)
+            load.append(os.getloadavg()[0])
+            if host is None:  # the first slice is the calibration slice: measure this host's delay on it
+                host = FirstTokenDelay.fit(first_token_deltas(
+                    live.records, simulate_mix(workload, model, slo, rate, NO_DELAY).records))
+            sim = simulate_mix(workload, model, slo, rate).summary
             row: dict[str, Any] = {"trace": trace, "slice_s": [start, start + duration], "rate_scale": rate, "role": role,
-                                   "requests": live.requests_total, "live_failed": live.requests_failed}
-            for m in METRICS:
-                lv, sv = getattr(live, m), getattr(sim, m)
-                row[m] = {"live_ms": lv * 1e3, "sim_ms": sv * 1e3, "error_pct": (sv - lv) / lv * 100}
-            row["attainment"] = {"live": live.slo_attainment, "sim": sim.slo_attainment,
-                                 "diff_points": (sim.slo_attainment - live.slo_attainment) * 100}
+                                   "requests": live.summary.requests_total, "live_failed": live.summary.requests_failed,
+                                   "loadavg_1m": load[-1], **compare(live.summary, sim)}
+            row["within_bar"] = not misses(row)
+            row["host_delay"] = compare(live.summary, simulate_mix(workload, model, slo, rate, host).summary)
+            row["host_delay"]["within_bar"] = not misses(row["host_delay"])
             rows.append(row)
     finally:
         stack.stop()
+    assert host is not None
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "sim_fidelity.json").write_text(json.dumps({"command": command, "rows": rows}, indent=2))
+    delays = {"overhead_py_ms": {"median": LIVE_STACK_DELAY.median_s * 1e3, "p90": LIVE_STACK_DELAY.p90_s * 1e3},
+              "this_host_ms": {"median": host.median_s * 1e3, "p90": host.p90_s * 1e3}}
+    (OUT / "sim_fidelity.json").write_text(json.dumps({"command": command, "first_token_delay": delays, "rows": rows},
+                                                      indent=2))
     lines = ["# Simulator fidelity: live stack vs simulator", "", f"Command: `{command}`", "",
-             "2P2D engine_sim (llama-3.1-8b-h100) through the gateway vs `poise sim` static-minload 2P2D. "
-             "Error = (sim - live) / live.", "",
-             "| trace | slice (s) | rate x | used for | requests | TTFT p50 live/sim ms (err) | TTFT p90 | TPOT p50 | TPOT p90 | attainment live/sim |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "2P2D engine_sim (llama-3.1-8b-h100) through the gateway vs `poise sim` static-minload 2P2D, with the "
+             f"first-token delay of `loadgen/sim/overhead.py` (median {LIVE_STACK_DELAY.median_s * 1e3:.1f} ms, "
+             f"p90 {LIVE_STACK_DELAY.p90_s * 1e3:.1f} ms). Error = (sim - live) / live; the bar: 10% on each "
+             "percentile, 3 points of attainment. Load = the host's 1-minute load average after the slice (2 cores; "
+             "with the stack alone it stayed at 1-1.5 in our runs, more means other work shared the cores).", "",
+             "| trace | slice (s) | rate x | used for | requests | TTFT p50 live/sim ms (err) | TTFT p90 | TPOT p50 | TPOT p90 "
+             "| attainment live/sim | within bar | load |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        cells = [f"{r[m]['live_ms']:.1f} / {r[m]['sim_ms']:.1f} ({r[m]['error_pct']:+.1f}%)" for m in METRICS]
         a = r["attainment"]
         lines.append(f"| {r['trace']} | {r['slice_s'][0]:g}-{r['slice_s'][1]:g} | {r['rate_scale']:g} | {r['role']} | "
-                     f"{r['requests']} | "
-                     + " | ".join(cells) + f" | {a['live'] * 100:.1f}% / {a['sim'] * 100:.1f}% |")
+                     f"{r['requests']} | " + " | ".join(_cell(r[m]) for m in METRICS)
+                     + f" | {a['live'] * 100:.1f}% / {a['sim'] * 100:.1f}% | {'yes' if r['within_bar'] else 'no'} "
+                     f"| {r['loadavg_1m']:.1f} |")
+    lines += ["", f"The same, with the first-token delay measured on this run's calibration slice (median "
+              f"{host.median_s * 1e3:.1f} ms, p90 {host.p90_s * 1e3:.1f} ms; `FirstTokenDelay.fit`), as the e2e test "
+              "`tests/e2e/test_sim_fidelity.py` does:", "",
+              "| trace | slice (s) | rate x | TTFT p50 live/sim ms (err) | TTFT p90 | within bar |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        h = r["host_delay"]
+        lines.append(f"| {r['trace']} | {r['slice_s'][0]:g}-{r['slice_s'][1]:g} | {r['rate_scale']:g} | "
+                     f"{_cell(h['ttft_p50_s'])} | {_cell(h['ttft_p90_s'])} | {'yes' if h['within_bar'] else 'no'} |")
     (OUT / "sim_fidelity.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
