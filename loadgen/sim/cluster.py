@@ -65,11 +65,12 @@ class SimCluster:
     def __init__(self, roles: list[Role], model: LatencyModel, policy: DispatchPolicy, queue: EventQueue,
                  first_token_delay: Callable[[int], float] = lambda i: 0.0, *,
                  prefill_order: PrefillOrderPolicy | None = None, decode_batch: DecodeBatchPolicy | None = None,
-                 costs: SimCosts | None = None, max_instances: int | None = None) -> None:
+                 costs: SimCosts | None = None, max_instances: int | None = None, handshake_s: float = 0.0) -> None:
         self.queue = queue
         self.model = model
         self.policy = policy
         self.first_token_delay = first_token_delay
+        self.handshake_s = handshake_s
         self.prefill_order = prefill_order or Fcfs()
         self.decode_batch = decode_batch or Continuous()
         self.costs = costs or SimCosts()
@@ -145,7 +146,8 @@ class SimCluster:
         self._next_number[role] += 1
         inst = SimInstance(f"{_ID_PREFIX[role]}{number}", role, self.model, self.queue, self._finished,
                            self.first_token_delay, prefill_order=self.prefill_order, decode_batch=self.decode_batch,
-                           on_drained=self._drained, status="ready" if status == "ready" else "starting")
+                           on_drained=self._drained, status="ready" if status == "ready" else "starting",
+                           handshake_s=self.handshake_s)
         inst.on_prefill_step = self._prefill_hook
         self.instances[inst.instance_id] = inst
         self.live.append(inst)

@@ -72,7 +72,8 @@ class SimInstance:
     def __init__(self, instance_id: str, role: Role, model: LatencyModel, queue: EventQueue,
                  on_finish: Callable[[SimRequest], None], first_token_delay: Callable[[int], float] = lambda i: 0.0,
                  *, prefill_order: PrefillOrderPolicy | None = None, decode_batch: DecodeBatchPolicy | None = None,
-                 on_drained: Callable[[SimInstance], None] | None = None, status: SimStatus = "ready") -> None:
+                 on_drained: Callable[[SimInstance], None] | None = None, status: SimStatus = "ready",
+                 handshake_s: float = 0.0) -> None:
         p = model.profile
         self.instance_id = instance_id
         self.role: Role = role
@@ -82,6 +83,7 @@ class SimInstance:
         self.on_finish = on_finish
         self.on_drained = on_drained
         self.first_token_delay = first_token_delay
+        self.handshake_s = handshake_s  # decode claims the bootstrap room -> the prefill may start (HTTP hop)
         self.prefill_order = prefill_order or Fcfs()
         self.decode_batch = decode_batch or Continuous()
         self.kv_capacity = p.kv_capacity_tokens
@@ -120,21 +122,34 @@ class SimInstance:
 
     # -- intake ------------------------------------------------------------------------------------
     def enqueue_prefill(self, req: SimRequest) -> None:
-        self.waiting.append(req)
+        self.enqueue_prefills([req])
+
+    def enqueue_prefills(self, reqs: list[SimRequest]) -> None:
+        self.waiting.extend(reqs)
         self.kick()
 
     def enqueue_reserve(self, req: SimRequest) -> None:
         self.reserve_queue.append(req)
-        self._reserve()
+        if not self.busy:  # a busy engine claims rooms between two steps (engine_sim's and SGLang's loop)
+            self._reserve()
 
     def _reserve(self) -> None:
-        """Decode: reserve KV for queued requests in order; each reserved one may start its prefill."""
+        """Decode: reserve KV for queued requests in order; each reserved one may start its prefill once the
+        claim reached the prefill engine (``handshake_s`` later). Claims made together arrive together, so
+        a prefill engine sees them in one scheduling round (and may batch them in one step)."""
+        claimed: dict[SimInstance, list[SimRequest]] = {}
         while self.reserve_queue and self.used_kv + self.reserve_queue[0].kv_tokens <= self.kv_capacity:
             req = self.reserve_queue.popleft()
             self.used_kv += req.kv_tokens
             self.pending_tokens -= req.kv_tokens
             assert req.prefill is not None
-            req.prefill.enqueue_prefill(req)
+            claimed.setdefault(req.prefill, []).append(req)
+        for prefill, reqs in claimed.items():
+            if self.handshake_s > 0:
+                self.queue.at(self.queue.now_s + self.handshake_s, PRIORITY_TRANSFER_DONE,
+                              lambda prefill=prefill, reqs=reqs: prefill.enqueue_prefills(reqs))
+            else:
+                prefill.enqueue_prefills(reqs)
 
     def transfer_done(self, req: SimRequest) -> None:
         self.ready.append(req)
@@ -142,7 +157,7 @@ class SimInstance:
 
     def release(self, tokens: int) -> None:
         self.used_kv -= tokens
-        if self.role == "decode":
+        if self.role == "decode" and not self.busy:
             self._reserve()
         self.kick()
 
@@ -249,6 +264,7 @@ class SimInstance:
                 return None
             return self.model.prefill_batch_time_s((n, r.prefilled) for r, n in self._plan)
         if self.role == "decode":
+            self._reserve()
             self._join_ready()
             self._batch = self._decode_batch()
             if not self._batch:
@@ -311,6 +327,4 @@ class SimInstance:
         req.finished_s = self.queue.now_s
         self.assigned -= 1
         self.used_kv -= req.kv_tokens
-        if self.role == "decode":
-            self._reserve()
-        self.on_finish(req)
+        self.on_finish(req)  # the freed KV is claimed again at the next step boundary (_begin_step)

@@ -37,7 +37,8 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
     budget = mix.max_instances or len(mix.roles)
     mix = mix.bound(model, PolicyContext(ttft_slo_s=slo.ttft_s, tpot_slo_s=slo.tpot_s, max_instances=budget))
     cluster = SimCluster(mix.roles, model, mix.dispatch, queue, first_token_delay, prefill_order=mix.prefill_order,
-                         decode_batch=mix.decode_batch, costs=costs, max_instances=budget)
+                         decode_batch=mix.decode_batch, costs=costs, max_instances=budget,
+                         handshake_s=first_token_delay.handshake_s)
     scaled = workload.scale_rate(rate_scale)
     if slo_classes is not None:
         scaled = Workload(name=scaled.name, requests=[
@@ -72,7 +73,8 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
         "policies": {"dispatch": mix.dispatch.name, "scaling": getattr(mix.scaling, "name", None), "pools": getattr(mix.pools, "name", None),
                      "migration": getattr(mix.migration, "name", None), "prefill_order": mix.prefill_order.name,
                      "decode_batch": mix.decode_batch.name, "length": mix.length.name},
-        "first_token_delay_ms": {"median": first_token_delay.median_s * 1e3, "p90": first_token_delay.p90_s * 1e3},
+        "first_token_delay_ms": {"median": first_token_delay.median_s * 1e3, "p90": first_token_delay.p90_s * 1e3,
+                                 "handshake": first_token_delay.handshake_s * 1e3},
         "rate_scale": rate_scale, "requests": len(records), "events": queue.processed, "sim_wall_s": wall,
         "sim_seconds_per_wall_second": makespan / wall if wall > 0 else None,
         "slo_classes": slo_classes.specs if slo_classes is not None else [],

@@ -45,7 +45,7 @@ from loadgen.metrics import Summary, percentile
 from loadgen.records import RequestRecord
 from loadgen.replay import ReplayResult, replay
 from loadgen.sim.baselines import make_mix
-from loadgen.sim.overhead import LIVE_STACK_DELAY, NO_DELAY, FirstTokenDelay
+from loadgen.sim.overhead import HANDSHAKE_ONLY, HANDSHAKE_S, LIVE_STACK_DELAY, FirstTokenDelay
 from loadgen.sim.run import simulate
 from loadgen.slo import SLO, slo_for
 from loadgen.traces import load_trace
@@ -85,7 +85,7 @@ def misses(row: dict[str, Any]) -> list[str]:
 
 
 def first_token_deltas(live: Sequence[RequestRecord], bare: Sequence[RequestRecord]) -> list[float]:
-    """Live minus bare-model (``NO_DELAY``) TTFT per request, sorted, in seconds: the serving path's own
+    """Live minus bare-model (``HANDSHAKE_ONLY``) TTFT per request, sorted, in seconds: the serving path's own
     first-token delay on this host, what ``loadgen/sim/overhead.py`` models (``FirstTokenDelay.fit`` takes it)."""
     sim = {r.index: r for r in bare}
     return sorted(r.ttft_s - t for r in live if r.ttft_s is not None and (t := sim[r.index].ttft_s) is not None)
@@ -106,7 +106,7 @@ def calibrate(stack: Stack, model: LatencyModel) -> None:
     """``--calibrate``: live minus bare-model TTFT per request on the calibration slice (what overhead.py holds)."""
     workload, slo = load_trace("azure-conv").slice(0.0, 120.0), slo_for("azure-conv")
     deltas = first_token_deltas(_replay(stack, workload, slo).records,
-                                simulate_mix(workload, model, slo, delay=NO_DELAY).records)
+                                simulate_mix(workload, model, slo, delay=HANDSHAKE_ONLY).records)
     p10, p50, p90 = (percentile(deltas, q) * 1e3 for q in (10, 50, 90))
     print(f"first-token delay over {len(deltas)} requests: p10 {p10:.1f} ms, p50 {p50:.1f} ms, p90 {p90:.1f} ms")
 
@@ -139,7 +139,8 @@ def main() -> None:
             load.append(os.getloadavg()[0])
             if host is None:  # the first slice is the calibration slice: measure this host's delay on it
                 host = FirstTokenDelay.fit(first_token_deltas(
-                    live.records, simulate_mix(workload, model, slo, rate, NO_DELAY).records))
+                    live.records, simulate_mix(workload, model, slo, rate, HANDSHAKE_ONLY).records),
+                    handshake_s=HANDSHAKE_S)
             sim = simulate_mix(workload, model, slo, rate).summary
             row: dict[str, Any] = {"trace": trace, "slice_s": [start, start + duration], "rate_scale": rate, "role": role,
                                    "requests": live.summary.requests_total, "live_failed": live.summary.requests_failed,

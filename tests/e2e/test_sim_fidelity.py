@@ -41,7 +41,7 @@ from pathlib import Path
 import pytest
 
 from loadgen.replay import replay
-from loadgen.sim.overhead import LIVE_STACK_DELAY, NO_DELAY, FirstTokenDelay
+from loadgen.sim.overhead import HANDSHAKE_ONLY, HANDSHAKE_S, LIVE_STACK_DELAY, FirstTokenDelay
 from loadgen.slo import slo_for
 from loadgen.traces import load_trace
 from services.cli.stack import Stack, StackSettings
@@ -72,7 +72,8 @@ def test_live_stack_and_simulator_agree_on_a_short_slice(tmp_path: Path) -> None
     # This host's serving-path delay, measured on the calibration slice (what overhead.py holds for the VM it
     # was calibrated on); the test slice is then predicted with it.
     host = FirstTokenDelay.fit(first_token_deltas(calibration_live.records,
-                                                  simulate_mix(calibration, model, slo, delay=NO_DELAY).records))
+                                                  simulate_mix(calibration, model, slo, delay=HANDSHAKE_ONLY).records),
+                               handshake_s=HANDSHAKE_S)
     sim = simulate_mix(workload, model, slo, RATE_SCALE, host).summary
 
     assert calibration_live.summary.requests_failed == 0

@@ -129,7 +129,23 @@ def test_the_live_stack_delay_is_added_before_the_first_token() -> None:
     bare = simulate(workload((0.0, 1000, 5)), make_mix("static-minload", 2), m, SLO_, first_token_delay=NO_DELAY)
     live = simulate(workload((0.0, 1000, 5)), make_mix("static-minload", 2), m, SLO_)
     delta = live.records[0].ttft_s - bare.records[0].ttft_s  # type: ignore[operator]
-    assert delta == pytest.approx(LIVE_STACK_DELAY(0)) and 0.002 < delta < 0.05
+    # A lone request: the room claim's hop before the prefill, plus the drawn delay after it.
+    assert delta == pytest.approx(LIVE_STACK_DELAY.handshake_s + LIVE_STACK_DELAY(0)) and 0.002 < delta < 0.05
     draws = sorted(LIVE_STACK_DELAY(i) for i in range(2001))
     assert draws[1000] == pytest.approx(LIVE_STACK_DELAY.median_s, rel=0.1)
     assert draws[1800] == pytest.approx(LIVE_STACK_DELAY.p90_s, rel=0.1)
+
+
+def test_prompts_wait_for_the_decode_engines_step_boundary_and_can_then_share_a_prefill_step() -> None:
+    # A decode engine busy with a long request claims new rooms only between its steps (engine_sim and
+    # SGLang): two prompts that arrive 1 ms apart mid-step reach the prefill engine together.
+    m = model()
+    # The first request keeps the decode engine stepping (~7.6 ms a step) while the two others arrive 0.1 ms
+    # apart inside one of its steps.
+    w = workload((0.0, 2000, 2000), (0.5, 1000, 2), (0.5001, 1000, 2))
+    result = simulate(w, make_mix("static-minload", 2), m, SLO_, first_token_delay=NO_DELAY)
+    _, a, b = result.records
+    assert a.first_token_s == pytest.approx(b.first_token_s)  # one prefill step for both  # type: ignore[arg-type]
+    step = m.decode_step_time_s(1, 2000 + 2000)  # at most the step it waited for
+    assert a.ttft_s > m.prefill_batch_time_s([(1000, 0), (1000, 0)]) + m.kv_transfer_time_s(1000)  # type: ignore[operator]
+    assert a.ttft_s < m.prefill_batch_time_s([(1000, 0), (1000, 0)]) + m.kv_transfer_time_s(1000) + 2 * step  # type: ignore[operator]
