@@ -25,6 +25,7 @@ retraction) and transfers do not contend for bandwidth. The serving path's own d
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -147,7 +148,7 @@ class SimInstance:
         for prefill, reqs in claimed.items():
             if self.handshake_s > 0:
                 self.queue.at(self.queue.now_s + self.handshake_s, PRIORITY_TRANSFER_DONE,
-                              lambda prefill=prefill, reqs=reqs: prefill.enqueue_prefills(reqs))
+                              functools.partial(prefill.enqueue_prefills, reqs))
             else:
                 prefill.enqueue_prefills(reqs)
 

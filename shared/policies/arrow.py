@@ -43,10 +43,7 @@ from shared.protocol.messages import ClusterSnapshot, InstanceLoad
 
 class ArrowParams(msgspec.Struct, frozen=True, kw_only=True):
     max_tokens_margin: float = 0.9  # Max Running Tokens: batch tokens whose step stays under SLO x this (A10.6)
-    d2p_max_token_frac: float = 0.6  # "decode load is low": mean running tokens per remaining D <= this x MA    # D→P when the best predicted TTFT exceeds this x TTFT SLO. Arrow's rule is 1.0 (flip once the SLO would
-    # be missed), which assumes a free flip; a SGLang flip drains first, so we flip at half (measured in the
-    # simulator on Azure code: see README, Adaptive P:D).
-    d2p_ttft_frac: float = 0.5
+    d2p_max_token_frac: float = 0.6  # "decode load is low": mean running tokens per remaining D <= this x MAX
     d2p_max_tpot_frac: float = 0.8  # ...and mean token interval <= this x TPOT SLO (A10.1)
     tpot_breach_s: float = 2.0  # token interval over the SLO this long triggers P→D (A10.2)
     idle_s: float = 1.0  # a prefill instance with nothing to do this long is idle (A10.3)

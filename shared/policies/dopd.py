@@ -51,7 +51,10 @@ class DopdParams(msgspec.Struct, frozen=True, kw_only=True):
     kv_high: float = 0.9  # burst fast path: mean decode KV use (Dynamo's load planner)
     scale_in_after: int = 6  # a lower count must come out this many intervals in a row (ours; spec REC is 2)
     dead_band: float = 0.25  # fixed GPU count: move the split only when the share is 0.75 instances off (ours)
-    forecast: ForecastParams = msgspec.field(default_factory=ForecastParams)
+    # DOPD's correction factor f = forecast / observed, averaged over recent intervals (EWMA 0.2, ours): taken
+    # from one interval alone, as the paper describes it, it made the forecasts worse on both Azure traces
+    # (tests/bench/results/forecast_latency.md); averaged, it is roughly neutral.
+    forecast: ForecastParams = msgspec.field(default_factory=lambda: ForecastParams(correction_smoothing=0.2))
 
 
 class Split(msgspec.Struct, frozen=True, kw_only=True):
