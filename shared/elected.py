@@ -59,6 +59,11 @@ class ElectedService(AsyncServiceMixin):
         assert self._bus is not None, f"{self.name} is not started"
         return self._bus
 
+    @property
+    def registry(self) -> Registry:
+        assert self._registry is not None, f"{self.name} is not started"
+        return self._registry
+
     async def start(self) -> None:
         s = self.settings
         self._bus = bus_from_settings(s, name=f"poise-{self.name}-{self.replica_id}")

@@ -148,6 +148,12 @@ def _backend() -> tuple[type, Any]:
     return ARIMA, ThreadpoolController()
 
 
+def preload() -> None:
+    """Import statsmodels now (about a second) so the first forecast is not charged for it: a planner calls
+    this on its decision thread at start."""
+    _backend()
+
+
 def _fit_one(values: np.ndarray, order: Order, burn: int, start: np.ndarray | None, ftol: float) -> _Fit:
     """Fit one order and return its one-step forecast, a comparable AIC and the fitted parameters.
 

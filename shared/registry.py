@@ -19,7 +19,7 @@ import aetcd.exceptions
 import grpc
 
 from shared.errors import PoiseError, ProtocolError
-from shared.protocol import InstanceInfo, Keys, decode, encode
+from shared.protocol import InstanceInfo, Keys, PlannerPause, decode, encode
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,33 @@ class Registry:
             if info is not None:
                 instances[info.instance_id] = info
         return instances, int(result.header.revision)
+
+    async def get_instance(self, instance_id: str) -> InstanceInfo | None:
+        """One instance's record (None when it is not registered or unreadable)."""
+        key = self.keys.instance(instance_id).encode()
+        kv = await self.client.get(key)
+        return None if kv is None else _decode_instance(key, kv.value)
+
+    async def planner_pause(self) -> PlannerPause | None:
+        """The planner's pause record; None while it runs. An unreadable record counts as paused: a planner
+        that cannot tell must not flip."""
+        kv = await self.client.get(self.keys.planner_paused().encode())
+        if kv is None:
+            return None
+        try:
+            return decode(kv.value, PlannerPause)
+        except ProtocolError as exc:
+            log.warning("unreadable planner pause record (%s); treating the planner as paused", exc)
+            return PlannerPause(reason=f"unreadable pause record: {exc}", replica_id="?", at_unix_s=0.0)
+
+    async def set_planner_pause(self, pause: PlannerPause | None) -> None:
+        """Write (pause) or delete (resume) the planner's pause record. No lease: a pause outlives the replica
+        that took it, so a new leader after failover stays paused."""
+        key = self.keys.planner_paused().encode()
+        if pause is None:
+            await self.client.delete(key)
+        else:
+            await self.client.put(key, encode(pause))
 
 
 def _decode_instance(key: bytes, value: bytes) -> InstanceInfo | None:

@@ -1,7 +1,13 @@
 """``poise admin``: status and commands over NATS request/reply.
 
     poise admin status [--json]              instances (role, status, load) and every service's status
-    poise admin set-role INSTANCE ROLE       ask the planner to flip an engine (drain, /pd_role_switch, re-register)
+    poise admin pools [--json]               instances by role, the planner's policy targets and decision latency
+    poise admin flip ID --to prefill|decode  ask the planner to flip an engine (drain, /pd_role_switch, re-register)
+    poise admin set-role ID ROLE             the same as flip (older spelling)
+    poise admin planner pause|resume         stop / restart the planner's own flips (admin flips still work)
+    poise admin events [--count N]           print the planner's events (flips, pauses, target changes) as they come
+
+Every command exits non-zero when the service does not answer or refuses.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from typing import Any
 
 import msgspec
 
+from services.cli import admin_planner
+from services.cli.admin_planner import table
 from services.cli.stack import read_current_stack
 from shared.bus import Bus
 from shared.errors import BusTimeout, PoiseError
@@ -34,16 +42,26 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="verb", required=True)
     status = sub.add_parser("status", help="instances, roles, loads and service status")
     status.add_argument("--json", action="store_true", help="machine-readable output")
-    role = sub.add_parser("set-role", help="flip an engine to another role through the planner")
+    role = sub.add_parser("set-role", help="flip an engine to another role through the planner (same as flip)")
     role.add_argument("instance")
     role.add_argument("role", choices=["prefill", "decode"])
+    flip = sub.add_parser("flip", help="flip an engine to another role through the planner")
+    flip.add_argument("instance", metavar="ID")
+    flip.add_argument("--to", dest="role", required=True, choices=["prefill", "decode"])
+    flip.add_argument("--reason", default=None, help="recorded in the planner's events and the sidecar's log")
+    flip.add_argument("--drain-timeout-s", type=float, default=None, help="drain timeout (default: the planner's)")
+    for verb in (role, flip):
+        verb.add_argument("--wait-s", type=float, default=200.0, help="how long to wait for the flip to finish")
+    pools = sub.add_parser("pools", help="instances by role, the policy's targets, decision latency")
+    pools.add_argument("--json", action="store_true", help="machine-readable output (the planner's reply)")
+    planner = sub.add_parser("planner", help="pause or resume the planner's own flips")
+    planner.add_argument("action", choices=["pause", "resume"])
+    planner.add_argument("--reason", default=None)
+    events = sub.add_parser("events", help="print planner events until Ctrl-C")
+    events.add_argument("--count", type=int, default=None, help="exit after this many events")
+    events.add_argument("--max-wait-s", type=float, default=None, help="give up after this long (exit 1 with --count)")
+    events.add_argument("--json", action="store_true", help="one JSON PlannerEvent per line")
     return p
-
-
-def _table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
-    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=False))  # noqa: E731
-    return "\n".join([line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)])
 
 
 def render_status(snapshot: ClusterSnapshot | None, services: dict[str, AdminReply | str]) -> str:
@@ -62,7 +80,7 @@ def render_status(snapshot: ClusterSnapshot | None, services: dict[str, AdminRep
                 inst.info.url,
             ])
         out.append(f"instances ({len(rows)}):")
-        out.append(_table(rows, ["id", "role", "status", "kind", "running", "waiting", "kv", "load age", "url"]))
+        out.append(table(rows, ["id", "role", "status", "kind", "running", "waiting", "kv", "load age", "url"]))
     out.append("")
     rows = []
     for name, reply in services.items():
@@ -70,9 +88,10 @@ def render_status(snapshot: ClusterSnapshot | None, services: dict[str, AdminRep
             rows.append([name, "-", "-", "-", reply if isinstance(reply, str) else reply.message])
             continue
         s = reply.status
-        rows.append([name, s.replica_id, "yes" if s.is_leader else "no", s.policy, s.policy_note])
+        policy = f"{s.policy} (paused)" if s.details.get("paused") else s.policy
+        rows.append([name, s.replica_id, "yes" if s.is_leader else "no", policy, s.policy_note])
     out.append("services:")
-    out.append(_table(rows, ["service", "replica", "leader", "policy", "note"]))
+    out.append(table(rows, ["service", "replica", "leader", "policy", "note"]))
     return "\n".join(out)
 
 
@@ -111,11 +130,18 @@ async def _main(args: argparse.Namespace) -> int:
             else:
                 print(render_status(snapshot, services))
             return 0 if snapshot is not None else 1
-        reply = await bus.request(subjects.admin("planner"),
-                                  AdminCommand(verb="set-role", args={"instance": args.instance, "role": args.role}),
-                                  AdminReply, timeout_s=max(args.timeout_s, 120.0))
-        print(reply.message)
-        return 0 if reply.ok else 1
+        if args.verb in ("flip", "set-role"):
+            return await admin_planner.flip(bus, subjects, args.instance, args.role, verb=args.verb,
+                                            reason=getattr(args, "reason", None),
+                                            drain_timeout_s=getattr(args, "drain_timeout_s", None),
+                                            wait_s=max(args.timeout_s, args.wait_s))
+        if args.verb == "pools":
+            return await admin_planner.pools(bus, subjects, args.timeout_s, args.json)
+        if args.verb == "planner":
+            return await admin_planner.pause_resume(bus, subjects, args.action, args.reason, args.timeout_s)
+        if args.verb == "events":
+            return await admin_planner.events(bus, subjects, args.count, args.max_wait_s, args.json)
+        raise PoiseError(f"unknown admin command {args.verb!r}")
     finally:
         await bus.close()
 
@@ -127,3 +153,5 @@ def main(argv: list[str]) -> int:
     except PoiseError as exc:
         print(f"poise admin: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # how `poise admin events` is meant to end
+        return 0

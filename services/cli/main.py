@@ -3,7 +3,7 @@
     poise up      bring the dev stack up and keep it running (Ctrl-C stops it cleanly)
     poise run     bring the stack up, replay a trace slice, print the report, shut down
     poise bench   replay a trace against any running gateway
-    poise admin   talk to the services over NATS (status, set-role)
+    poise admin   talk to the services over NATS (status, pools, flip, planner pause|resume, events)
     poise sim     replay a trace against a policy mix in virtual time (no processes, seconds of wall time)
     poise sim goodput   compare the goodput of policy mixes on a trace (table + plots)
 
@@ -74,6 +74,9 @@ class RunSettings(SLOClassSettings, StackSettings, ReplaySettings):
     """Bring the dev stack up, replay a slice of a real trace through it, report, and shut down."""
 
     model_config = settings_config("POISE_RUN_")
+
+    def slo_trace(self) -> str:
+        return self.trace  # the policies plan for the SLO the replay is judged by
 
 
 class BenchSettings(SLOClassSettings, ReplaySettings):
@@ -163,7 +166,8 @@ def cmd_run(argv: list[str]) -> int:
     except KeyboardInterrupt:
         return 130
     try:
-        title = f"poise run: {settings.trace}, {settings.prefill}P{settings.decode}D engine_sim ({settings.profile})"
+        title = (f"poise run: {settings.trace}, {settings.prefill}P{settings.decode}D engine_sim ({settings.profile}), "
+                 f"planner {settings.planner_policy}, dispatch {settings.dispatch_policy}")
         result = replay_with_classes(settings, gateway_url=stack.gateway_url, model=settings.model, title=title,
                                      label="run")
         dead = stack.check_alive()

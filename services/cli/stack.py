@@ -16,14 +16,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-from pydantic import Field
+from pydantic import Field, field_validator
 
+from loadgen.slo import slo_for
 from shared.devservers import EtcdServer, ManagedProcess, NatsServer, free_port
 from shared.errors import PoiseError
 from shared.latency import DEFAULT_PROFILE, load_profile
 from shared.settings import ServiceSettings, settings_config
 
 STATE_DIR = Path(".poise")
+DEFAULT_SLO_TRACE = "azure-conv"  # Arrow Table 1's Azure conversation SLO (2 s TTFT, 0.15 s TPOT): `poise up`'s default
 
 
 class StackSettings(ServiceSettings):
@@ -46,7 +48,42 @@ class StackSettings(ServiceSettings):
     etcd_port: int = Field(0, description="etcd client port (0 = a free port).")
     run_dir: Path | None = Field(None, description="Where logs and stack.json go (default .poise/runs/<timestamp>).")
     gateway_args: list[str] = Field(default_factory=list, description="Extra flags for the gateway (JSON list).")
+    planner_args: list[str] = Field(default_factory=list, description="Extra flags for the planner (JSON list), e.g. [\"--tick-interval-s\", \"1\"].")
     ready_timeout_s: float = Field(60.0, description="How long to wait for every engine to register.")
+    planner_policy: str = Field("static", description="The planner's pool policy: static, arrow, dopd or poise.")
+    dispatch_policy: str = Field("least-load", description="The gateway's dispatch policy: least-load, round-robin or arrow.")
+    slo_ttft_s: float | None = Field(None, gt=0.0, description="TTFT SLO (s) the planner and gateway policies plan for; unset = the trace's (poise run) or Arrow Table 1's Azure conversation value, 2 s.")
+    slo_tpot_s: float | None = Field(None, gt=0.0, description="TPOT SLO (s) the policies plan for; unset = the trace's (poise run) or 0.15 s (Azure conversation).")
+
+    @field_validator("planner_policy")
+    @classmethod
+    def _known_pool_policy(cls, value: str) -> str:
+        from shared.policies import POOL_POLICIES  # here, not at import: `poise admin` needs none of it
+
+        if value not in POOL_POLICIES:
+            raise ValueError(f"unknown pool policy {value!r}; known: {', '.join(sorted(POOL_POLICIES))}")
+        return value
+
+    @field_validator("dispatch_policy")
+    @classmethod
+    def _known_dispatch_policy(cls, value: str) -> str:
+        from shared.policies import DISPATCH_POLICIES
+
+        if value not in DISPATCH_POLICIES:
+            raise ValueError(f"unknown dispatch policy {value!r}; known: {', '.join(sorted(DISPATCH_POLICIES))}")
+        return value
+
+    def slo_trace(self) -> str:
+        """The trace whose SLO the policies plan for when --slo-ttft-s / --slo-tpot-s are unset."""
+        return DEFAULT_SLO_TRACE
+
+    def planning_slo(self) -> tuple[float, float]:
+        """(TTFT, TPOT) SLO in seconds handed to the planner and the gateway."""
+        try:
+            default = slo_for(self.slo_trace())
+        except ValueError:  # a trace file of our own: no Table 1 entry
+            default = slo_for(DEFAULT_SLO_TRACE)
+        return (self.slo_ttft_s or default.ttft_s, self.slo_tpot_s or default.tpot_s)
 
 
 class Stack:
@@ -99,9 +136,15 @@ class Stack:
         self.monitor_url = f"http://{s.host}:{monitor_port}"
         self.gateway_url = f"http://{s.host}:{gateway_port}"
         self._spawn("monitor", "services.monitor", [*common, "--http-host", s.host, "--http-port", str(monitor_port)])
-        self._spawn("planner", "services.planner", common)
+        ttft, tpot = s.planning_slo()
+        # The planner's and the gateway's policies model the engines this stack runs, at the SLO it serves.
+        plan = ["--profile", s.profile, "--slo-ttft-s", str(ttft), "--slo-tpot-s", str(tpot)]
+        self._spawn("planner", "services.planner", [*common, *plan, "--policy", s.planner_policy, *s.planner_args])
         self._spawn("migrator", "services.migrator", common)
-        self._spawn("gateway", "services.gateway", [*common, "--host", s.host, "--port", str(gateway_port), *s.gateway_args])
+        self._spawn("gateway", "services.gateway", [*common, *plan, "--dispatch-policy", s.dispatch_policy,
+                                                    "--host", s.host, "--port", str(gateway_port), *s.gateway_args])
+        self._say(f"planner policy {s.planner_policy}, dispatch {s.dispatch_policy}, planning for TTFT {ttft:g}s / "
+                  f"TPOT {tpot:g}s")
         roles = ["prefill"] * s.prefill + ["decode"] * s.decode + ["null"] * s.colocated
         counters = {"prefill": 0, "decode": 0, "null": 0}
         for role in roles:
@@ -161,7 +204,8 @@ class Stack:
         assert self.nats is not None and self.etcd is not None
         state = {"gateway_url": self.gateway_url, "monitor_url": self.monitor_url, "nats_url": self.nats.url,
                  "etcd_url": self.etcd.url, "namespace": self.settings.namespace, "model": self.settings.model,
-                 "run_dir": str(self.run_dir), "engines": self.engines}
+                 "run_dir": str(self.run_dir), "engines": self.engines,
+                 "planner_policy": self.settings.planner_policy, "dispatch_policy": self.settings.dispatch_policy}
         text = json.dumps(state, indent=2)
         (self.run_dir / "stack.json").write_text(text)
         STATE_DIR.mkdir(exist_ok=True)

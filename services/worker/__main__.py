@@ -18,7 +18,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(settings.log_level, f"worker[{settings.instance_id}]")
     if settings.log_level.upper() != "DEBUG":
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per /v1/loads poll (4 Hz) is noise
-    return asyncio.run(run_service(WorkerService(settings)))
+    service = WorkerService(settings)
+    # A retire (admin verb) sets exit_requested: the process then stops exactly as on SIGTERM.
+    return asyncio.run(run_service(service, stop_event=service.exit_requested))
 
 
 if __name__ == "__main__":

@@ -11,8 +11,12 @@
 - **supervision**: a spawned engine that exits is deregistered, restarted with exponential back-off (in its
   current role) and registered again.
 - **stop**: deregister first (no new traffic), then stop the engine, then close the connections.
+- **retire** (admin verb, what a connector's scale-in sends): mark the instance ``draining``, wait until the
+  engine is idle (bounded; on timeout it goes on and says so), deregister, answer, then stop the whole
+  process the way SIGTERM does (``exit_requested`` is the event ``run_service`` waits on).
 
-Admin: ``Subjects.admin("worker-<id>")`` answers ``status`` and ``set-role role=<prefill|decode>``.
+Admin: ``Subjects.admin("worker-<id>")`` answers ``status``, ``set-role role=<prefill|decode>`` and
+``retire [drain_timeout_s=<s>]``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 import uuid
 from typing import Any
@@ -80,7 +85,7 @@ class WorkerService(AsyncServiceMixin):
 
     name = "worker"
 
-    def __init__(self, settings: WorkerSettings) -> None:
+    def __init__(self, settings: WorkerSettings, *, exit_event: asyncio.Event | None = None) -> None:
         self.settings = resolve_ports(settings, free_port)
         s = self.settings
         self.instance_id = s.instance_id
@@ -112,6 +117,11 @@ class WorkerService(AsyncServiceMixin):
         self._switch_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._stop = StopOnce()
+        # Set when the worker wants its process to end (after a retire): ``__main__`` hands it to run_service,
+        # so a retire leaves through the same stop path as SIGTERM.
+        self.exit_requested = exit_event or asyncio.Event()
+        self._retiring = False
+        self._retire_exit: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
     @property
@@ -151,6 +161,7 @@ class WorkerService(AsyncServiceMixin):
         )
         self._admin = AdminEndpoint(self._bus, self.subjects, worker_admin_service(self.instance_id), self.service_status)
         self._admin.register("set-role", self._admin_set_role, "set-role role=prefill|decode [drain_timeout_s=<s>]")
+        self._admin.register("retire", self._admin_retire, "retire [drain_timeout_s=<s>]: drain, deregister, exit")
         await self._admin.start()
         self._tasks.append(asyncio.create_task(self._load_loop(), name=f"loads-{self.instance_id}"))
         if self._engine is not None:
@@ -382,6 +393,8 @@ class WorkerService(AsyncServiceMixin):
             return RoleCommandReply(command_id=cmd.command_id, instance_id=self.instance_id, ok=ok, message=message,
                                     old_role=old, new_role=self.role or "null")
 
+        if self._retiring:
+            return reply(False, "the instance is retiring")
         if self._switch_lock.locked():
             return reply(False, "another role switch is in progress")
         async with self._switch_lock:
@@ -446,7 +459,61 @@ class WorkerService(AsyncServiceMixin):
             drain_timeout_s=drain_timeout_s if drain_timeout_s is not None else self.settings.drain_timeout_s,
         ))
 
+    # -- retire ------------------------------------------------------------------------------------
+    async def retire(self, drain_timeout_s: float | None = None, *,
+                     reply_task: asyncio.Task[Any] | None = None) -> AdminReply:
+        """Drain (bounded), deregister, then schedule the stop of this worker; the reply comes first.
+
+        ``reply_task`` is the task that will send the reply (the admin handler's): the stop waits for it to
+        end. Holds the switch lock for the drain, so role commands arriving meanwhile are refused, and refuses
+        itself while a role switch runs (the flip may be what the planner wants instead; it can retry).
+        """
+        timeout_s = self.settings.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
+        if not (timeout_s > 0 and math.isfinite(timeout_s)):  # a NaN deadline would never pass
+            raise ValueError("drain_timeout_s must be a positive number of seconds")
+        if self._retiring or self._stop.stopping:
+            return AdminReply(ok=False, message=f"{self.instance_id} is already retiring or stopping",
+                              status=self.service_status())
+        if self._switch_lock.locked():
+            return AdminReply(ok=False, message=f"retire refused: a role switch of {self.instance_id} is in progress; "
+                                                "retry once it has finished", status=self.service_status())
+        async with self._switch_lock:
+            self._retiring = True
+            t0 = time.monotonic()
+            if not self._registered or self._restarting:
+                drain = "not serving (unregistered or restarting), so no drain"
+            else:
+                try:
+                    await self._set_status("draining")  # gateways stop sending new work
+                    await self._wait_idle(timeout_s)
+                    drain = f"drained in {time.monotonic() - t0:.2f}s"
+                except DrainTimeout as exc:
+                    drain = f"drain timed out after {time.monotonic() - t0:.2f}s ({exc}); retiring anyway"
+                except ETCD_ERRORS as exc:  # cannot mark it draining: still go, the lease ends it anyway
+                    drain = f"could not mark draining ({exc}); retiring without a drain"
+            async with self._reg_lock:
+                await self._deregister()
+        log.info("retire of %s: %s; deregistered, stopping", self.instance_id, drain)
+        self._retire_exit = asyncio.create_task(self._exit_after(reply_task), name=f"retire-exit-{self.instance_id}")
+        return AdminReply(ok=True, message=f"{drain}; deregistered; stopping", status=self.service_status())
+
+    async def _exit_after(self, handler: asyncio.Task[Any] | None) -> None:
+        """Stop once ``handler`` (the task answering the retire request) has sent its reply.
+
+        Closing the bus cancels request handlers still in flight, so stopping any earlier could lose the reply;
+        the bound keeps a stuck handler from keeping the process alive.
+        """
+        if handler is not None:
+            await asyncio.wait({handler}, timeout=5.0)
+        self.exit_requested.set()
+        await self.stop()
+
     # -- admin -------------------------------------------------------------------------------------
+    async def _admin_retire(self, args: dict[str, str]) -> AdminReply:
+        timeout = float(args["drain_timeout_s"]) if "drain_timeout_s" in args else None
+        # This runs inside the bus's per-request task, which sends the reply after we return.
+        return await self.retire(timeout, reply_task=asyncio.current_task())
+
     async def _admin_set_role(self, args: dict[str, str]) -> AdminReply:
         role = require_arg(args, "role")
         if role not in _ROLES:
@@ -465,7 +532,8 @@ class WorkerService(AsyncServiceMixin):
             details={
                 "instance_id": self.instance_id, "role": self.role, "status": self.status,
                 "registered": self._registered, "url": self.url, "engine_pid": self.engine_pid,
-                "restarts": self.restarts, "switching": self._switch_lock.locked(), "last_error": self.last_error,
+                "restarts": self.restarts, "switching": self._switch_lock.locked() and not self._retiring,
+                "retiring": self._retiring, "last_error": self.last_error,
                 "running_reqs": loads.num_running_reqs if loads else None,
                 "waiting_reqs": loads.num_waiting_reqs if loads else None,
                 "token_usage": loads.token_usage if loads else None,

@@ -7,6 +7,7 @@
       │ etcd lease: instance key     │ request events (NATS) ◀── gateway
       ▼                              │
     etcd ◀──watch── gateway          planner ──role command (req/reply)──▶ worker
+                                        └──planner events (NATS)──▶ poise admin events
 
 Version 1 of everything lives under ``/poise/v1/`` (etcd) and ``poise.v1.`` (NATS). A breaking change
 bumps the version in :data:`PROTOCOL_VERSION` and both prefixes together.
@@ -21,6 +22,8 @@ from shared.protocol.messages import (
     InstanceInfo,
     InstanceLoad,
     LoadReport,
+    PlannerEvent,
+    PlannerPause,
     RequestEvent,
     RequestEventBatch,
     RoleCommand,
@@ -44,6 +47,8 @@ __all__ = [
     "InstanceLoad",
     "Keys",
     "LoadReport",
+    "PlannerEvent",
+    "PlannerPause",
     "RequestEvent",
     "RequestEventBatch",
     "RoleCommand",

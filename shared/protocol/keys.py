@@ -5,6 +5,7 @@ Layout (namespace ``ns``)::
     /poise/v1/<ns>/instances/<instance_id>   InstanceInfo, under the sidecar's lease
     /poise/v1/<ns>/desired/<instance_id>     desired role written by the planner (later issues)
     /poise/v1/<ns>/leaders/<service>         leader-election key, under the leader's lease
+    /poise/v1/<ns>/planner/paused            PlannerPause while the planner is paused (absent = running)
 """
 
 from __future__ import annotations
@@ -37,3 +38,7 @@ class Keys:
 
     def leader(self, service: str) -> str:
         return f"{self.root}/leaders/{_token(service, 'service')}"
+
+    def planner_paused(self) -> str:
+        """Present while the planner is paused: every replica (and a new leader after failover) reads it."""
+        return f"{self.root}/planner/paused"

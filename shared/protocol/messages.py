@@ -171,6 +171,44 @@ class RoleCommandReply(msgspec.Struct, frozen=True, kw_only=True):
     new_role: Role
 
 
+PlannerEventKind = Literal["flip_requested", "flip_done", "flip_failed", "paused", "resumed", "resize_requested"]
+"""What a :class:`PlannerEvent` reports; ``resize_requested`` = the pool policy's target split moved."""
+
+
+class PlannerEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """One thing the planner did, published on ``Subjects.planner_events()`` (``poise admin events``).
+
+    Every flip the planner carries out, whether a policy or an operator asked for it, produces
+    ``flip_requested`` when the :class:`RoleCommand` is sent and ``flip_done`` or ``flip_failed`` when the
+    sidecar answers (it answers after the drain, the switch and the re-registration, so ``duration_s`` is
+    that whole span as the planner saw it). ``resize_requested`` says the policy's target P:D split moved.
+    """
+
+    schema: Literal["poise.v1.planner_event"] = "poise.v1.planner_event"
+    kind: PlannerEventKind
+    ts_unix_s: float
+    replica_id: str  # the planner replica that acted
+    instance_id: str | None = None  # flips only
+    from_role: Role | None = None  # None when the planner did not know the role before the flip
+    to_role: Role | None = None
+    source: Literal["policy", "admin"] | None = None  # who asked (flips, pause, resume)
+    reason: str = ""
+    command_id: str | None = None  # ties a flip's requested/done/failed events together
+    duration_s: float | None = None  # flip_done / flip_failed: command sent -> sidecar's reply
+    message: str = ""  # the sidecar's answer (done/failed)
+    target_prefill: int | None = None  # resize_requested: the policy's wanted prefill count
+    target_decode: int | None = None
+
+
+class PlannerPause(msgspec.Struct, frozen=True, kw_only=True):
+    """The etcd record ``Keys.planner_paused()`` holds while the planner is paused."""
+
+    schema: Literal["poise.v1.planner_pause"] = "poise.v1.planner_pause"
+    reason: str = ""
+    replica_id: str  # the replica that took the pause command
+    at_unix_s: float
+
+
 class ServiceStatus(msgspec.Struct, frozen=True, kw_only=True):
     """What ``poise admin status`` shows for one service replica."""
 

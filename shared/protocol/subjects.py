@@ -35,6 +35,10 @@ class Subjects:
         """Finished requests (:class:`RequestEventBatch`) from gateways: what the monitor builds series from."""
         return f"{self._root}.events.requests"
 
+    def planner_events(self) -> str:
+        """:class:`PlannerEvent` from the planner: every flip it starts and finishes, pauses, target changes."""
+        return f"{self._root}.events.planner"
+
     def audit_events(self) -> str:
         """Flips, registrations, leader changes: a human-readable audit trail."""
         return f"{self._root}.events.audit"
