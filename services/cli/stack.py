@@ -212,7 +212,9 @@ class Stack:
         (STATE_DIR / "current.json").write_text(text)
 
     def check_alive(self) -> list[str]:
-        return [p.name for p in self.processes if not p.alive]
+        """Processes that died. A worker that exited 0 retired on purpose (the planner scaled it in): not dead."""
+        return [p.name for p in self.processes
+                if not p.alive and not (p.name.startswith("worker-") and p.proc.returncode == 0)]
 
     def stop(self) -> None:
         # Workers first so they deregister while etcd is still there; then the rest in reverse start order.

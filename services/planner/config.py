@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
 from pydantic import Field, field_validator, model_validator
 
 from shared.elected import ElectedServiceSettings
-from shared.policies import POOL_POLICIES
+from shared.policies import POOL_POLICIES, SCALING_POLICIES
 from shared.settings import SloPlanSettings, settings_config
 
 
@@ -17,6 +19,10 @@ class PlannerSettings(SloPlanSettings, ElectedServiceSettings):
     policy: str = Field("static", description=f"Pool policy: one of {', '.join(sorted(POOL_POLICIES))}.")
     drain_timeout_s: float = Field(60.0, gt=0.0, description="Drain timeout, in seconds, sent with each role command (how long a sidecar waits for its engine to go idle).")
     command_timeout_s: float = Field(150.0, gt=0.0, description="Seconds to wait for a sidecar's answer to a role command (drain plus the switch itself).")
+    scaling_policy: str = Field("none", description=f"Scaling policy (replica counts, needs a connector): none, {', '.join(sorted(SCALING_POLICIES))}.")
+    connector: Literal["none", "local", "kubernetes"] = Field("none", description="Where the scaling policy starts and retires engines: local = engine_sim + sidecar processes on this host; kubernetes = the scale subresource of one workload per role.")
+    max_instances: int = Field(8, ge=2, description="GPU budget of the scaling policy: prefill + decode replicas never exceed it.")
+    connector_settings: dict[str, Any] = Field(default_factory=dict, description="Extra settings of the connector (JSON): LocalConnectorSettings fields (profile, model, time_scale, log_dir, worker_args, ...) or KubernetesConnectorSettings fields (workloads, api_server, ...); the planner's namespace, NATS and etcd URLs are filled in.")
 
     @field_validator("policy")
     @classmethod
@@ -24,6 +30,19 @@ class PlannerSettings(SloPlanSettings, ElectedServiceSettings):
         if value not in POOL_POLICIES:
             raise ValueError(f"unknown pool policy {value!r}; known: {', '.join(sorted(POOL_POLICIES))}")
         return value
+
+    @field_validator("scaling_policy")
+    @classmethod
+    def _known_scaling_policy(cls, value: str) -> str:
+        if value != "none" and value not in SCALING_POLICIES:
+            raise ValueError(f"unknown scaling policy {value!r}; known: none, {', '.join(sorted(SCALING_POLICIES))}")
+        return value
+
+    @model_validator(mode="after")
+    def _scaling_needs_a_connector(self) -> PlannerSettings:
+        if self.scaling_policy != "none" and self.connector == "none":
+            raise ValueError(f"scaling_policy {self.scaling_policy} needs a connector (local or kubernetes)")
+        return self
 
     @model_validator(mode="after")
     def _timeouts(self) -> PlannerSettings:

@@ -92,13 +92,16 @@ def next_instance_id(role: Role, taken: Iterable[str]) -> str:
     return f"{prefix}{max(numbers) + 1 if numbers else 0}"
 
 
-def pick_retiree(snapshot: ClusterSnapshot, role: Role) -> str | None:
+def pick_retiree(snapshot: ClusterSnapshot, role: Role, exclude: Iterable[str] = ()) -> str | None:
     """The instance of ``role`` to retire on scale-in: the least loaded one that is ready or starting.
 
     Load = running + waiting requests, then KV tokens in use; an instance with no load sample yet counts as
-    empty (it is most likely still starting). Draining or switching instances are already on their way.
+    empty (it is most likely still starting). Draining or switching instances are already on their way, and
+    ``exclude`` (being retired already) is skipped.
     """
-    candidates = [i for i in snapshot.instances if i.info.role == role and i.info.status in ("ready", "starting")]
+    skip = set(exclude)
+    candidates = [i for i in snapshot.instances if i.info.role == role and i.info.status in ("ready", "starting")
+                  and i.info.instance_id not in skip]
     if not candidates:
         return None
 

@@ -14,10 +14,18 @@ import math
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
-from shared.policies import PoolDecision, PoolPolicy
 from shared.protocol import ClusterSnapshot
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class _Deciding(Protocol[T_co]):
+    """A pool policy (-> PoolDecision) or a scaling policy (-> ScalingTarget)."""
+
+    def decide(self, snapshot: ClusterSnapshot, now_s: float) -> T_co | None: ...
 
 
 def quantile(sorted_values: list[float], q: float) -> float:
@@ -30,12 +38,12 @@ def quantile(sorted_values: list[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-class Decider:
+class Decider(Generic[T]):
     """``await decider.decide(snapshot, now_s)``: the policy's answer, computed on the decider thread."""
 
     THREAD_NAME = "planner-decide"
 
-    def __init__(self, policy: PoolPolicy, *, window: int = 500) -> None:
+    def __init__(self, policy: _Deciding[T], *, window: int = 500) -> None:
         self.policy = policy
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.THREAD_NAME)
         if hasattr(policy, "forecaster") or hasattr(policy, "dopd"):
@@ -46,7 +54,7 @@ class Decider:
         self.cpu_s: deque[float] = deque(maxlen=window)  # the decider thread's CPU seconds for each of them
         self.count = 0
 
-    async def decide(self, snapshot: ClusterSnapshot, now_s: float) -> PoolDecision | None:
+    async def decide(self, snapshot: ClusterSnapshot, now_s: float) -> T | None:
         loop = asyncio.get_running_loop()
         decision, wall_s, cpu_s = await loop.run_in_executor(self._executor, self._timed, snapshot, now_s)
         self.times_s.append(wall_s)
@@ -54,7 +62,7 @@ class Decider:
         self.count += 1
         return decision
 
-    def _timed(self, snapshot: ClusterSnapshot, now_s: float) -> tuple[PoolDecision | None, float, float]:
+    def _timed(self, snapshot: ClusterSnapshot, now_s: float) -> tuple[T | None, float, float]:
         # Timed on the thread: the policy's own cost, not the wait for the loop to pick the result up. Wall
         # time is what the planner waits; CPU time tells the policy's cost from a busy machine's interference.
         t0, c0 = time.perf_counter(), time.thread_time()

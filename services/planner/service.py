@@ -39,10 +39,11 @@ import msgspec
 
 from services.planner.config import PlannerSettings
 from services.planner.decider import Decider
+from services.planner.resizer import Resizer, build_connector
 from services.planner.views import policy_view, pool_rows, split_reason, target_prefill
 from shared.elected import ElectedService
 from shared.errors import BusTimeout, PoiseError
-from shared.policies import PoolDecision, PoolPolicy, RoleChange, make_pool_policy
+from shared.policies import PoolDecision, PoolPolicy, RoleChange, make_pool_policy, make_scaling_policy
 from shared.protocol import (
     AdminReply,
     ClusterSnapshot,
@@ -81,6 +82,8 @@ class PlannerService(ElectedService):
         self.pause: PlannerPause | None = None  # this replica's latest reading of the etcd pause record
         self.policy_state: dict[str, Any] = policy_view(self.policy)  # refreshed after each decision
         self._last_target: int | None = None
+        self.resizer: Resizer | None = None  # built on the first tick (the connector needs the bus)
+        self._known_ids: set[str] = set()
 
     @property
     def paused(self) -> bool:
@@ -100,6 +103,18 @@ class PlannerService(ElectedService):
     async def before_stop(self) -> None:
         await cancel_and_wait(self._inflight.values())
         self.decider.close()
+        if self.resizer is not None:
+            await self.resizer.close()
+
+    def _resizer(self) -> Resizer | None:
+        s = self.settings
+        if s.scaling_policy == "none":
+            return None
+        if self.resizer is None:
+            policy = make_scaling_policy(s.scaling_policy, s.latency_model(), s.policy_context(s.max_instances))
+            connector = build_connector(s, self.bus, lambda: set(self._known_ids))
+            self.resizer = Resizer(policy, connector, drain_timeout_s=s.drain_timeout_s, publish=self.publish_event)
+        return self.resizer
 
     # -- the loop ----------------------------------------------------------------------------------
     async def tick(self) -> float | None:
@@ -109,7 +124,11 @@ class PlannerService(ElectedService):
             return None
         snapshot = await fetch_snapshot(self.bus, self.subjects, self.settings.snapshot_timeout_s)
         self.last_snapshot_instances = len(snapshot.instances)
+        self._known_ids |= {i.info.instance_id for i in snapshot.instances}
         now_s = self._clock()
+        resizer = self._resizer()
+        if resizer is not None:  # replica counts first: a flip decided on a cluster about to resize is moot
+            await resizer.step(snapshot, now_s)
         decision = await self.decider.decide(snapshot, now_s)
         self.last_decision = decision
         self.policy_state = policy_view(self.policy)  # safe: no decision is running now (only tick calls it)
@@ -270,5 +289,6 @@ class PlannerService(ElectedService):
                 "last_decision_changes": len(decision.changes) if decision else 0,
                 "commands_in_flight": sorted(i for i, t in self._inflight.items() if not t.done()),
                 "recent_commands": list(self.recent),
+                "scaling": self.resizer.status() if self.resizer is not None else None,
             },
         )

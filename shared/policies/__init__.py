@@ -54,16 +54,16 @@ from shared.policies.prefill_order import (
 from shared.policies.registry import (
     DISPATCH_POLICIES,
     POOL_POLICIES,
+    SCALING_POLICIES,
     make_dispatch_policy,
     make_pool_policy,
+    make_scaling_policy,
 )
 from shared.policies.scaling import (
-    SCALING_POLICIES,
     DynamoLoad,
     DynamoSla,
     ScalingPolicy,
     ScalingTarget,
-    make_scaling_policy,
 )
 from shared.policies.views import EngineView, RequestView
 

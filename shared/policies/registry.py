@@ -12,12 +12,14 @@ from shared.latency import LatencyModel
 from shared.policies.arrow import ArrowDispatch, ArrowPools
 from shared.policies.context import PolicyContext, lookup
 from shared.policies.dispatch import DispatchParams, DispatchPolicy, LeastLoad, RoundRobin
-from shared.policies.dopd import DopdPools
+from shared.policies.dopd import DopdPools, DopdScaling
 from shared.policies.poise import PoisePools
 from shared.policies.pools import PoolPolicy, StaticPools
+from shared.policies.scaling import DynamoLoad, DynamoSla, ScalingPolicy
 
 DispatchFactory = Callable[[LatencyModel, PolicyContext, DispatchParams | None], DispatchPolicy]
 PoolFactory = Callable[[LatencyModel, PolicyContext], PoolPolicy]
+ScalingFactory = Callable[[LatencyModel, PolicyContext], ScalingPolicy]
 
 DISPATCH_POLICIES: dict[str, DispatchFactory] = {
     LeastLoad.name: lambda model, ctx, params: LeastLoad(params),
@@ -31,6 +33,17 @@ POOL_POLICIES: dict[str, PoolFactory] = {
     DopdPools.name: DopdPools,
     PoisePools.name: PoisePools,
 }
+
+
+SCALING_POLICIES: dict[str, ScalingFactory] = {
+    DynamoLoad.name: DynamoLoad,
+    DynamoSla.name: DynamoSla,
+    DopdScaling.name: DopdScaling,
+}
+
+
+def make_scaling_policy(name: str, model: LatencyModel, ctx: PolicyContext) -> ScalingPolicy:
+    return lookup(SCALING_POLICIES, name, "scaling policy")(model, ctx)
 
 
 def make_dispatch_policy(name: str, model: LatencyModel, ctx: PolicyContext,

@@ -16,13 +16,13 @@ Imports nothing from asyncio, nats, aetcd, httpx or fastapi.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
 import msgspec
 
 from shared.latency import LatencyModel
-from shared.policies.context import PolicyContext, lookup
+from shared.policies.context import PolicyContext
 from shared.protocol.messages import ClusterSnapshot, InstanceLoad, Role, SeriesPoint
 
 
@@ -186,15 +186,3 @@ def _window(series: Sequence[SeriesPoint], span_s: float) -> list[SeriesPoint]:
         out.append(point)
         covered += point.interval_s
     return out
-
-
-ScalingFactory = Callable[[LatencyModel, PolicyContext], ScalingPolicy]
-
-SCALING_POLICIES: dict[str, ScalingFactory] = {
-    DynamoLoad.name: DynamoLoad,
-    DynamoSla.name: DynamoSla,
-}
-
-
-def make_scaling_policy(name: str, model: LatencyModel, ctx: PolicyContext) -> ScalingPolicy:
-    return lookup(SCALING_POLICIES, name, "scaling policy")(model, ctx)

@@ -141,5 +141,6 @@ def test_decode_batch_and_length_predictors() -> None:
 def test_scaling_registry() -> None:
     assert make_scaling_policy("dynamo-load", MODEL, CTX).interval_s == 5.0
     assert make_scaling_policy("dynamo-sla", MODEL, CTX).interval_s == 180.0
-    with pytest.raises(ValueError, match="known: dynamo-load, dynamo-sla"):
-        make_scaling_policy("dopd", MODEL, CTX)
+    assert make_scaling_policy("dopd", MODEL, CTX).name == "dopd"
+    with pytest.raises(ValueError, match="known: dopd, dynamo-load, dynamo-sla"):
+        make_scaling_policy("hpa", MODEL, CTX)
