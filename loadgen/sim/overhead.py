@@ -11,9 +11,10 @@ request so runs stay deterministic.
 Calibration: replay the first 120 s of Azure conversation (456 requests) through the live 2P2D stack and
 through the simulator with ``HANDSHAKE_ONLY`` and take live minus simulated TTFT per request
 (``python -m tests.bench.sim_fidelity --calibrate``; the same command without the flag checks the result on
-that slice and four held-out ones). On 2026-11-22 on this 2-core machine, with other work on it (load
-average ~2.5), that gave p10/p50/p90 1.8 / 7.4 / 19.4 ms; TPOT matched to 0.05 ms. Before the handshake was
-modelled, the whole delay sat after the prefill: 6.0 / 10.7 / 17.7 ms.
+that slice and four held-out ones). On 2026-11-22 on this 2-core machine with nothing else running (load
+average 0.5-0.9), that gave a median of 4.4 ms and a p90 of 10.2 ms; TPOT matched to 0.05 ms. With other work
+on the cores (load ~2.5) the same measurement gave 7.4 / 19.4 ms. Before the handshake was modelled, the
+whole delay sat after the prefill: 10.7 / 17.7 ms.
 
 The delay belongs to the host as much as to the code. With other CPU-heavy work on the same two cores the
 median measured on Azure conversation 40-55 s went from ~15 ms to 16-24 ms, and the live P50 TTFT rose by up
@@ -38,8 +39,8 @@ _Z90 = 1.2815515655446004  # standard normal quantile at 0.9
 
 @dataclass(frozen=True)
 class FirstTokenDelay:
-    median_s: float = 0.0074
-    p90_s: float = 0.0194
+    median_s: float = 0.0044
+    p90_s: float = 0.0102
     seed: int = 0
     # The part of the path before the prefill: the decode engine's claim of the bootstrap room reaching the
     # prefill engine (one HTTP hop; the claim itself waits for the decode engine's step boundary, which the

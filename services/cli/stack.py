@@ -58,19 +58,17 @@ class StackSettings(ServiceSettings):
     @field_validator("planner_policy")
     @classmethod
     def _known_pool_policy(cls, value: str) -> str:
-        from shared.policies import POOL_POLICIES  # here, not at import: `poise admin` needs none of it
+        from shared.policies import POOL_POLICIES, lookup  # here, not at import: `poise admin` needs none of it
 
-        if value not in POOL_POLICIES:
-            raise ValueError(f"unknown pool policy {value!r}; known: {', '.join(sorted(POOL_POLICIES))}")
+        lookup(POOL_POLICIES, value, "pool policy")
         return value
 
     @field_validator("dispatch_policy")
     @classmethod
     def _known_dispatch_policy(cls, value: str) -> str:
-        from shared.policies import DISPATCH_POLICIES
+        from shared.policies import DISPATCH_POLICIES, lookup
 
-        if value not in DISPATCH_POLICIES:
-            raise ValueError(f"unknown dispatch policy {value!r}; known: {', '.join(sorted(DISPATCH_POLICIES))}")
+        lookup(DISPATCH_POLICIES, value, "dispatch policy")
         return value
 
     def slo_trace(self) -> str:

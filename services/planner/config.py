@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from shared.elected import ElectedServiceSettings
-from shared.policies import POOL_POLICIES, SCALING_POLICIES
+from shared.policies import POOL_POLICIES, SCALING_POLICIES, lookup
 from shared.settings import SloPlanSettings, settings_config
 
 
@@ -27,15 +27,14 @@ class PlannerSettings(SloPlanSettings, ElectedServiceSettings):
     @field_validator("policy")
     @classmethod
     def _known_policy(cls, value: str) -> str:
-        if value not in POOL_POLICIES:
-            raise ValueError(f"unknown pool policy {value!r}; known: {', '.join(sorted(POOL_POLICIES))}")
+        lookup(POOL_POLICIES, value, "pool policy")
         return value
 
     @field_validator("scaling_policy")
     @classmethod
     def _known_scaling_policy(cls, value: str) -> str:
-        if value != "none" and value not in SCALING_POLICIES:
-            raise ValueError(f"unknown scaling policy {value!r}; known: none, {', '.join(sorted(SCALING_POLICIES))}")
+        if value != "none":
+            lookup(SCALING_POLICIES, value, "scaling policy")
         return value
 
     @model_validator(mode="after")

@@ -16,7 +16,7 @@ a policy's typed params and defaults live next to it. The interfaces, one module
 from __future__ import annotations
 
 from shared.policies.arrow import ArrowDispatch, ArrowParams, ArrowPools, max_running_tokens
-from shared.policies.context import PolicyContext
+from shared.policies.context import PolicyContext, lookup
 from shared.policies.decode_batch import (
     DECODE_BATCH_POLICIES,
     Continuous,
@@ -68,6 +68,7 @@ from shared.policies.scaling import (
 from shared.policies.views import EngineView, RequestView
 
 __all__ = [
+    "lookup",
     "DopdParams",
     "DopdPools",
     "DopdScaling",
