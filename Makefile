@@ -31,11 +31,16 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -q -m "not e2e" $(ARGS)
 
-## Benchmarks: gateway overhead and throughput, start-up time, simulator speed, baseline goodput. Results go to tests/bench/results/.
+## Benchmarks: gateway overhead and throughput, start-up time, simulator speed and fidelity, goodput of every
+## mix, DOPD vs Dynamo, forecast latency, flips under traffic. Results go to tests/bench/results/ (~40 min).
 bench: setup
 	$(PY) -m tests.bench.run $(ARGS)
 	$(PY) -m tests.bench.sim_speed
 	$(PY) -m tests.bench.sim_goodput
+	$(PY) -m tests.bench.sim_fidelity
+	$(PY) -m tests.bench.dopd_vs_dynamo
+	$(PY) -m tests.bench.forecast_latency
+	$(PY) -m tests.bench.flip_latency --policy-s 150 --flip-s 90
 
 lint: setup
 	$(VENV)/bin/ruff check shared services loadgen tests
