@@ -38,6 +38,8 @@ class EngineLoads(msgspec.Struct, frozen=True, kw_only=True):
     decode_prealloc_queue_reqs: int = 0
     decode_transfer_queue_reqs: int = 0
     decode_retracted_queue_reqs: int = 0
+    # engine_sim's extension: recent prompts prefilled alone, (seq, tokens, seconds); empty from SGLang.
+    prefill_samples: tuple[tuple[int, int, float], ...] = ()
 
     @property
     def prefill_queue_reqs(self) -> int:
@@ -86,7 +88,11 @@ def parse_loads(body: Any) -> EngineLoads:
     gen_tps = 0.0
     usages: list[float] = []
     mode: str | None = None
+    samples: list[tuple[int, int, float]] = []
     for rank in ranks:
+        for sample in rank.get("poise_prefill_samples") or []:
+            if isinstance(sample, list) and len(sample) == 3 and all(isinstance(x, int | float) for x in sample):
+                samples.append((int(sample[0]), int(sample[1]), float(sample[2])))
         for f in _CORE_INT_FIELDS:
             totals[f] += _num(rank.get(f))
         gen_tps += _num(rank.get("gen_throughput"))
@@ -100,7 +106,8 @@ def parse_loads(body: Any) -> EngineLoads:
     capacity = int(totals["max_total_num_tokens"])
     usage = totals["num_used_tokens"] / capacity if capacity > 0 else (sum(usages) / len(usages) if usages else 0.0)
     ints = {f: int(v) for f, v in totals.items()}
-    return EngineLoads(dp_ranks=len(ranks), token_usage=usage, gen_throughput_tps=gen_tps, mode=mode, **ints)
+    return EngineLoads(dp_ranks=len(ranks), token_usage=usage, gen_throughput_tps=gen_tps, mode=mode,
+                       prefill_samples=tuple(samples), **ints)
 
 
 def _opt_int(value: Any) -> int | None:

@@ -101,6 +101,11 @@ def apply(eng: SimEngine, step: Step) -> None:
     """The step's effects, at its end: prefill progress, one token per decoding request, the counters."""
     now = time.monotonic()
     generated = 0
+    if eng.mode == "prefill" and len(step.prefill) == 1 and not step.decode:
+        req, n = step.prefill[0]
+        if req.prefilled == 0 and n == req.prefill_len:  # a whole prompt alone: a clean (length, time) sample
+            eng.prefill_sample_seq += 1
+            eng.prefill_samples.append((eng.prefill_sample_seq, n, step.time_s))
     for req in step.decode:
         if req.phase is Phase.RUNNING:
             _emit(eng, req, now)

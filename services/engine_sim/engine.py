@@ -23,6 +23,7 @@ import contextlib
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine
 from http import HTTPStatus
 from typing import Any
@@ -109,6 +110,10 @@ class SimEngine:
         # counters for /v1/loads
         self.total_prefill_tokens = 0
         self.total_prefill_busy_us = 0
+        # Prompts prefilled alone in one step: (seq, tokens, seconds), for the gateway's TTFT predictor refit
+        # (Arrow). A Poise extension of /v1/loads; SGLang reports no per-prompt prefill time.
+        self.prefill_samples: deque[tuple[int, int, float]] = deque(maxlen=32)
+        self.prefill_sample_seq = 0
         self.decode_moments = [0.0] * 6  # count, sum b, sum t_us, sum b^2, sum b*t, sum generated (SGLang's)
         self.last_kv_transfer_ms = 0.0
         self.last_kv_transfer_gb_s = 0.0

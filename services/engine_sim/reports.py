@@ -88,6 +88,8 @@ def load_snapshot(eng: SimEngine) -> dict[str, Any]:
         },
         "queues": {"waiting": num_queue_reqs(eng), "grammar": 0, "paused": 0,
                    "retracted": len(q.retracted), "prealloc_ready": 0},
+        # Poise extension (not in SGLang): recent prompts prefilled alone, [seq, tokens, seconds].
+        "poise_prefill_samples": [list(sample) for sample in eng.prefill_samples],
     }
 
 

@@ -56,12 +56,19 @@ class GatewayService:
         self._events: list[RequestEvent] = []
         self._flusher: asyncio.Task[None] | None = None
 
+    async def _on_load(self, report: LoadReport, subject: str) -> None:
+        await self.cluster.on_load(report, subject)
+        observe = getattr(self.policy, "observe_prefill", None)  # Arrow refits its TTFT predictor per instance
+        if observe is not None:
+            for tokens, seconds in report.prefill_samples:
+                observe(report.instance_id, tokens, seconds)
+
     async def start(self) -> None:
         s = self.settings
         self.http = Http1Pool(connect_timeout_s=s.engine_connect_timeout_s)
         self.bus = bus_from_settings(s, f"gateway-{self.replica_id}")
         await self.bus.connect()
-        await self.bus.subscribe(self.subjects.load_all(), LoadReport, self.cluster.on_load)
+        await self.bus.subscribe(self.subjects.load_all(), LoadReport, self._on_load)
         self._admin = AdminEndpoint(self.bus, self.subjects, "gateway", self._status)
         await self._admin.start()
         self.registry = Registry(s.etcd_url, self.keys)

@@ -68,8 +68,9 @@ def worker_admin_service(instance_id: str) -> str:
     return f"worker-{instance_id}"
 
 
-def load_report(instance_id: str, role: Role, status: InstanceStatus, loads: EngineLoads, ts_unix_s: float) -> LoadReport:
-    """A :class:`LoadReport` from one ``/v1/loads`` reading."""
+def load_report(instance_id: str, role: Role, status: InstanceStatus, loads: EngineLoads, ts_unix_s: float,
+                after_seq: int = 0) -> LoadReport:
+    """A :class:`LoadReport` from one ``/v1/loads`` reading, with the prefill samples newer than ``after_seq``."""
     return LoadReport(
         instance_id=instance_id, role=role, status=status, ts_unix_s=ts_unix_s, healthy=True,
         num_running_reqs=loads.num_running_reqs, num_waiting_reqs=loads.num_waiting_reqs,
@@ -77,6 +78,7 @@ def load_report(instance_id: str, role: Role, status: InstanceStatus, loads: Eng
         max_total_num_tokens=loads.max_total_num_tokens, token_usage=loads.token_usage,
         gen_throughput_tps=loads.gen_throughput_tps, prefill_queue_reqs=loads.prefill_queue_reqs,
         decode_queue_reqs=loads.decode_queue_reqs,
+        prefill_samples=[(tokens, seconds) for seq, tokens, seconds in loads.prefill_samples if seq > after_seq],
     )
 
 
@@ -96,6 +98,7 @@ class WorkerService(AsyncServiceMixin):
         self.status: InstanceStatus = "starting"
         self.restarts = 0
         self.last_loads: EngineLoads | None = None
+        self._sample_seq = 0  # the newest engine prefill sample already published
         self.last_error: str | None = None
         self._replica_id = replica_id()
         self._uptime = Uptime()
@@ -348,7 +351,13 @@ class WorkerService(AsyncServiceMixin):
                 await self._on_loads_failed(t0)
             else:
                 self.last_loads = loads
-                report = load_report(self.instance_id, self.role or "null", self.status, loads, time.time())
+                seqs = [seq for seq, _, _ in loads.prefill_samples]
+                if seqs and max(seqs) < self._sample_seq:  # the engine restarted: its sequence began again
+                    self._sample_seq = 0
+                report = load_report(self.instance_id, self.role or "null", self.status, loads, time.time(),
+                                     self._sample_seq)
+                if seqs:
+                    self._sample_seq = max(seqs)
                 await self._on_loads_ok()
             try:
                 await self._bus.publish(self.subjects.load(self.instance_id), report)

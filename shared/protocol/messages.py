@@ -60,6 +60,9 @@ class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
     gen_throughput_tps: float = 0.0  # decode tokens per second, engine-reported
     prefill_queue_reqs: int = 0  # prefill bootstrap + inflight queues (prefill role)
     decode_queue_reqs: int = 0  # decode prealloc + transfer queues (decode role)
+    # Prompts prefilled alone since the previous report, (tokens, seconds): what Arrow's TTFT predictor refits
+    # from. Only engine_sim reports them; empty for SGLang.
+    prefill_samples: list[tuple[int, float]] = msgspec.field(default_factory=list)
 
 
 class InstanceLoad(msgspec.Struct, frozen=True, kw_only=True):

@@ -445,3 +445,26 @@ def test_unknown_engine_policies_are_rejected() -> None:
         EngineSimSettings(prefill_order="kairos")
     with pytest.raises(ValueError, match="known: continuous"):
         EngineSimSettings(decode_batch="slack")
+
+
+@pytest.mark.asyncio
+async def test_a_prompt_prefilled_alone_is_reported_for_the_ttft_refit() -> None:
+    from services.engine_sim.reports import load_snapshot
+    from services.worker.sidecar import load_report
+    from shared.engine_client import parse_loads
+
+    prefill = make_engine(mode="prefill", bootstrap_port=0, time_scale=0.01)
+    decode = make_engine(mode="decode")
+    async with running(prefill, decode):
+        room = dict(bootstrap_host="127.0.0.1", bootstrap_port=prefill.bootstrap_port, bootstrap_room=3)
+        d = decode.submit(prompt_tokens=2000, max_new_tokens=2, ignore_eos=True, rid="alone", **room)
+        await asyncio.sleep(0.05)
+        p = prefill.submit(prompt_tokens=2000, max_new_tokens=2, ignore_eos=True, rid="alone", **room)
+        await finish(decode, d)
+        await finish(prefill, p)
+        loads = parse_loads({"loads": [load_snapshot(prefill)]})
+    ((seq, tokens, seconds),) = loads.prefill_samples
+    assert tokens == 2000 and seconds == pytest.approx(prefill.latency.prefill_time_s(2000))
+    # The sidecar forwards each sample once: the next report (same engine reading) carries none.
+    assert load_report("p0", "prefill", "ready", loads, 0.0).prefill_samples == [(2000, seconds)]
+    assert load_report("p0", "prefill", "ready", loads, 0.0, after_seq=seq).prefill_samples == []

@@ -141,3 +141,21 @@ def test_arrow_shifts_azure_code_bursts_to_prefill_and_beats_minimal_load() -> N
     assert arrow.config["lifecycle"]["timeline"][-1][1] > 4  # more prefill instances than it started with
     assert arrow.summary.slo_attainment > static.summary.slo_attainment + 0.05
     assert arrow.summary.requests_failed == 0
+
+
+@pytest.mark.asyncio
+async def test_the_gateway_feeds_engine_prefill_samples_to_arrows_predictor() -> None:
+    from services.gateway.config import GatewaySettings
+    from services.gateway.service import GatewayService
+    from shared.protocol import LoadReport
+
+    gateway = GatewayService(GatewaySettings(dispatch_policy="arrow"))
+    arrow = gateway.policy
+    assert isinstance(arrow, ArrowDispatch)
+    before = arrow.predictor("p0").predict(4000)
+    slow = [(n, 2.0 * MODEL.prefill_time_s(n)) for n in (1000, 4000, 8000)] * 40
+    await gateway._on_load(LoadReport(instance_id="p0", role="prefill", status="ready", ts_unix_s=0.0,
+                                      prefill_samples=slow), "subject")
+    assert arrow.predictor("p0").observations == len(slow)
+    assert arrow.predictor("p0").predict(4000) > 1.6 * before  # p0 runs slow: predicted slower
+    assert arrow.predictor("p1").predict(4000) == pytest.approx(before)  # the others keep the profile
