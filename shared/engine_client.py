@@ -40,6 +40,7 @@ class EngineLoads(msgspec.Struct, frozen=True, kw_only=True):
     decode_retracted_queue_reqs: int = 0
     # engine_sim's extension: recent prompts prefilled alone, (seq, tokens, seconds); empty from SGLang.
     prefill_samples: tuple[tuple[int, int, float], ...] = ()
+    running_tokens: int | None = None  # engine_sim's extension: context tokens of the running batch
 
     @property
     def prefill_queue_reqs(self) -> int:
@@ -89,7 +90,10 @@ def parse_loads(body: Any) -> EngineLoads:
     usages: list[float] = []
     mode: str | None = None
     samples: list[tuple[int, int, float]] = []
+    running_tokens: int | None = None
     for rank in ranks:
+        if isinstance(rank.get("poise_running_tokens"), int):
+            running_tokens = (running_tokens or 0) + rank["poise_running_tokens"]
         for sample in rank.get("poise_prefill_samples") or []:
             if isinstance(sample, list) and len(sample) == 3 and all(isinstance(x, int | float) for x in sample):
                 samples.append((int(sample[0]), int(sample[1]), float(sample[2])))
@@ -107,7 +111,7 @@ def parse_loads(body: Any) -> EngineLoads:
     usage = totals["num_used_tokens"] / capacity if capacity > 0 else (sum(usages) / len(usages) if usages else 0.0)
     ints = {f: int(v) for f, v in totals.items()}
     return EngineLoads(dp_ranks=len(ranks), token_usage=usage, gen_throughput_tps=gen_tps, mode=mode,
-                       prefill_samples=tuple(samples), **ints)
+                       prefill_samples=tuple(samples), running_tokens=running_tokens, **ints)
 
 
 def _opt_int(value: Any) -> int | None:

@@ -88,8 +88,10 @@ def load_snapshot(eng: SimEngine) -> dict[str, Any]:
         },
         "queues": {"waiting": num_queue_reqs(eng), "grammar": 0, "paused": 0,
                    "retracted": len(q.retracted), "prealloc_ready": 0},
-        # Poise extension (not in SGLang): recent prompts prefilled alone, [seq, tokens, seconds].
+        # Poise extensions (not in SGLang): recent prompts prefilled alone, [seq, tokens, seconds]; and the
+        # context tokens of the running batch (Arrow's decode load, which KV in use overstates).
         "poise_prefill_samples": [list(sample) for sample in eng.prefill_samples],
+        "poise_running_tokens": sum(r.context_tokens for r in q.running),
     }
 
 

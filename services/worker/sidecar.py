@@ -75,6 +75,7 @@ def load_report(instance_id: str, role: Role, status: InstanceStatus, loads: Eng
         instance_id=instance_id, role=role, status=status, ts_unix_s=ts_unix_s, healthy=True,
         num_running_reqs=loads.num_running_reqs, num_waiting_reqs=loads.num_waiting_reqs,
         num_waiting_uncached_tokens=loads.num_waiting_uncached_tokens, num_used_tokens=loads.num_used_tokens,
+        num_running_tokens=loads.running_tokens,
         max_total_num_tokens=loads.max_total_num_tokens, token_usage=loads.token_usage,
         gen_throughput_tps=loads.gen_throughput_tps, prefill_queue_reqs=loads.prefill_queue_reqs,
         decode_queue_reqs=loads.decode_queue_reqs,

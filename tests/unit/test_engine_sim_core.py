@@ -465,6 +465,21 @@ async def test_a_prompt_prefilled_alone_is_reported_for_the_ttft_refit() -> None
         loads = parse_loads({"loads": [load_snapshot(prefill)]})
     ((seq, tokens, seconds),) = loads.prefill_samples
     assert tokens == 2000 and seconds == pytest.approx(prefill.latency.prefill_time_s(2000))
+    assert loads.running_tokens == 0  # nothing running on a prefill engine once it is done
     # The sidecar forwards each sample once: the next report (same engine reading) carries none.
     assert load_report("p0", "prefill", "ready", loads, 0.0).prefill_samples == [(2000, seconds)]
     assert load_report("p0", "prefill", "ready", loads, 0.0, after_seq=seq).prefill_samples == []
+
+
+@pytest.mark.asyncio
+async def test_loads_report_the_running_batchs_context_tokens() -> None:
+    from services.engine_sim.reports import load_snapshot
+    from shared.engine_client import parse_loads
+
+    engine = make_engine(time_scale=1.0)
+    async with running(engine):
+        req = engine.submit(prompt_tokens=500, max_new_tokens=400, ignore_eos=True, rid="ctx")
+        await until(lambda: len(req.output_ids) >= 5)
+        loads = parse_loads({"loads": [load_snapshot(engine)]})
+        assert loads.running_tokens == 500 + len(req.output_ids)
+        assert loads.num_used_tokens >= loads.running_tokens  # KV in use also holds what is reserved
