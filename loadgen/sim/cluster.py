@@ -35,7 +35,15 @@ from shared.policies import (
     PrefillOrderPolicy,
     RequestView,
 )
-from shared.protocol.messages import DecodeRequestInfo, InstanceInfo, InstanceLoad, LoadReport, Role
+from shared.policies.scaling import pick_retiree
+from shared.protocol.messages import (
+    ClusterSnapshot,
+    DecodeRequestInfo,
+    InstanceInfo,
+    InstanceLoad,
+    LoadReport,
+    Role,
+)
 
 _ID_PREFIX = {"prefill": "p", "decode": "d", "null": "c"}
 
@@ -186,9 +194,16 @@ class SimCluster:
                     self._backlog.append(role)
             return True
         if want < len(have):
-            victims = sorted(have, key=lambda i: (i.status != "starting", i.assigned, i.used_kv, i.instance_id))
-            for inst in victims[: len(have) - want]:
-                self.stop(inst)
+            # The live resizer's rule (shared.policies.scaling.pick_retiree), on the monitor's view.
+            snapshot = ClusterSnapshot(ts_unix_s=self.queue.now_s, instances=self.instance_loads(self.model.profile.name),
+                                       series=[])
+            chosen: list[str] = []
+            for _ in range(len(have) - want):
+                victim = pick_retiree(snapshot, role, exclude=chosen)
+                if victim is None:
+                    break
+                chosen.append(victim)
+                self.stop(self.instances[victim])
             return True
         return False
 
@@ -297,7 +312,10 @@ class SimCluster:
                 prefill_queue_reqs=len(inst.waiting) if inst.role == "prefill" else 0,
                 decode_queue_reqs=len(inst.reserve_queue) + len(inst.ready) if inst.role == "decode" else 0,
             )
-            out.append(InstanceLoad(info=info, load=load, load_age_s=0.0))
+            if inst.status == "starting":  # live, an engine reports no load before it is up
+                out.append(InstanceLoad(info=info, load=None, load_age_s=None))
+            else:
+                out.append(InstanceLoad(info=info, load=load, load_age_s=0.0))
         return out
 
     def decode_requests(self, predictor: LengthPredictor) -> list[DecodeRequestInfo]:

@@ -3,7 +3,7 @@
 Like Dynamo's planner connectors (../shared/anchors.md §2.3), a :class:`Connector` only executes: the
 policy decides how many engines of each role should run, the planner turns the difference into
 ``start(role)`` / ``retire(instance_id)`` calls (scale-in picks the least-loaded instance,
-:func:`pick_retiree`), and the registry (etcd) stays the one truth about what runs: a started engine
+:func:`shared.policies.scaling.pick_retiree`), and the registry (etcd) stays the one truth about what runs: a started engine
 counts once its sidecar has registered it, a retired one is gone once its key is.
 
 - :class:`LocalConnector` spawns ``python -m services.worker`` processes (each spawns its engine_sim), as
@@ -40,8 +40,8 @@ from shared.bus import Bus
 from shared.devservers import free_port
 from shared.errors import BusTimeout, PoiseError
 from shared.latency import DEFAULT_PROFILE
-from shared.protocol import AdminCommand, AdminReply, ClusterSnapshot, Subjects
-from shared.protocol.messages import InstanceLoad, Role
+from shared.protocol import AdminCommand, AdminReply, Subjects
+from shared.protocol.messages import Role
 
 log = logging.getLogger(__name__)
 
@@ -90,28 +90,6 @@ def next_instance_id(role: Role, taken: Iterable[str]) -> str:
     pattern = re.compile(rf"^{re.escape(prefix)}(\d+)$")
     numbers = [int(m.group(1)) for m in map(pattern.match, taken) if m is not None]
     return f"{prefix}{max(numbers) + 1 if numbers else 0}"
-
-
-def pick_retiree(snapshot: ClusterSnapshot, role: Role, exclude: Iterable[str] = ()) -> str | None:
-    """The instance of ``role`` to retire on scale-in: the least loaded one that is ready or starting.
-
-    Load = running + waiting requests, then KV tokens in use; an instance with no load sample yet counts as
-    empty (it is most likely still starting). Draining or switching instances are already on their way, and
-    ``exclude`` (being retired already) is skipped.
-    """
-    skip = set(exclude)
-    candidates = [i for i in snapshot.instances if i.info.role == role and i.info.status in ("ready", "starting")
-                  and i.info.instance_id not in skip]
-    if not candidates:
-        return None
-
-    def load_key(inst: InstanceLoad) -> tuple[int, int, str]:
-        load = inst.load
-        if load is None:
-            return (0, 0, inst.info.instance_id)
-        return (load.num_running_reqs + load.num_waiting_reqs, load.num_used_tokens, inst.info.instance_id)
-
-    return min(candidates, key=load_key).info.instance_id
 
 
 async def request_retire(bus: Bus, subjects: Subjects, instance_id: str, drain_timeout_s: float,

@@ -29,12 +29,11 @@ from services.planner.connectors import (
     KubernetesConnectorSettings,
     LocalConnector,
     LocalConnectorSettings,
-    pick_retiree,
 )
 from services.planner.decider import Decider
 from shared.bus import Bus
 from shared.policies import ScalingPolicy, ScalingTarget
-from shared.policies.scaling import active
+from shared.policies.scaling import active, pick_retiree
 from shared.protocol import ClusterSnapshot
 from shared.protocol.messages import Role
 from shared.runtime import cancel_and_wait

@@ -16,7 +16,7 @@ Imports nothing from asyncio, nats, aetcd, httpx or fastapi.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 import msgspec
@@ -186,3 +186,27 @@ def _window(series: Sequence[SeriesPoint], span_s: float) -> list[SeriesPoint]:
         out.append(point)
         covered += point.interval_s
     return out
+
+
+def pick_retiree(snapshot: ClusterSnapshot, role: Role, exclude: Iterable[str] = ()) -> str | None:
+    """The instance of ``role`` to retire on scale-in: one still starting, else the least loaded ready one.
+
+    A starting instance serves nothing yet, so stopping it costs no capacity and no drain. Load = running +
+    waiting requests, then KV tokens in use; an instance with no load sample yet counts as empty. Draining or
+    switching instances are already on their way, and ``exclude`` (being retired already) is skipped. The
+    simulator and the live resizer both use this rule.
+    """
+    skip = set(exclude)
+    candidates = [i for i in snapshot.instances if i.info.role == role and i.info.status in ("ready", "starting")
+                  and i.info.instance_id not in skip]
+    if not candidates:
+        return None
+
+    def load_key(inst: InstanceLoad) -> tuple[bool, int, int, str]:
+        serving = inst.info.status != "starting"
+        load = inst.load
+        if load is None:
+            return (serving, 0, 0, inst.info.instance_id)
+        return (serving, load.num_running_reqs + load.num_waiting_reqs, load.num_used_tokens, inst.info.instance_id)
+
+    return min(candidates, key=load_key).info.instance_id

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
 
@@ -13,6 +14,7 @@ from shared.devservers import EtcdServer, NatsServer
 from shared.errors import BusTimeout
 from shared.protocol import AdminCommand, AdminReply, InstanceInfo, Keys, LoadReport, Subjects
 from shared.registry import InstanceRegistration, InstanceWatcher, LeaderElection, Registry
+from tests.integration.waiting import until
 
 pytestmark = pytest.mark.asyncio
 
@@ -25,12 +27,7 @@ def _info(instance_id: str, role: str = "prefill") -> InstanceInfo:
     )
 
 
-async def _until(predicate, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
+_until = functools.partial(until, timeout_s=10.0)
 
 
 async def test_publish_subscribe_drops_bad_messages(nats_server: NatsServer) -> None:

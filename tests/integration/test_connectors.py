@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib.util
 import itertools
 import logging
-import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,6 @@ from services.planner.connectors import (
     LocalConnectorSettings,
     Workload,
     next_instance_id,
-    pick_retiree,
 )
 from services.worker.config import WorkerSettings
 from services.worker.sidecar import WorkerService, worker_admin_service
@@ -52,8 +51,10 @@ from shared.protocol import (
 )
 from shared.protocol.messages import InstanceStatus, Role
 from shared.runtime import EmbeddedHttpServer
+from shared.policies.scaling import pick_retiree
 from shared.settings import load_settings
 from tests.integration.observer import start_observer
+from tests.integration.waiting import process_alive, until
 
 
 def _engine_sim_missing() -> bool:
@@ -66,20 +67,10 @@ def _engine_sim_missing() -> bool:
 needs_engine_sim = pytest.mark.skipif(_engine_sim_missing(), reason="services.engine_sim has no __main__")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+_alive = process_alive
 
 
-async def _until(predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
+_until = functools.partial(until, timeout_s=20.0)
 
 
 def test_next_instance_id_continues_after_the_highest() -> None:

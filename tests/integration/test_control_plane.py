@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable
 
 import httpx
 import pytest
@@ -40,16 +40,12 @@ from shared.protocol import (
 from shared.registry import InstanceRegistration, Registry
 from shared.runtime import run_service
 from shared.settings import load_settings
+from tests.integration.waiting import until
 
 pytestmark = pytest.mark.asyncio
 
 
-async def _until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
+_until = functools.partial(until, timeout_s=10.0)
 
 
 def _info(instance_id: str, role: str) -> InstanceInfo:

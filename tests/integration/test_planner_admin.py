@@ -5,12 +5,12 @@ in the new role), the `poise admin` commands, and decisions that run off the eve
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,16 +27,12 @@ from shared.policies import PoolDecision
 from shared.protocol import AdminCommand, AdminReply, ClusterSnapshot, Keys, PlannerEvent, Subjects
 from shared.registry import Registry
 from shared.settings import load_settings
+from tests.integration.waiting import until
 
 pytestmark = pytest.mark.asyncio
 
 
-async def _until(predicate: Callable[[], bool], timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
+_until = functools.partial(until, timeout_s=15.0)
 
 
 class _SlowCounting:

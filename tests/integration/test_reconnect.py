@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,7 @@ from shared.bus import Bus
 from shared.devservers import EtcdServer, NatsServer
 from shared.protocol import InstanceInfo, Keys, LoadReport, Subjects
 from shared.registry import InstanceRegistration, InstanceWatcher, Registry
+from tests.integration.waiting import until
 
 pytestmark = pytest.mark.asyncio
 
@@ -23,11 +25,7 @@ def _info(instance_id: str) -> InstanceInfo:
                         kv_capacity_tokens=1, max_running_requests=1, sidecar="t", registered_at_unix_s=time.time())
 
 
-async def _until(predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.05)
+_until = functools.partial(until, timeout_s=20.0)
 
 
 async def test_watcher_and_registration_survive_an_etcd_restart(tmp_path: Path) -> None:

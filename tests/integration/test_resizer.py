@@ -3,9 +3,9 @@ lower one retires the least loaded engine gracefully (drain, deregister, exit)."
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from shared.devservers import EtcdServer, NatsServer
 from shared.policies import ScalingTarget
 from shared.protocol import ClusterSnapshot, InstanceLoad
 from tests.integration.observer import start_observer
+from tests.integration.waiting import until
 
 
 class Scripted:
@@ -33,13 +34,7 @@ class Scripted:
         return self.target
 
 
-async def _until(predicate: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    import asyncio
-
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.05)
+_until = functools.partial(until, timeout_s=30.0)
 
 
 @pytest.mark.asyncio

@@ -8,9 +8,10 @@ shapes (``/health``, ``/server_info``, ``/v1/loads``, ``/pd_role_switch``), and 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from shared.protocol import (
 from shared.runtime import EmbeddedHttpServer
 from shared.settings import load_settings
 from tests.integration.observer import start_observer
+from tests.integration.waiting import until
 
 pytestmark = pytest.mark.asyncio
 
@@ -90,12 +92,7 @@ class FakeSglang:
                                  "new_role": new_role, "safe_to_restore": True})
 
 
-async def _until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
+_until = functools.partial(until, timeout_s=10.0)
 
 
 @pytest_asyncio.fixture

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import importlib.util
 import os
 import signal
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ from shared.devservers import EtcdServer, NatsServer
 from shared.protocol import RoleCommand, RoleCommandReply, Subjects
 from shared.settings import load_settings
 from tests.integration.observer import start_observer
+from tests.integration.waiting import process_alive, until
 
 
 def _engine_sim_missing() -> bool:
@@ -34,20 +33,10 @@ pytestmark = [
 ]
 
 
-async def _until(predicate: Callable[[], bool], timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
+_until = functools.partial(until, timeout_s=15.0)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+_alive = process_alive
 
 
 async def test_worker_runs_engine_sim_end_to_end(nats_server: NatsServer, etcd_server: EtcdServer, tmp_path: Path) -> None:
