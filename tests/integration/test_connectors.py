@@ -38,6 +38,7 @@ from services.worker.sidecar import WorkerService, worker_admin_service
 from shared.bus import Bus
 from shared.devservers import EtcdServer, NatsServer
 from shared.errors import BusTimeout
+from shared.policies.scaling import pick_retiree
 from shared.protocol import (
     AdminCommand,
     AdminReply,
@@ -51,7 +52,6 @@ from shared.protocol import (
 )
 from shared.protocol.messages import InstanceStatus, Role
 from shared.runtime import EmbeddedHttpServer
-from shared.policies.scaling import pick_retiree
 from shared.settings import load_settings
 from tests.integration.observer import start_observer
 from tests.integration.waiting import process_alive, until
