@@ -7,25 +7,25 @@ a policy's typed params and defaults live next to it. The interfaces, one module
 - ``dispatch``: which prefill and decode engine a request goes to (gateway);
 - ``pools``: which engines flip between prefill and decode (planner);
 - ``scaling``: how many prefill and decode replicas run (planner, with a connector that starts/stops them);
-- ``prefill_order``: which waiting prompt a prefill engine admits next (engine);
+- ``prefill_order``: what a prefill engine computes in its next forward pass (engine);
 - ``decode_batch``: which running requests take the next decode step (engine);
 - ``migration``: which decode requests move to another decode engine (migrator);
 - ``length``: how many output tokens a running request has left (migrator, engines).
+
+Implementations of the engine-side interfaces: ``kairos`` (urgency prefill order and slack decode batching),
+``flowprefill`` (S-EDF with SLO-aware batching, and the D-EDF ablation), ``length_batching`` (DOPD's
+length-aware P-side batching).
 """
 
 from __future__ import annotations
 
 from shared.policies.arrow import ArrowDispatch, ArrowParams, ArrowPools, max_running_tokens
 from shared.policies.context import PolicyContext, lookup
-from shared.policies.decode_batch import (
-    DECODE_BATCH_POLICIES,
-    Continuous,
-    DecodeBatchPolicy,
-    DecodeItem,
-    make_decode_batch_policy,
-)
+from shared.policies.decode_batch import Continuous, DecodeBatchPolicy, DecodeItem
 from shared.policies.dispatch import DispatchParams, DispatchPolicy, LeastLoad, Placement, Rejection, RoundRobin
 from shared.policies.dopd import DopdParams, DopdPools, DopdScaling, optimal_split, split_of
+from shared.policies.flowprefill import DEdf, FlowPrefill, FlowPrefillParams, Sedf
+from shared.policies.kairos import KairosLiteralPrefill, KairosParams, KairosPrefill, KairosSlack, KairosSlackParams
 from shared.policies.length import (
     LENGTH_PREDICTORS,
     HistoricalMean,
@@ -33,6 +33,7 @@ from shared.policies.length import (
     MaxTokens,
     make_length_predictor,
 )
+from shared.policies.length_batching import LengthBatching, LengthBatchingParams
 from shared.policies.migration import (
     MIGRATION_POLICIES,
     KvBalance,
@@ -44,19 +45,25 @@ from shared.policies.migration import (
 from shared.policies.poise import PoiseParams, PoisePools
 from shared.policies.pools import PoolDecision, PoolPolicy, RoleChange, StaticPools
 from shared.policies.prefill_order import (
-    PREFILL_ORDER_POLICIES,
+    PREEMPTION,
     Edf,
     Fcfs,
+    Preemption,
     PrefillItem,
-    PrefillOrderPolicy,
-    make_prefill_order_policy,
+    PrefillPlan,
+    PrefillPolicy,
+    preempts,
 )
 from shared.policies.registry import (
+    DECODE_BATCH_POLICIES,
     DISPATCH_POLICIES,
     POOL_POLICIES,
+    PREFILL_POLICIES,
     SCALING_POLICIES,
+    make_decode_batch_policy,
     make_dispatch_policy,
     make_pool_policy,
+    make_prefill_policy,
     make_scaling_policy,
 )
 from shared.policies.scaling import (
@@ -81,6 +88,17 @@ __all__ = [
     "ArrowPools",
     "max_running_tokens",
     "Continuous",
+    "DEdf",
+    "FlowPrefill",
+    "FlowPrefillParams",
+    "KairosLiteralPrefill",
+    "KairosParams",
+    "KairosPrefill",
+    "KairosSlack",
+    "KairosSlackParams",
+    "LengthBatching",
+    "LengthBatchingParams",
+    "Sedf",
     "DECODE_BATCH_POLICIES",
     "DISPATCH_POLICIES",
     "DecodeBatchPolicy",
@@ -103,12 +121,16 @@ __all__ = [
     "MigrationPolicy",
     "NoMigration",
     "POOL_POLICIES",
-    "PREFILL_ORDER_POLICIES",
+    "PREFILL_POLICIES",
+    "PREEMPTION",
+    "Preemption",
+    "PrefillPlan",
+    "preempts",
     "Placement",
     "PoolDecision",
     "PoolPolicy",
     "PrefillItem",
-    "PrefillOrderPolicy",
+    "PrefillPolicy",
     "Rejection",
     "RequestView",
     "RoleChange",
@@ -123,6 +145,6 @@ __all__ = [
     "make_length_predictor",
     "make_migration_policy",
     "make_pool_policy",
-    "make_prefill_order_policy",
+    "make_prefill_policy",
     "make_scaling_policy",
 ]

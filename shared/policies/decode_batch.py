@@ -1,18 +1,18 @@
-"""Decode batch selection: which running requests take part in the next decode step (Kairos later).
+"""Decode batch selection: which running requests take part in the next decode step.
 
-A policy is pure: ``select(running, max_batch, now_s)`` returns the requests to step now; the others wait
-one step (their KV stays put). Items are read through :class:`DecodeItem`, so engines pass their own
-request objects. A policy whose ``selects_all`` is True (continuous batching) is never called.
+A policy is pure: ``select(running, max_batch, now_s, kv_waiting)`` returns the requests to step now; the
+others wait one step (their KV stays put). ``kv_waiting`` is how many requests wait on this engine for KV
+(a policy that holds requests back also holds their KV). Items are read through :class:`DecodeItem`, so engines pass their own
+request objects. A policy whose ``selects_all`` is True (continuous batching) is never called. After each
+step the engine reports it with ``observe`` (Kairos keeps its step-time table current this way).
 
 Imports nothing from asyncio, nats, aetcd, httpx or fastapi.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Protocol, TypeVar
-
-from shared.policies.context import lookup
 
 
 class DecodeItem(Protocol):
@@ -27,7 +27,7 @@ class DecodeItem(Protocol):
     @property
     def first_token_s(self) -> float | None: ...  # on the engine's clock
     @property
-    def slo_tpot_s(self) -> float: ...
+    def slo_tpot_s(self) -> float: ...  # inf when the request carries no TPOT target
 
 
 T = TypeVar("T", bound=DecodeItem)
@@ -37,7 +37,12 @@ class DecodeBatchPolicy(Protocol):
     name: str
     selects_all: bool  # True: every running request steps every time, and ``select`` need not be called
 
-    def select(self, running: Sequence[T], max_batch: int, now_s: float) -> Sequence[T]: ...
+    def select(self, running: Sequence[T], max_batch: int, now_s: float, kv_waiting: int = 0) -> Sequence[T]: ...
+
+    def observe(self, batch_size: int, max_context: int, total_context: int, seconds: float) -> None:
+        """A decode step over ``batch_size`` requests (longest context ``max_context``, ``total_context`` in
+        all) took ``seconds``."""
+        ...
 
 
 class Continuous:
@@ -46,12 +51,8 @@ class Continuous:
     name = "continuous"
     selects_all = True
 
-    def select(self, running: Sequence[T], max_batch: int, now_s: float) -> Sequence[T]:
+    def select(self, running: Sequence[T], max_batch: int, now_s: float, kv_waiting: int = 0) -> Sequence[T]:
         return running[:max_batch]
 
-
-DECODE_BATCH_POLICIES: dict[str, Callable[[], DecodeBatchPolicy]] = {Continuous.name: Continuous}
-
-
-def make_decode_batch_policy(name: str) -> DecodeBatchPolicy:
-    return lookup(DECODE_BATCH_POLICIES, name, "decode batch policy")()
+    def observe(self, batch_size: int, max_context: int, total_context: int, seconds: float) -> None:
+        return None

@@ -11,10 +11,15 @@ from collections.abc import Callable
 from shared.latency import LatencyModel
 from shared.policies.arrow import ArrowDispatch, ArrowPools
 from shared.policies.context import PolicyContext, lookup
+from shared.policies.decode_batch import Continuous, DecodeBatchPolicy
 from shared.policies.dispatch import DispatchParams, DispatchPolicy, LeastLoad, RoundRobin
 from shared.policies.dopd import DopdPools, DopdScaling
+from shared.policies.flowprefill import DEdf, FlowPrefill, FlowPrefillParams, Sedf
+from shared.policies.kairos import KairosLiteralPrefill, KairosPrefill, KairosSlack, KairosSlackParams
+from shared.policies.length_batching import LengthBatching
 from shared.policies.poise import PoisePools
 from shared.policies.pools import PoolPolicy, StaticPools
+from shared.policies.prefill_order import Edf, Fcfs, PrefillPolicy
 from shared.policies.scaling import DynamoLoad, DynamoSla, ScalingPolicy
 
 DispatchFactory = Callable[[LatencyModel, PolicyContext, DispatchParams | None], DispatchPolicy]
@@ -53,3 +58,36 @@ def make_dispatch_policy(name: str, model: LatencyModel, ctx: PolicyContext,
 
 def make_pool_policy(name: str, model: LatencyModel, ctx: PolicyContext) -> PoolPolicy:
     return lookup(POOL_POLICIES, name, "pool policy")(model, ctx)
+
+
+#: Prefill scheduling inside an engine (prefill or colocated). One object per engine: some keep estimates.
+PREFILL_POLICIES: dict[str, Callable[[LatencyModel], PrefillPolicy]] = {
+    Fcfs.name: lambda model: Fcfs(),
+    Edf.name: lambda model: Edf(),
+    KairosPrefill.name: KairosPrefill,
+    KairosLiteralPrefill.name: KairosLiteralPrefill,
+    FlowPrefill.name: FlowPrefill,
+    # FlowPrefill's priority ablation (Fig. 10): the same batching and events, ranked by D-EDF or EDF.
+    "flowprefill-d-edf": lambda model: FlowPrefill(model, FlowPrefillParams(priority="d-edf")),
+    "flowprefill-edf": lambda model: FlowPrefill(model, FlowPrefillParams(priority="edf")),
+    Sedf.name: Sedf,
+    DEdf.name: lambda model: DEdf(),
+    LengthBatching.name: LengthBatching,
+}
+
+#: Decode batch selection inside an engine (decode or colocated). One object per engine.
+DECODE_BATCH_POLICIES: dict[str, Callable[[LatencyModel], DecodeBatchPolicy]] = {
+    Continuous.name: lambda model: Continuous(),
+    KairosSlack.name: KairosSlack,
+    # Algorithm 3 as written: each slack reserves the request's solo step, and KV waiters are not considered.
+    "kairos-slack-paper": lambda model: KairosSlack(model, KairosSlackParams(slack_reserve="solo",
+                                                                             yield_to_kv_waiters=False)),
+}
+
+
+def make_prefill_policy(name: str, model: LatencyModel) -> PrefillPolicy:
+    return lookup(PREFILL_POLICIES, name, "prefill policy")(model)
+
+
+def make_decode_batch_policy(name: str, model: LatencyModel) -> DecodeBatchPolicy:
+    return lookup(DECODE_BATCH_POLICIES, name, "decode batch policy")(model)

@@ -18,19 +18,19 @@ from shared.policies import (
     LengthPredictor,
     MaxTokens,
     PolicyContext,
-    PrefillOrderPolicy,
+    PrefillPolicy,
     RequestView,
     ScalingPolicy,
     make_decode_batch_policy,
     make_length_predictor,
-    make_prefill_order_policy,
+    make_prefill_policy,
     make_scaling_policy,
 )
 from shared.protocol import ClusterSnapshot, InstanceInfo, InstanceLoad, LoadReport, SeriesPoint
 
 MODEL = LatencyModel(load_profile())
 CTX = PolicyContext(ttft_slo_s=2.0, tpot_slo_s=0.1, max_instances=8)
-_checks: tuple[ScalingPolicy, PrefillOrderPolicy, DecodeBatchPolicy, LengthPredictor] = (
+_checks: tuple[ScalingPolicy, PrefillPolicy, DecodeBatchPolicy, LengthPredictor] = (
     DynamoSla(MODEL, CTX), Fcfs(), Continuous(), MaxTokens())  # mypy: the classes satisfy their Protocols
 
 
@@ -113,17 +113,20 @@ def test_prefill_orders() -> None:
             self.input_tokens, self.prefilled = 100, 0
 
     items = [Item("a", 0.0, 10.0), Item("b", 1.0, 0.5), Item("c", 2.0, 5.0)]
-    assert [i.rid for i in Fcfs().order(items, 3.0)] == ["a", "b", "c"] and not Fcfs().reorders
-    assert [i.rid for i in Edf().order(items, 3.0)] == ["b", "c", "a"]
-    assert make_prefill_order_policy("edf").name == "edf"
-    with pytest.raises(ValueError, match="known: edf, fcfs"):
-        make_prefill_order_policy("kairos")
+    fcfs = Fcfs().plan(items, 10_000, 3.0)
+    assert [(i.rid, n) for i, n in fcfs.parts] == [("a", 100), ("b", 100), ("c", 100)] and fcfs.retry_at_s is None
+    assert [i.rid for i, _ in Edf().plan(items, 10_000, 3.0).parts] == ["b", "c", "a"]
+    assert [(i.rid, n) for i, n in Edf().plan(items, 150, 3.0).parts] == [("b", 100), ("c", 50)]  # a partial chunk
+    assert not Fcfs().event_driven and not Edf().event_driven
+    assert make_prefill_policy("edf", MODEL).name == "edf"
+    with pytest.raises(ValueError, match="unknown prefill policy 'nope'; known: .*edf, fcfs"):
+        make_prefill_policy("nope", MODEL)
 
 
 def test_decode_batch_and_length_predictors() -> None:
-    assert Continuous().selects_all and make_decode_batch_policy("continuous").name == "continuous"
-    with pytest.raises(ValueError, match="known: continuous"):
-        make_decode_batch_policy("kairos-slack")
+    assert Continuous().selects_all and make_decode_batch_policy("continuous", MODEL).name == "continuous"
+    with pytest.raises(ValueError, match="unknown decode batch policy 'nope'; known: continuous"):
+        make_decode_batch_policy("nope", MODEL)
     view = RequestView(rid="r", input_tokens=100, max_output_tokens=500)
     assert MaxTokens().predict_remaining(view, 120) == 380
     mean = make_length_predictor("historical-mean")

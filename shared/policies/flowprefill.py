@@ -1,0 +1,183 @@
+"""FlowPrefill (Hsieh et al.): S-EDF priority and SLO-aware batching for operator-preemptible prefill.
+
+Pure objects (../shared/spec/spec-ares-kairos-flowprefill.md, section 3):
+
+- :class:`FlowPrefill` (``flowprefill``): event-driven (Algorithm 2: asked only when a prompt arrives or a
+  pass completes); ranks the queue by S-EDF (Eq. 3), takes the top prompt H and batches lower-priority
+  prompts with it while the batch still meets H's deadline and stays under G tokens (Algorithm 1). The
+  engine's operator-level preemption (``preempts`` in :mod:`shared.policies.prefill_order`) cuts the running
+  pass when the new plan's head is not in it.
+- :class:`Sedf` (``sedf``) and :class:`DEdf` (``d-edf``): the priority functions alone, chunks filled in
+  that order and re-ranked before every pass, like :class:`shared.policies.prefill_order.Edf` (the paper's
+  ablation baselines, and S-EDF for chunked engines).
+
+TTFT_hat is the latency model's prefill time for a prompt's *remaining* tokens after those already done
+(the spec's degree-2 polynomial, 3.5; for a partly done prompt the spec's 3.10 #3 "remaining" reading).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from shared.latency import LatencyModel
+from shared.policies.prefill_order import PrefillItem, PrefillPlan, T, deadline_s, fill, remaining
+
+Priority = Literal["sedf", "d-edf", "edf"]
+SortKey = tuple[int, float, float, str]
+
+
+def ttft_hat(model: LatencyModel, item: PrefillItem) -> float:
+    """Predicted prefill time of what is left of ``item``, run alone."""
+    return model.prefill_time_s(remaining(item), item.prefilled)
+
+
+def sedf_key(model: LatencyModel, item: PrefillItem, now_s: float) -> SortKey:
+    """S-EDF (Eq. 3, priority = sgn(slack)/deadline) as an ascending sort key (the spec's form, no 1/d):
+    feasible prompts (slack >= 0) first, earliest deadline first; infeasible ones after, *latest* deadline
+    first (they miss anyway; the one with most time left may still be the least late); prompts without a
+    target last, in arrival order."""
+    deadline = deadline_s(item)
+    if math.isinf(deadline):
+        return (2, item.arrival_s, 0.0, item.rid)
+    slack = deadline - now_s - ttft_hat(model, item)
+    if slack >= 0:
+        return (0, deadline, item.arrival_s, item.rid)
+    return (1, -deadline, item.arrival_s, item.rid)
+
+
+def dedf_key(item: PrefillItem, now_s: float) -> SortKey:
+    """D-EDF (priority = sgn(deadline - now)/deadline): like S-EDF, but only prompts whose deadline has
+    already *passed* are demoted; one that cannot make it any more but is not yet late still ranks by EDF."""
+    deadline = deadline_s(item)
+    if math.isinf(deadline):
+        return (2, item.arrival_s, 0.0, item.rid)
+    if deadline >= now_s:
+        return (0, deadline, item.arrival_s, item.rid)
+    return (1, -deadline, item.arrival_s, item.rid)
+
+
+def edf_key(item: PrefillItem, now_s: float) -> SortKey:
+    """EDF (priority = 1/deadline); prompts without a target last, in arrival order."""
+    deadline = deadline_s(item)
+    if math.isinf(deadline):
+        return (1, item.arrival_s, 0.0, item.rid)
+    return (0, deadline, item.arrival_s, item.rid)
+
+
+def rank(model: LatencyModel, priority: Priority, queue: Sequence[T], now_s: float) -> list[T]:
+    if priority == "sedf":
+        return sorted(queue, key=lambda r: sedf_key(model, r, now_s))
+    if priority == "d-edf":
+        return sorted(queue, key=lambda r: dedf_key(r, now_s))
+    return sorted(queue, key=lambda r: edf_key(r, now_s))
+
+
+@dataclass(frozen=True, slots=True)
+class FlowPrefillParams:
+    """FlowPrefill's knobs (spec 3.7)."""
+
+    # G, the batch token budget. The paper never states its default; 4096 is the spec's recommendation
+    # (Fig. 11: "little difference" in throughput between 4K and 8K, and less SLO risk). The top prompt runs
+    # even when it alone is longer.
+    batch_tokens: int = 4096
+    # The priority function ranking the queue: S-EDF (the paper's), or its ablations D-EDF and EDF (Fig. 10).
+    priority: Priority = "sedf"
+
+
+class FlowPrefill:
+    """S-EDF + SLO-aware batching (Algorithms 1-2).
+
+    ``plan`` ranks every prompt with tokens left, takes the top one as H and walks the rest in priority
+    order, adding prompt r while ``T_remain > predict_latency(batch + r)`` and ``N + r < G`` (strict, as in
+    Algorithm 1 line 9), first-fit without a break; ``T_remain = deadline(H) - now``. Only H's deadline is
+    checked: the members rank lower, so their deadlines are later or already lost.
+
+    Judgement calls, written down:
+
+    - ``predict_latency`` is the latency model's cost of the whole pass, one launch overhead plus each
+      part's own work (:meth:`LatencyModel.prefill_batch_time_s`), not the polynomial of the summed token
+      count. Attention is per sequence; the summed-count polynomial charges a batch of short prompts the
+      quadratic term of one long prompt and so under-batches exactly the prompts the paper batches (short
+      ones, which batch almost for free, §3.2).
+    - Candidates are all other prompts, partly prefilled ones included. The paper restricts them to waiting
+      requests (spec 3.10 #4) because its Execution Pool keeps a preempted task's activations as one unit;
+      our engines keep each prompt's KV, so a cut prompt can join any later pass.
+    - No online correction of TTFT_hat: the paper refits its polynomial offline, and ``observe`` sees only
+      (tokens, seconds) of a pass, too little to attribute an error to a prompt.
+
+    The parts are H's and then the members' remaining tokens, cut by ``fill`` so the pass respects ``budget``
+    (between events the engine keeps computing this plan's prompts, chunk after chunk).
+    """
+
+    name = "flowprefill"
+    event_driven = True  # Algorithm 2: re-rank on arrivals and completions only
+
+    def __init__(self, model: LatencyModel, params: FlowPrefillParams | None = None) -> None:
+        self.model = model
+        self.params = params or FlowPrefillParams()
+
+    def batch(self, ranked: Sequence[T], now_s: float) -> list[T]:
+        """Algorithm 1: H (``ranked[0]``) and the prompts batched with it, in priority order."""
+        if not ranked:
+            return []
+        head = ranked[0]
+        t_remain = deadline_s(head) - now_s
+        chosen = [head]
+        parts = [(remaining(head), head.prefilled)]
+        tokens = remaining(head)
+        for r in ranked[1:]:
+            n = tokens + remaining(r)
+            if n >= self.params.batch_tokens:
+                continue
+            latency = self.model.prefill_batch_time_s([*parts, (remaining(r), r.prefilled)])
+            if t_remain > latency:
+                chosen.append(r)
+                parts.append((remaining(r), r.prefilled))
+                tokens = n
+        return chosen
+
+    def plan(self, queue: Sequence[T], budget: int, now_s: float) -> PrefillPlan[T]:
+        ranked = rank(self.model, self.params.priority, [r for r in queue if remaining(r) > 0], now_s)
+        return PrefillPlan(fill(self.batch(ranked, now_s), budget))
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        return None  # TTFT_hat comes from the profiled model (see the class docstring)
+
+
+class Sedf:
+    """S-EDF ordering alone: re-ranked before every pass, the pass filled in that order (no batch budget G).
+
+    For chunked engines (Kairos-style per-chunk re-ranking with FlowPrefill's priority), and as the
+    "no batching" ablation of :class:`FlowPrefill`.
+    """
+
+    name = "sedf"
+    event_driven = False
+
+    def __init__(self, model: LatencyModel) -> None:
+        self.model = model
+
+    def plan(self, queue: Sequence[T], budget: int, now_s: float) -> PrefillPlan[T]:
+        return PrefillPlan(fill(rank(self.model, "sedf", queue, now_s), budget))
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        return None
+
+
+class DEdf:
+    """D-EDF ordering (FlowPrefill's ablation, §6.3): EDF, except prompts already past their deadline go
+    after the others, latest deadline first. Unlike S-EDF it keeps serving a prompt that can no longer make
+    its deadline until the deadline has actually passed ("may waste resources on requests that are destined
+    to violate")."""
+
+    name = "d-edf"
+    event_driven = False
+
+    def plan(self, queue: Sequence[T], budget: int, now_s: float) -> PrefillPlan[T]:
+        return PrefillPlan(fill(sorted(queue, key=lambda r: dedf_key(r, now_s)), budget))
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        return None

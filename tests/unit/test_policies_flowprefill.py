@@ -1,0 +1,105 @@
+"""FlowPrefill: S-EDF ranking (Eq. 3), SLO-aware batching (Alg. 1), preemption on arrivals, D-EDF ablation."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from shared.latency import LatencyModel, load_profile
+from shared.policies import (
+    DEdf,
+    FlowPrefill,
+    FlowPrefillParams,
+    PrefillPolicy,
+    Sedf,
+    make_prefill_policy,
+    preempts,
+)
+from shared.policies.flowprefill import ttft_hat
+
+MODEL = LatencyModel(load_profile())
+INF = math.inf
+BIG = 1 << 30  # an engine that does not chunk
+_checks: tuple[PrefillPolicy, PrefillPolicy, PrefillPolicy] = (FlowPrefill(MODEL), Sedf(MODEL), DEdf())
+
+
+@dataclass
+class Prompt:
+    rid: str
+    arrival_s: float
+    input_tokens: int
+    slo_ttft_s: float = INF
+    prefilled: int = 0
+
+
+def rids(policy: PrefillPolicy, queue: list[Prompt], now_s: float, budget: int = BIG) -> list[str]:
+    return [item.rid for item, _ in policy.plan(queue, budget, now_s).parts]
+
+
+def test_sedf_puts_feasible_prompts_first_by_deadline_then_infeasible_latest_deadline_first() -> None:
+    queue = [
+        Prompt("a", 0.0, 100, 1.0),  # feasible, deadline 1.0
+        Prompt("b", 0.0, 100, 0.5),  # feasible, deadline 0.5
+        Prompt("c", 0.0, 30_000, 0.2),  # ~1.5 s of work: infeasible, deadline 0.2
+        Prompt("d", 0.0, 30_000, 1.2),  # infeasible, deadline 1.2
+        Prompt("e", 0.0, 100),  # no target
+    ]
+    assert ttft_hat(MODEL, queue[3]) > 1.2
+    assert rids(Sedf(MODEL), queue, 0.0) == ["b", "a", "d", "c", "e"]
+    # EDF proper would keep the hopeless "c" first.
+    assert rids(make_prefill_policy("edf", MODEL), queue, 0.0)[0] == "c"
+
+
+def test_ttft_hat_counts_only_what_is_left() -> None:
+    # 30K tokens cannot make 1.2 s from scratch, but with 25K already done the last 5K can.
+    assert rids(Sedf(MODEL), [Prompt("x", 0.0, 30_000, 1.2, prefilled=25_000), Prompt("y", 0.0, 100, 5.0)], 0.0) == [
+        "x", "y"]
+    assert rids(Sedf(MODEL), [Prompt("x", 0.0, 30_000, 1.2), Prompt("y", 0.0, 100, 5.0)], 0.0) == ["y", "x"]
+
+
+def test_dedf_demotes_only_prompts_past_their_deadline() -> None:
+    queue = [Prompt("x", 0.0, 30_000, 1.0), Prompt("y", 0.0, 1000, 2.0)]
+    # At t=0 "x" cannot finish by 1.0 (S-EDF demotes it) but is not late yet (D-EDF keeps EDF order).
+    assert rids(Sedf(MODEL), queue, 0.0) == ["y", "x"]
+    assert rids(DEdf(), queue, 0.0) == ["x", "y"]
+    assert rids(DEdf(), queue, 1.5) == ["y", "x"]  # past its deadline: now demoted too
+    assert rids(FlowPrefill(MODEL, FlowPrefillParams(priority="d-edf", batch_tokens=0)), queue, 0.0) == ["x"]
+
+
+def test_batching_stays_under_g_and_meets_the_head_deadline() -> None:
+    policy = FlowPrefill(MODEL)
+    queue = [
+        Prompt("h", 0.0, 2000, 1.0),
+        Prompt("s1", 0.0, 1000, 2.0),
+        Prompt("big", 0.0, 3000, 3.0),  # 2000 + 1000 + 3000 >= G = 4096: skipped
+        Prompt("s2", 0.0, 1000, 4.0),  # first fit after the skip: 4000 < 4096
+    ]
+    assert rids(policy, queue, 0.0) == ["h", "s1", "s2"]
+    # The pass respects the engine's budget: H first, then members, the last one partial.
+    assert [(i.rid, n) for i, n in policy.plan(queue, 2500, 0.0).parts] == [("h", 2000), ("s1", 500)]
+    # A tight head deadline: adding 1000 tokens would overrun 0.1 s, a 100-token prompt does not.
+    tight = [Prompt("h", 0.0, 2000, 0.1), Prompt("s1", 0.0, 1000, 2.0), Prompt("tiny", 0.0, 100, 3.0)]
+    assert MODEL.prefill_batch_time_s([(2000, 0), (1000, 0)]) > 0.1 > MODEL.prefill_batch_time_s([(2000, 0), (100, 0)])
+    assert rids(policy, tight, 0.0) == ["h", "tiny"]
+    # The head alone may exceed G; nothing joins it then.
+    assert [(i.rid, n) for i, n in policy.plan([Prompt("long", 0.0, 10_000, 1.5), *queue[1:]], BIG, 0.0).parts] == [
+        ("long", 10_000)]
+    # No batching budget: the head runs alone.
+    assert rids(FlowPrefill(MODEL, FlowPrefillParams(batch_tokens=0)), queue, 0.0) == ["h"]
+
+
+def test_fig8_a_high_priority_arrival_preempts_the_running_prompt() -> None:
+    policy = make_prefill_policy("flowprefill", MODEL)
+    assert policy.event_driven and not Sedf(MODEL).event_driven and not DEdf().event_driven
+    a = Prompt("A", 0.0, 6000, 10.0)
+    first = policy.plan([a], BIG, 0.0)
+    assert [(i.rid, n) for i, n in first.parts] == [("A", 6000)]
+    running = first.parts
+    # B (deadline 0.55, far earlier than A's 10 s) arrives while A is running, part of A computed.
+    a.prefilled = 1500
+    b = Prompt("B", 0.05, 500, 0.5)
+    second = policy.plan([a, b], BIG, 0.05)
+    assert second.parts[0][0] is b and preempts(second, running)
+    assert not preempts(policy.plan([a], BIG, 0.05), running)  # no new head: keep running
+    # B done: A resumes from where it stopped.
+    assert [(i.rid, n) for i, n in policy.plan([a], BIG, 0.2).parts] == [("A", 4500)]
