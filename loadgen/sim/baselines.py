@@ -1,11 +1,12 @@
 """Named policy mixes: what ``poise sim --policy`` accepts.
 
 A mix is one choice per policy interface in ``shared.policies``: the instances' initial roles, dispatch,
-and optionally a scaling policy (replica counts), a pool policy (role flips), a migration policy, the
-engines' prefill order and decode batch policies, and a length predictor. The baselines here are the
-systems the papers compare against; the adaptive mixes (Arrow, DOPD, Kairos, ARES) add policies to the same
-registry in later releases. ``--prefill-order``, ``--decode-batch``, ``--migration`` and
-``--length-predictor`` override one interface of any mix.
+and optionally a scaling policy (replica counts), a pool policy (role flips), a migration policy, how the
+engines schedule inside themselves (:class:`EngineSpec`: prefill policy, preemption granularity, chunk size,
+decode batch policy), the gateway's late-binding prefill queue, and a length predictor. The baselines here
+are the systems the papers compare against. ``--prefill-policy``, ``--preemption``, ``--chunk``,
+``--decode-policy``, ``--late-binding``, ``--migration`` and ``--length-predictor`` override one part of
+any mix.
 """
 
 from __future__ import annotations
@@ -16,18 +17,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from loadgen.sim.instance import EngineSpec
 from shared.latency import LatencyModel
 from shared.policies import (
+    DECODE_BATCH_POLICIES,
+    PREEMPTION,
+    PREFILL_POLICIES,
     ArrowDispatch,
     ArrowPools,
-    Continuous,
-    DecodeBatchPolicy,
     DispatchPolicy,
     DopdPools,
     DopdScaling,
     DynamoLoad,
     DynamoSla,
-    Fcfs,
     LeastLoad,
     LengthPredictor,
     MaxTokens,
@@ -35,13 +37,11 @@ from shared.policies import (
     PoisePools,
     PolicyContext,
     PoolPolicy,
-    PrefillOrderPolicy,
     RoundRobin,
     ScalingPolicy,
-    make_decode_batch_policy,
+    lookup,
     make_length_predictor,
     make_migration_policy,
-    make_prefill_order_policy,
 )
 from shared.protocol.messages import Role
 
@@ -55,8 +55,8 @@ class PolicyMix:
     scaling: ScalingPolicy | None = None
     pools: PoolPolicy | None = None
     migration: MigrationPolicy | None = None
-    prefill_order: PrefillOrderPolicy = field(default_factory=Fcfs)
-    decode_batch: DecodeBatchPolicy = field(default_factory=Continuous)
+    engine: EngineSpec = field(default_factory=EngineSpec)
+    late_binding: tuple[str, int] | None = None  # the gateway's late-binding queue: (prefill policy, depth)
     length: LengthPredictor = field(default_factory=MaxTokens)
     max_instances: int | None = None  # the GPU budget; None = len(roles)
     # SLO-aware policies need the engines' latency model and the SLO, which the simulator knows: it calls
@@ -167,10 +167,12 @@ MIXES: dict[str, Callable[[int, str | None], PolicyMix]] = {
 }
 
 
-def make_mix(name: str, instances: int, split: str | None = None, *, prefill_order: str | None = None,
-             decode_batch: str | None = None, migration: str | None = None,
+def make_mix(name: str, instances: int, split: str | None = None, *, prefill_policy: str | None = None,
+             preemption: str | None = None, chunk_tokens: int | None = None, decode_policy: str | None = None,
+             late_binding: str | None = None, late_binding_depth: int = 2, migration: str | None = None,
              length_predictor: str | None = None) -> PolicyMix:
-    """Build the mix ``name``; the keyword arguments replace one policy of it by its registry name."""
+    """Build the mix ``name``; the keyword arguments replace one policy of it by its registry name
+    (``late_binding``: a prefill policy name for the gateway's queue, or ``"none"``)."""
     if instances < 1:
         raise ValueError("--instances must be at least 1")
     try:
@@ -179,15 +181,38 @@ def make_mix(name: str, instances: int, split: str | None = None, *, prefill_ord
         raise ValueError(f"unknown policy mix {name!r}; known: {', '.join(sorted(MIXES))}") from None
     mix = build(instances, split)
     changes: dict[str, object] = {}
-    if prefill_order is not None:
-        changes["prefill_order"] = make_prefill_order_policy(prefill_order)
-    if decode_batch is not None:
-        changes["decode_batch"] = make_decode_batch_policy(decode_batch)
+    notes: list[str] = []
+    engine = mix.engine
+    if prefill_policy is not None:
+        lookup(PREFILL_POLICIES, prefill_policy, "prefill policy")
+        engine = dataclasses.replace(engine, prefill_policy=prefill_policy)
+    if decode_policy is not None:
+        lookup(DECODE_BATCH_POLICIES, decode_policy, "decode batch policy")
+        engine = dataclasses.replace(engine, decode_policy=decode_policy)
+    if preemption is not None:
+        if preemption not in PREEMPTION:
+            raise ValueError(f"unknown preemption {preemption!r}; known: {', '.join(PREEMPTION)}")
+        engine = dataclasses.replace(engine, preemption=preemption)  # type: ignore[arg-type]
+    if chunk_tokens is not None:
+        engine = dataclasses.replace(engine, chunk_tokens=chunk_tokens)
+    if engine != mix.engine:
+        changes["engine"] = engine
+        notes.append(engine.describe())
+    if late_binding is not None:
+        if late_binding != "none":
+            lookup(PREFILL_POLICIES, late_binding, "prefill policy")
+            if late_binding_depth < 1:
+                raise ValueError("--late-binding-depth must be at least 1")
+        changes["late_binding"] = None if late_binding == "none" else (late_binding, late_binding_depth)
+        notes.append(f"late binding {late_binding}" + ("" if late_binding == "none" else f" (depth {late_binding_depth})"))
     if migration is not None:
         changes["migration"] = None if migration == "none" else make_migration_policy(migration)
     if length_predictor is not None:
         changes["length"] = make_length_predictor(length_predictor)
+    for key in ("migration", "length"):
+        if key in changes:
+            notes.append(f"{key} {getattr(changes[key], 'name', 'none')}")
     if not changes:
         return mix
-    named = ", ".join(f"{k.replace('_', '-')} {getattr(v, 'name', 'none')}" for k, v in changes.items())
-    return dataclasses.replace(mix, description=f"{mix.description}; {named}", **changes)  # type: ignore[arg-type]
+    return dataclasses.replace(mix, description=f"{mix.description}; {', '.join(notes)}", **changes)  # type: ignore[arg-type]
+

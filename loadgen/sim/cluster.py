@@ -10,6 +10,10 @@ Costs of those operations (see :class:`SimCosts`):
   a **stop** drains first. GPU-seconds count from the start decision to the moment the instance stopped;
 - a **migration** pauses the request for the copy of its KV (``kv_transfer_time_s`` of its context).
 
+With ``late_binding`` the cluster stands in for the gateway's late-binding prefill queue
+(``shared.policies.late_binding``): arrivals are held and released, in the prefill policy's order, to prefill
+instances holding fewer than ``depth`` prompts not yet prefilled.
+
 Instance ids follow ``poise up``'s: ``p0``, ``p1``... for prefill, ``d0``... for decode, ``c0``... for
 colocated; a replica started later gets the next free number of its role.
 """
@@ -22,19 +26,10 @@ from dataclasses import dataclass, field
 import msgspec
 
 from loadgen.sim.events import PRIORITY_STEP_END, EventQueue
-from loadgen.sim.instance import SimInstance, SimRequest
+from loadgen.sim.instance import EngineSpec, SimInstance, SimRequest
 from shared.latency import LatencyModel
-from shared.policies import (
-    Continuous,
-    DecodeBatchPolicy,
-    DispatchPolicy,
-    Fcfs,
-    LengthPredictor,
-    MigrationDecision,
-    Placement,
-    PrefillOrderPolicy,
-    RequestView,
-)
+from shared.policies import DispatchPolicy, EngineView, LengthPredictor, MigrationDecision, Placement, RequestView
+from shared.policies.late_binding import LateBinding
 from shared.policies.scaling import pick_retiree
 from shared.protocol.messages import (
     ClusterSnapshot,
@@ -72,15 +67,17 @@ class SimCluster:
 
     def __init__(self, roles: list[Role], model: LatencyModel, policy: DispatchPolicy, queue: EventQueue,
                  first_token_delay: Callable[[int], float] = lambda i: 0.0, *,
-                 prefill_order: PrefillOrderPolicy | None = None, decode_batch: DecodeBatchPolicy | None = None,
+                 engine: EngineSpec | None = None, late_binding: LateBinding | None = None,
                  costs: SimCosts | None = None, max_instances: int | None = None, handshake_s: float = 0.0) -> None:
         self.queue = queue
         self.model = model
         self.policy = policy
         self.first_token_delay = first_token_delay
         self.handshake_s = handshake_s
-        self.prefill_order = prefill_order or Fcfs()
-        self.decode_batch = decode_batch or Continuous()
+        self.engine = engine or EngineSpec()
+        self.late_binding = late_binding
+        self.held: list[SimRequest] = []  # late binding: arrived, not yet sent to a prefill instance
+        self._release_at: float | None = None
         self.costs = costs or SimCosts()
         self.max_instances = max_instances if max_instances is not None else len(roles)
         self.finished: list[SimRequest] = []
@@ -100,24 +97,66 @@ class SimCluster:
 
     # -- requests ----------------------------------------------------------------------------------
     def submit(self, req: SimRequest) -> None:
-        views = [i.view() for i in self.live]
+        if self.late_binding is not None:
+            self.held.append(req)
+            self._release()
+            return
+        self._place(req, [i.view() for i in self.live])
+
+    def _release(self) -> None:
+        """Late binding: send held requests, in the prefill policy's order, to prefill instances with room."""
+        lb = self.late_binding
+        if lb is None or not self.held:
+            return
+        now = self.queue.now_s
+        open_prefill = {i.instance_id: lb.free_slots(i.assigned) for i in self.live
+                        if i.role == "prefill" and i.status == "ready"}
+        slots = sum(open_prefill.values())
+        if not open_prefill:  # nothing to bind to (colocated, or every prefill draining): dispatch as usual
+            held, self.held = self.held, []
+            for req in held:
+                self._place(req, [i.view() for i in self.live])
+            return
+        chosen, retry_at = lb.release(self.held, slots, now)
+        for req in chosen:
+            self.held.remove(req)
+            views = [i.view() for i in self.live
+                     if i.role != "prefill" or open_prefill.get(i.instance_id, 0) > 0]
+            placed = self._place(req, views)
+            if placed is not None:
+                open_prefill[placed] -= 1
+        if retry_at is not None and self.held and (self._release_at is None or retry_at < self._release_at):
+            self._release_at = retry_at
+
+            def wake() -> None:
+                self._release_at = None
+                self._release()
+
+            self.queue.at(max(retry_at, now), PRIORITY_STEP_END, wake)
+
+    def _prefill_done(self, inst: SimInstance) -> None:
+        if self.late_binding is not None and self.held:
+            self._release()
+
+    def _place(self, req: SimRequest, views: list[EngineView]) -> str | None:
+        """Dispatch ``req`` among ``views``; returns its prefill instance's id (None: none, or it failed)."""
         decision = self.policy.place(
             RequestView(rid=req.rid, input_tokens=req.input_tokens, max_output_tokens=req.output_tokens,
                         slo_ttft_s=req.slo_ttft_s, slo_tpot_s=req.slo_tpot_s),
             views, self.queue.now_s)
         if not isinstance(decision, Placement):
             self._fail(req, f"{'429' if decision.retryable else '503'}: {decision.reason}")
-            return
+            return None
         decode = self.instances[decision.decode_id]
         if req.kv_tokens > decode.kv_capacity or req.input_tokens > decode.kv_capacity:
             self._fail(req, f"400: request needs {req.kv_tokens} KV tokens, above the engine's {decode.kv_capacity}")
-            return
+            return None
         self.requests[req.rid] = req
         req.decode = decode
         decode.assigned += 1
         if decision.prefill_id is None:
             decode.enqueue_prefill(req)
-            return
+            return None
         prefill = self.instances[decision.prefill_id]
         req.prefill = prefill
         prefill.assigned += 1
@@ -125,6 +164,7 @@ class SimCluster:
         prefill.pending_sq += req.input_tokens * req.input_tokens
         decode.pending_tokens += req.kv_tokens
         decode.enqueue_reserve(req)
+        return prefill.instance_id
 
     def _finished(self, req: SimRequest) -> None:
         self.requests.pop(req.rid, None)
@@ -153,7 +193,7 @@ class SimCluster:
         number = self._next_number[role]
         self._next_number[role] += 1
         inst = SimInstance(f"{_ID_PREFIX[role]}{number}", role, self.model, self.queue, self._finished,
-                           self.first_token_delay, prefill_order=self.prefill_order, decode_batch=self.decode_batch,
+                           self.first_token_delay, engine=self.engine, on_prefill_done=self._prefill_done,
                            on_drained=self._drained, status="ready" if status == "ready" else "starting",
                            handshake_s=self.handshake_s)
         inst.on_prefill_step = self._prefill_hook

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from loadgen.sim.baselines import PolicyMix, make_mix
 from loadgen.sim.cluster import SimCosts
 from loadgen.sim.run import simulate
-from loadgen.slo import SLO
+from loadgen.slo import SLO, SLOClasses
 from loadgen.workload import Workload
 from shared.latency import LatencyModel
 
@@ -41,8 +41,8 @@ class GoodputResult:
 
 
 def _point(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, scale: float,
-           costs: SimCosts | None) -> CurvePoint:
-    result = simulate(workload, mix, model, slo, rate_scale=scale, costs=costs)
+           costs: SimCosts | None, slo_classes: SLOClasses | None) -> CurvePoint:
+    result = simulate(workload, mix, model, slo, rate_scale=scale, costs=costs, slo_classes=slo_classes)
     s = result.summary
     gpus = result.config["lifecycle"]["gpu_seconds"] / s.wall_s if s.wall_s > 0 else float(len(mix.roles))
     return CurvePoint(scale, workload.mean_rate_rps * scale, s.slo_attainment, s.ttft_p90_s, s.tpot_p90_s, gpus)
@@ -50,13 +50,15 @@ def _point(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, sc
 
 def search_goodput(workload: Workload, build: Callable[[], PolicyMix], model: LatencyModel, slo: SLO, *,
                    target: float = 0.9, start: float = 1.0, max_scale: float = 256.0,
-                   bisections: int = 6, costs: SimCosts | None = None) -> GoodputResult:
-    """Highest rate scale with attainment >= ``target``; ``build`` makes a fresh mix per run (policies keep state)."""
+                   bisections: int = 6, costs: SimCosts | None = None,
+                   slo_classes: SLOClasses | None = None) -> GoodputResult:
+    """Highest rate scale with attainment >= ``target``; ``build`` makes a fresh mix per run (policies keep state).
+    With ``slo_classes`` each request is judged against its class's SLO."""
     mix = build()
     result = GoodputResult(mix.name, mix.description, 0.0, 0.0)
 
     def run(scale: float) -> bool:
-        point = _point(workload, build(), model, slo, scale, costs)
+        point = _point(workload, build(), model, slo, scale, costs, slo_classes)
         result.points.append(point)
         return point.attainment >= target
 

@@ -3,10 +3,12 @@
 What is modelled, per role (times from :class:`shared.latency.LatencyModel`, as in engine_sim):
 
 - **prefill**: a request waits until its decode instance has reserved KV for it (SGLang's ``early`` decode
-  allocation: the prefill starts once the decode side claimed the bootstrap room); then admission by KV
-  capacity in the prefill order policy's order (FCFS by default); each step prefills chunks of admitted
-  prompts up to ``chunked_prefill_size`` tokens in one forward pass. Its KV is held until the transfer to
-  the decode instance ends.
+  allocation: the prefill starts once the decode side claimed the bootstrap room); then the prefill policy
+  plans each forward pass (FCFS chunks by default, see ``shared.policies.prefill_order``) and the planned
+  prompts are admitted by KV capacity in plan order. With ``chunk`` preemption a pass is one chunk of up
+  to ``chunk_tokens``; with ``operator`` preemption an arriving prompt the policy ranks first cuts the
+  running pass at its next operator boundary (FlowPrefill), the cut prompts keeping the work done. Its KV
+  is held until the transfer to the decode instance ends.
 - **decode**: KV for prompt + output is reserved at dispatch time in FCFS order (a request waits while it
   does not fit); after the prefill, the KV transfer takes ``kv_transfer_time_s(prompt)``; the request then
   joins the running batch (at most ``max_running_requests``) and its first token is emitted; every decode
@@ -28,15 +30,39 @@ from __future__ import annotations
 import functools
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from loadgen.sim.events import PRIORITY_STEP_END, PRIORITY_TRANSFER_DONE, EventQueue
 from shared.latency import LatencyModel
-from shared.policies import Continuous, DecodeBatchPolicy, EngineView, Fcfs, PrefillOrderPolicy
+from shared.policies import EngineView, Preemption, make_decode_batch_policy, make_prefill_policy, preempts
+from shared.policies.prefill_order import MAX_PREFILL_TOKENS, fill, whole_prompts
 from shared.protocol.messages import Role
 
 SimStatus = Literal["starting", "ready", "draining", "switching", "stopped"]
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """How every engine of a simulated cluster schedules inside itself (engine_sim's settings of the same
+    names). Policies are built per instance: some keep online estimates (Kairos' throughput, its LUT)."""
+
+    prefill_policy: str = "fcfs"
+    decode_policy: str = "continuous"
+    preemption: Preemption = "chunk"
+    chunk_tokens: int | None = None  # None: the profile's chunked_prefill_size; <= 0: prompts are not chunked
+
+    def describe(self) -> str:
+        chunk = "profile" if self.chunk_tokens is None else ("off" if self.chunk_tokens <= 0 else str(self.chunk_tokens))
+        return f"prefill {self.prefill_policy} ({self.preemption} preemption, chunk {chunk}), decode {self.decode_policy}"
+
+
+@dataclass
+class PreemptionStats:
+    """Operator-level cuts an instance made: how many and how long the preempting prompt waited for each."""
+
+    count: int = 0
+    blocking_s: list[float] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -52,6 +78,7 @@ class SimRequest:
     slo_tpot_s: float = float("inf")
     slo_class: str | None = None
     prefilled: int = 0  # prompt tokens computed so far
+    admitted: bool = False  # prefill/null: its prompt's KV is allocated on the instance
     generated: int = 0  # output tokens emitted so far
     first_token_s: float | None = None
     finished_s: float | None = None
@@ -72,7 +99,7 @@ class SimInstance:
 
     def __init__(self, instance_id: str, role: Role, model: LatencyModel, queue: EventQueue,
                  on_finish: Callable[[SimRequest], None], first_token_delay: Callable[[int], float] = lambda i: 0.0,
-                 *, prefill_order: PrefillOrderPolicy | None = None, decode_batch: DecodeBatchPolicy | None = None,
+                 *, engine: EngineSpec | None = None, on_prefill_done: Callable[[SimInstance], None] | None = None,
                  on_drained: Callable[[SimInstance], None] | None = None, status: SimStatus = "ready",
                  handshake_s: float = 0.0) -> None:
         p = model.profile
@@ -83,13 +110,19 @@ class SimInstance:
         self.queue = queue
         self.on_finish = on_finish
         self.on_drained = on_drained
+        self.on_prefill_done = on_prefill_done  # a prompt left this prefill instance (late binding listens)
         self.first_token_delay = first_token_delay
         self.handshake_s = handshake_s  # decode claims the bootstrap room -> the prefill may start (HTTP hop)
-        self.prefill_order = prefill_order or Fcfs()
-        self.decode_batch = decode_batch or Continuous()
+        self.engine = engine or EngineSpec()
+        self.prefill_policy = make_prefill_policy(self.engine.prefill_policy, model)
+        self.decode_batch = make_decode_batch_policy(self.engine.decode_policy, model)
         self.kv_capacity = p.kv_capacity_tokens
         self.max_running = p.max_running_requests
-        self.chunk = p.chunked_prefill_size
+        chunk = p.chunked_prefill_size if self.engine.chunk_tokens is None else self.engine.chunk_tokens
+        self.chunked = chunk > 0
+        self.chunk = chunk if self.chunked else MAX_PREFILL_TOKENS
+        self.preemptible = self.engine.preemption == "operator"
+        self.preemptions = PreemptionStats()
         self.used_kv = 0
         self.busy = False
         self.waiting: deque[SimRequest] = deque()  # prefill/null: before KV admission
@@ -105,6 +138,13 @@ class SimInstance:
         self.steps = 0
         self._batch: list[SimRequest] = []
         self._plan: list[tuple[SimRequest, int]] = []
+        self._step_id = 0  # a cut step's end event finds a newer id and does nothing
+        self._step_start_s = 0.0
+        self._step_s = 0.0
+        self._cut_at: float | None = None
+        self._replan = True  # event-driven policies: a prompt arrived or one finished since the last plan
+        self._task: list[SimRequest] = []  # event-driven policies: the prompts of the last plan
+        self._retry_at: float | None = None
 
     # -- what the dispatcher sees ------------------------------------------------------------------
     def view(self) -> EngineView:
@@ -127,6 +167,42 @@ class SimInstance:
 
     def enqueue_prefills(self, reqs: list[SimRequest]) -> None:
         self.waiting.extend(reqs)
+        self._replan = True
+        if self.busy and self.preemptible and self.role == "prefill" and self._plan and self._cut_at is None:
+            self._maybe_preempt()
+        self.kick()
+
+    def _maybe_preempt(self) -> None:
+        """Operator preemption: an arrival re-plans; a plan headed by a prompt outside the running pass cuts
+        the pass at its next operator boundary."""
+        now = self.queue.now_s
+        plan = self.prefill_policy.plan(self._prefill_queue(), self.chunk, now)
+        if not preempts(plan, self._plan):
+            return
+        cut = self.model.operator_boundary_s(self._step_start_s, now, self._step_s)
+        if cut >= self._step_start_s + self._step_s:
+            return  # the pass ends at that boundary anyway
+        self._cut_at = cut
+        self.preemptions.count += 1
+        self.preemptions.blocking_s.append(cut - now)
+        self.queue.at(cut, PRIORITY_STEP_END, functools.partial(self._cut, self._step_id))
+
+    def _cut(self, step_id: int) -> None:
+        if step_id != self._step_id:
+            return
+        frac = (self.queue.now_s - self._step_start_s) / self._step_s if self._step_s > 0 else 1.0
+        done = 0
+        for req, n in self._plan:
+            k = self.model.prefill_tokens_done(n, req.prefilled, frac)  # engine_sim keeps the same share
+            req.prefilled += k
+            done += k
+        self.pending_tokens -= done
+        self.prefill_policy.observe(done, self.queue.now_s - self._step_start_s)
+        self._plan = []
+        self._cut_at = None
+        self._step_id += 1
+        self.busy = False
+        self._replan = True
         self.kick()
 
     def enqueue_reserve(self, req: SimRequest) -> None:
@@ -208,33 +284,67 @@ class SimInstance:
             return
         self.busy = True
         self.steps += 1
+        self._step_id += 1
+        self._step_start_s = self.queue.now_s
+        self._step_s = duration
         if self._batch:
             # Decode steps set the token interval (EWMA over ~10 steps, like a monitor's recent average).
             self.step_ewma_s = duration if self.step_ewma_s is None else 0.9 * self.step_ewma_s + 0.1 * duration
         elif self._plan and self.on_prefill_step is not None:
             self.on_prefill_step(self, self._plan, duration)
-        self.queue.at(self.queue.now_s + duration, PRIORITY_STEP_END, self._end_step)
+        self.queue.at(self.queue.now_s + duration, PRIORITY_STEP_END, functools.partial(self._end_step, self._step_id))
 
-    def _admit_prompts(self, kv_per_request: Callable[[SimRequest], int]) -> None:
-        if self.prefill_order.reorders and len(self.waiting) > 1:
-            self.waiting = deque(self.prefill_order.order(self.waiting, self.queue.now_s))
-        while self.waiting and self.used_kv + kv_per_request(self.waiting[0]) <= self.kv_capacity:
-            req = self.waiting.popleft()
-            self.used_kv += kv_per_request(req)
-            self.prefilling.append(req)
+    def _prefill_queue(self) -> list[SimRequest]:
+        """Every prompt with tokens left: admitted ones first (they came earlier), then the waiting ones."""
+        return self.prefilling + list(self.waiting) if self.waiting else list(self.prefilling)
 
-    def _chunk_plan(self, budget: int) -> list[tuple[SimRequest, int]]:
-        if self.prefill_order.reorders and len(self.prefilling) > 1:
-            # Chunk boundaries are where a prefill engine can be preempted: the policy's order wins there.
-            self.prefilling = self.prefill_order.order(self.prefilling, self.queue.now_s)
-        plan = []
-        for req in self.prefilling:
-            if budget <= 0:
-                break
-            n = min(req.input_tokens - req.prefilled, budget)
-            plan.append((req, n))
-            budget -= n
-        return plan
+    def _prefill_parts(self, budget: int, kv_per_request: Callable[[SimRequest], int]) -> list[tuple[SimRequest, int]]:
+        """The next pass's prompts: the policy's plan (or, for an event-driven policy between events, the
+        rest of its last plan), admitted by KV in plan order."""
+        if budget <= 0 or not (self.prefilling or self.waiting):
+            return []
+        now = self.queue.now_s
+        policy = self.prefill_policy
+        parts: list[tuple[SimRequest, int]] | None = None
+        if policy.event_driven and not self._replan:
+            task = [r for r in self._task if r.prefilled < r.input_tokens]
+            if task:
+                parts = fill(task, budget)
+        if parts is None:
+            plan = policy.plan(self._prefill_queue(), budget, now)
+            self._replan = False
+            parts = plan.parts
+            self._task = [r for r, _ in parts]
+            if not parts and plan.retry_at_s is not None:
+                self._retry(plan.retry_at_s)
+        if not self.chunked:
+            parts = whole_prompts(parts, budget)
+        admitted: list[tuple[SimRequest, int]] = []
+        for req, n in parts:
+            if not req.admitted:
+                need = kv_per_request(req)
+                if self.used_kv + need > self.kv_capacity:
+                    break  # in plan order: the rest waits for KV too
+                self.used_kv += need
+                req.admitted = True
+                self.waiting.remove(req)
+                self.prefilling.append(req)
+            admitted.append((req, n))
+        return admitted
+
+    def _retry(self, at_s: float) -> None:
+        """Ask the prefill policy again at ``at_s`` (it chose to wait, e.g. for a batching timeout)."""
+        if self._retry_at is not None and self._retry_at <= at_s:
+            return
+        self._retry_at = at_s
+
+        def wake() -> None:
+            if self._retry_at is not None and self.queue.now_s >= self._retry_at:
+                self._retry_at = None
+                self._replan = True
+                self.kick()
+
+        self.queue.at(max(at_s, self.queue.now_s), PRIORITY_STEP_END, wake)
 
     def _join_ready(self) -> None:
         now = self.queue.now_s
@@ -253,14 +363,21 @@ class SimInstance:
     def _decode_batch(self) -> list[SimRequest]:
         if self.decode_batch.selects_all:
             return list(self.running)
-        return list(self.decode_batch.select(self.running, self.max_running, self.queue.now_s))
+        kv_waiting = len(self.reserve_queue) if self.role == "decode" else len(self.waiting)
+        return list(self.decode_batch.select(self.running, self.max_running, self.queue.now_s, kv_waiting))
+
+    def _decode_time(self, batch: list[SimRequest]) -> float:
+        contexts = [r.input_tokens + r.generated for r in batch]
+        seconds = self.model.decode_step_time_s(len(batch), sum(contexts))
+        if not self.decode_batch.selects_all:
+            self.decode_batch.observe(len(batch), max(contexts), sum(contexts), seconds)
+        return seconds
 
     def _begin_step(self) -> float | None:
         if self.status in ("starting", "switching", "stopped"):
             return None
         if self.role == "prefill":
-            self._admit_prompts(lambda r: r.input_tokens)
-            self._plan = self._chunk_plan(self.chunk)
+            self._plan = self._prefill_parts(self.chunk, lambda r: r.input_tokens)
             if not self._plan:
                 return None
             return self.model.prefill_batch_time_s((n, r.prefilled) for r, n in self._plan)
@@ -270,19 +387,21 @@ class SimInstance:
             self._batch = self._decode_batch()
             if not self._batch:
                 return None
-            return self.model.decode_step_time_s(len(self._batch), sum(r.input_tokens + r.generated for r in self._batch))
-        # colocated
-        self._admit_prompts(lambda r: r.kv_tokens)
+            return self._decode_time(self._batch)
+        # colocated: decode-prioritised, prefill chunks fill what the decode batch leaves of the budget
         self._join_ready()
         self._batch = self._decode_batch()
-        self._plan = self._chunk_plan(self.chunk)
+        self._plan = self._prefill_parts(max(0, self.chunk - len(self._batch)), lambda r: r.kv_tokens)
         if not self._batch and not self._plan:
             return None
         context = sum(r.input_tokens + r.generated for r in self._batch)
         return self.model.mixed_step_time_s(len(self._batch), context, ((n, r.prefilled) for r, n in self._plan))
 
-    def _end_step(self) -> None:
+    def _end_step(self, step_id: int) -> None:
+        if step_id != self._step_id:
+            return  # this pass was cut at an operator boundary (_cut)
         self.busy = False
+        self._cut_at = None
         if self.role in ("decode", "null"):
             for req in self._batch:
                 req.generated += 1
@@ -295,14 +414,18 @@ class SimInstance:
                     self._finish(req)
                 elif req.migrate_to is not None:
                     self._detach_migrating(req)
-        if self.role in ("prefill", "null"):
+        if self.role in ("prefill", "null") and self._plan:
+            self.prefill_policy.observe(sum(n for _, n in self._plan), self._step_s)
             for req, n in self._plan:
                 req.prefilled += n
                 self.pending_tokens -= n if self.role == "prefill" else 0
                 if req.prefilled >= req.input_tokens:
                     self.prefilling.remove(req)
+                    self._replan = True
                     self._prompt_done(req)
             self._plan = []
+            if self._replan and self.role == "prefill" and self.on_prefill_done is not None:
+                self.on_prefill_done(self)  # may send this instance more prompts: after the step's own effects
         self._batch = []
         self.kick()
 

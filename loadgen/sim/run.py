@@ -20,7 +20,8 @@ from loadgen.sim.overhead import LIVE_STACK_DELAY, FirstTokenDelay
 from loadgen.slo import SLO, SLOClasses
 from loadgen.workload import Workload
 from shared.latency import LatencyModel
-from shared.policies import PolicyContext
+from shared.policies import PolicyContext, make_prefill_policy
+from shared.policies.late_binding import LateBinding
 
 
 def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, *, rate_scale: float = 1.0,
@@ -36,9 +37,11 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
     queue = EventQueue()
     budget = mix.max_instances or len(mix.roles)
     mix = mix.bound(model, PolicyContext(ttft_slo_s=slo.ttft_s, tpot_slo_s=slo.tpot_s, max_instances=budget))
-    cluster = SimCluster(mix.roles, model, mix.dispatch, queue, first_token_delay, prefill_order=mix.prefill_order,
-                         decode_batch=mix.decode_batch, costs=costs, max_instances=budget,
-                         handshake_s=first_token_delay.handshake_s)
+    late = None
+    if mix.late_binding is not None:
+        late = LateBinding(make_prefill_policy(mix.late_binding[0], model), depth=mix.late_binding[1])
+    cluster = SimCluster(mix.roles, model, mix.dispatch, queue, first_token_delay, engine=mix.engine, late_binding=late,
+                         costs=costs, max_instances=budget, handshake_s=first_token_delay.handshake_s)
     scaled = workload.scale_rate(rate_scale)
     if slo_classes is not None:
         scaled = Workload(name=scaled.name, requests=[
@@ -71,8 +74,11 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
         "simulated": True, "trace": workload.name, "policy": mix.name, "description": mix.description,
         "roles": mix.roles, "profile": model.profile.name,
         "policies": {"dispatch": mix.dispatch.name, "scaling": getattr(mix.scaling, "name", None), "pools": getattr(mix.pools, "name", None),
-                     "migration": getattr(mix.migration, "name", None), "prefill_order": mix.prefill_order.name,
-                     "decode_batch": mix.decode_batch.name, "length": mix.length.name},
+                     "migration": getattr(mix.migration, "name", None), "prefill": mix.engine.prefill_policy,
+                     "preemption": mix.engine.preemption, "chunk_tokens": mix.engine.chunk_tokens,
+                     "decode_batch": mix.engine.decode_policy, "length": mix.length.name,
+                     "late_binding": list(mix.late_binding) if mix.late_binding else None},
+        "preemptions": _preemptions(cluster),
         "first_token_delay_ms": {"median": first_token_delay.median_s * 1e3, "p90": first_token_delay.p90_s * 1e3,
                                  "handshake": first_token_delay.handshake_s * 1e3},
         "rate_scale": rate_scale, "requests": len(records), "events": queue.processed, "sim_wall_s": wall,
@@ -83,6 +89,15 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
     }
     return ReplayResult(records=records, summary=summarize(records, slo, makespan, slo_classes), wall_s=makespan,
                         started_at=datetime.now(UTC).isoformat(), config=config)
+
+
+def _preemptions(cluster: SimCluster) -> dict[str, float | int | None]:
+    """Operator-level cuts across the cluster and how long the preempting prompt waited for the boundary."""
+    blocking = sorted(b for i in cluster.instances.values() for b in i.preemptions.blocking_s)
+    if not blocking:
+        return {"count": 0, "blocking_ms_p50": None, "blocking_ms_max": None}
+    return {"count": len(blocking), "blocking_ms_p50": blocking[len(blocking) // 2] * 1e3,
+            "blocking_ms_max": blocking[-1] * 1e3}
 
 
 def _record(req: SimRequest) -> RequestRecord:

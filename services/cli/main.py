@@ -204,8 +204,12 @@ class _SimFields(ReplaySettings):
     split: str | None = Field(None, description="P:D split of the disaggregated mixes, like 4P4D (default: even); the scaling mixes start from it.")
     profile: str = Field(DEFAULT_PROFILE, description="Latency profile (name or JSON path).")
     json_out: Path | None = Field(None, description="Also write the summary and config as JSON here (flag: --json).")
-    prefill_order: str | None = Field(None, description="Override the mix's prefill order policy: fcfs or edf.")
-    decode_batch: str | None = Field(None, description="Override the mix's decode batch policy: continuous.")
+    prefill_policy: str | None = Field(None, description="Override the engines' prefill policy (shared.policies PREFILL_POLICIES: fcfs, edf, kairos, flowprefill, ...).")
+    preemption: str | None = Field(None, description="Override the prefill engines' preemption granularity: chunk or operator.")
+    chunk: int | None = Field(None, description="Override the prefill chunk size in tokens (0 or -1: no chunking).")
+    decode_policy: str | None = Field(None, description="Override the engines' decode batch policy: continuous or kairos-slack.")
+    late_binding: str | None = Field(None, description="Hold prompts in the gateway and release them in this prefill policy's order (or none).")
+    late_binding_depth: int = Field(2, ge=1, description="Late binding: prompts a prefill engine may hold unprefilled.")
     migration: str | None = Field(None, description="Override the mix's migration policy: none or kv-balance.")
     length_predictor: str | None = Field(None, description="Override the mix's length predictor: max-tokens or historical-mean.")
     replica_start_s: float = Field(30.0, ge=0.0, description="Seconds a replica the scaling mixes start takes to become ready.")
@@ -214,9 +218,10 @@ class _SimFields(ReplaySettings):
         """A factory of fresh mixes (policies keep state between runs); a bad name or override is a PoiseError."""
         from loadgen.sim.baselines import make_mix
 
-        build = functools.partial(make_mix, name, self.instances, self.split, prefill_order=self.prefill_order,
-                                  decode_batch=self.decode_batch, migration=self.migration,
-                                  length_predictor=self.length_predictor)
+        build = functools.partial(make_mix, name, self.instances, self.split, prefill_policy=self.prefill_policy,
+                                  preemption=self.preemption, chunk_tokens=self.chunk, decode_policy=self.decode_policy,
+                                  late_binding=self.late_binding, late_binding_depth=self.late_binding_depth,
+                                  migration=self.migration, length_predictor=self.length_predictor)
         try:
             build()
         except ValueError as exc:

@@ -16,7 +16,7 @@ from loadgen.slo import SLO, parse_slo_classes
 from loadgen.traces import load_trace
 from loadgen.workload import TraceRequest, Workload
 from shared.latency import LatencyModel, load_profile
-from shared.policies import PoolDecision, RoleChange
+from shared.policies import DECODE_BATCH_POLICIES, PoolDecision, RoleChange
 from shared.protocol.messages import ClusterSnapshot
 
 SLO_ = SLO(ttft_s=2.0, tpot_s=0.15)
@@ -175,28 +175,31 @@ def test_edf_prefill_order_serves_the_tight_class_first() -> None:
     # A backlog of prompts on one prefill engine: EDF admits the tight ones first.
     w = workload(*((0.0 + i * 0.001, 4000, 5) for i in range(40)))
     fcfs = simulate(w, make_mix("static-minload", 2), model(), SLO_, slo_classes=classes)
-    edf = simulate(w, make_mix("static-minload", 2, prefill_order="edf"), model(), SLO_, slo_classes=classes)
+    edf = simulate(w, make_mix("static-minload", 2, prefill_policy="edf"), model(), SLO_, slo_classes=classes)
     tight_fcfs = fcfs.summary.per_class["tight"].ttft_attainment
     tight_edf = edf.summary.per_class["tight"].ttft_attainment
     assert tight_edf > tight_fcfs + 0.15, (tight_fcfs, tight_edf)
     assert edf.summary.per_class["loose"].ttft_attainment == 1.0
     assert all_complete(edf)
-    assert edf.config["policies"]["prefill_order"] == "edf"
+    assert edf.config["policies"]["prefill"] == "edf"
 
 
 class OnePerStep:
     name = "one-per-step"
     selects_all = False
 
-    def select(self, running, max_batch, now_s):  # type: ignore[no-untyped-def]
+    def select(self, running, max_batch, now_s, kv_waiting=0):  # type: ignore[no-untyped-def]
         return running[:1]
 
+    def observe(self, batch_size: int, max_context: int, total_context: int, seconds: float) -> None:
+        self.observed = (batch_size, max_context, total_context, seconds)
 
-def test_a_decode_batch_policy_decides_who_steps() -> None:
+
+def test_a_decode_batch_policy_decides_who_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(DECODE_BATCH_POLICIES, OnePerStep.name, lambda model: OnePerStep())
     w = workload((0.0, 500, 20), (0.0, 500, 20))
     full = simulate(w, make_mix("static-minload", 2), model(), SLO_)
-    mix = dataclasses.replace(make_mix("static-minload", 2), decode_batch=OnePerStep())
-    one = simulate(w, mix, model(), SLO_)
+    one = simulate(w, make_mix("static-minload", 2, decode_policy=OnePerStep.name), model(), SLO_)
     assert all_complete(one)
     assert one.summary.e2e_p99_s > full.summary.e2e_p99_s  # type: ignore[operator]
 
