@@ -126,6 +126,7 @@ def create_app(engine: SimEngine) -> FastAPI:
             prompt_tokens=gen.prompt_tokens, max_new_tokens=gen.max_new_tokens, rid=gen.rid,
             ignore_eos=gen.ignore_eos, stream=gen.stream, bootstrap_host=gen.bootstrap_host,
             bootstrap_port=gen.bootstrap_port, bootstrap_room=gen.bootstrap_room, priority=gen.priority,
+            slo=gen.slo,
         )
 
     async def finish_non_stream(req: SimRequest, request: Request) -> None:

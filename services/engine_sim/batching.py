@@ -8,8 +8,8 @@ engine's state: its ``queues``, ``kv``, ``metrics`` and the /v1/loads counters.
 Per mode (SGLang's ``--disaggregation-mode``):
 
 - ``prefill``: a request first waits in the bootstrap queue until its decode peer claims its bootstrap room
-  (see handoff.py), then FCFS in the waiting queue until its prompt's KV fits; each step prefills chunks of
-  admitted requests up to ``chunked_prefill_size`` tokens (``prefill_batch_time_s``). A finished prefill
+  (see handoff.py), then in the waiting queue; the prefill policy plans each pass (see "Prefill passes"
+  below) and its prompts are admitted in plan order while their KV fits (``prefill_batch_time_s``). A finished prefill
   produces the first token, publishes it under the room and keeps its KV (inflight queue) until the decode
   side releases the room; only then does the request finish (``finish_reason`` length 0, as SGLang's prefill).
 - ``decode``: a request waits in the prealloc queue until KV for prompt + min(max_new_tokens,
@@ -18,6 +18,16 @@ Per mode (SGLang's ``--disaggregation-mode``):
   each step (``decode_step_time_s``) emits one token per running request.
 - ``null`` (colocated): decode-prioritised mixed steps: every running request decodes, and prefill chunks fill
   what is left of the chunk budget (``mixed_step_time_s``).
+
+Prefill passes (prefill and null): the prefill policy (``shared.policies.prefill_order``) gets every prompt with
+tokens left (admitted or waiting, in arrival order) and the pass's token budget (``chunked_prefill_size``; with
+-1, SGLang's ``--max-prefill-tokens`` default and whole prompts) and returns the pass's parts; prompts not yet
+admitted are admitted in plan order until one does not fit (it and later unadmitted ones wait; admitted ones
+still run). An event-driven policy is asked only after a prompt arrived or a pass completed a prompt (between
+those, the engine keeps computing its last plan); a plan with no parts and ``retry_at_s`` makes the loop wake
+then. Each pass is reported back with ``observe(tokens, seconds)``, each decode step with the decode policy's
+``observe``. With ``preemption="operator"`` (prefill mode) an arrival during a pass re-plans and may cut the
+pass at its next operator boundary (``preemption_point``, ``cut``); with ``chunk`` a pass always runs to its end.
 
 KV is counted in tokens (kv.py). A request that outgrows its reservation takes free KV one token at a time;
 when there is not enough for the whole batch the newest running request is retracted (null: back to the
@@ -29,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -38,6 +47,7 @@ from typing import TYPE_CHECKING
 from services.engine_sim import transfer
 from services.engine_sim.requests import Phase, SimRequest, finish_length, finish_stop
 from services.engine_sim.tokens import EOS_TOKEN_ID
+from shared.policies.prefill_order import fill, preempts, whole_prompts
 
 if TYPE_CHECKING:
     from services.engine_sim.engine import SimEngine
@@ -48,6 +58,10 @@ class Step:
     time_s: float
     prefill: list[tuple[SimRequest, int]]  # (request, new tokens this step)
     decode: list[SimRequest]
+    # The modelled time of the step's prefill and decode parts (what the policies' observe() is told); -1:
+    # all of ``time_s`` (a pure prefill or decode step).
+    prefill_s: float = -1.0
+    decode_s: float = -1.0
 
 
 def take_intake(eng: SimEngine) -> None:
@@ -61,8 +75,7 @@ def take_intake(eng: SimEngine) -> None:
                                   f"{req.prompt_tokens} > {eng.capacity}", HTTPStatus.BAD_REQUEST, detach=False)
             continue
         if eng.mode == "null":
-            req.phase = Phase.WAITING
-            q.waiting.append(req)
+            eng.enqueue_waiting(req)
             continue
         if req.bootstrap_room is None:
             eng.fail_request(req, "Invalid request: Disaggregated request received without bootstrap room id. "
@@ -76,8 +89,7 @@ def take_intake(eng: SimEngine) -> None:
                 eng.fail_request(req, problem, status, detach=False)
                 continue
             if eng.rooms.is_claimed(req.bootstrap_room):
-                req.phase = Phase.WAITING
-                q.waiting.append(req)
+                eng.enqueue_waiting(req)
             else:
                 req.phase = Phase.BOOTSTRAP
                 q.bootstrap[req.rid] = req
@@ -90,6 +102,7 @@ def take_intake(eng: SimEngine) -> None:
 
 def plan(eng: SimEngine) -> Step | None:
     """The next batch for the engine's current mode, or None when there is nothing to compute."""
+    eng.prefill_retry_at = None  # set again by this plan if the prefill policy still chooses to wait
     if eng.mode == "prefill":
         return _plan_prefill(eng)
     if eng.mode == "decode":
@@ -101,6 +114,15 @@ def apply(eng: SimEngine, step: Step) -> None:
     """The step's effects, at its end: prefill progress, one token per decoding request, the counters."""
     now = time.monotonic()
     generated = 0
+    if step.decode:
+        contexts = [r.context_tokens for r in step.decode]  # before this step's token
+        decode_s = step.time_s if step.decode_s < 0 else step.decode_s
+        if decode_s > 0:
+            eng.decode_policy.observe(len(contexts), max(contexts), sum(contexts), decode_s)
+    if step.prefill:
+        prefill_s = step.time_s if step.prefill_s < 0 else step.prefill_s
+        if prefill_s > 0:
+            eng.prefill_policy.observe(sum(n for _, n in step.prefill), prefill_s)
     if eng.mode == "prefill" and len(step.prefill) == 1 and not step.decode:
         req, n = step.prefill[0]
         if req.prefilled == 0 and n == req.prefill_len:  # a whole prompt alone: a clean (length, time) sample
@@ -136,7 +158,7 @@ def _admit(eng: SimEngine, req: SimRequest, reserve: int, now: float) -> None:
     eng.queues.prefilling.append(req)
     if req.admitted_s is None:
         req.admitted_s = now
-        eng.metrics.queue_time.observe(now - req.arrival_s)
+        eng.metrics.queue_time.observe(now - req.received_s)
 
 
 def _decode_reserve(eng: SimEngine, req: SimRequest) -> int:
@@ -149,36 +171,68 @@ def _decode_reserve(eng: SimEngine, req: SimRequest) -> int:
     return max(1, min(remaining, eng.settings.num_reserved_decode_tokens))
 
 
+def prefill_queue(eng: SimEngine) -> list[SimRequest]:
+    """What the prefill policy plans over: every prompt with tokens left, admitted or waiting, in arrival order."""
+    q = eng.queues
+    queue = [*q.prefilling, *q.waiting]
+    queue.sort(key=lambda r: r.arrival_s)
+    return queue
+
+
+def _unfinished(req: SimRequest) -> bool:
+    return (req.phase is Phase.WAITING or req.phase is Phase.PREFILLING) and req.prefilled < req.prefill_len
+
+
+def _planned_parts(eng: SimEngine, budget: int, now: float) -> list[tuple[SimRequest, int]]:
+    """The policy's parts for the next pass: a new plan, or (event-driven policies between events) the rest of
+    the last one."""
+    policy = eng.prefill_policy
+    if policy.event_driven and not eng.prefill_replan:
+        task = [r for r in eng.prefill_task if _unfinished(r)]
+        if task:
+            return fill(task, budget)
+    plan = policy.plan(prefill_queue(eng), budget, now)
+    eng.prefill_replan = False
+    eng.prefill_task = [r for r, _ in plan.parts]
+    if not plan.parts and plan.retry_at_s is not None:
+        eng.prefill_retry_at = plan.retry_at_s
+    return plan.parts
+
+
 def _prefill_parts(eng: SimEngine, budget: int, reserve_for: Callable[[SimRequest], int], headroom: int,
                    max_admitted: int) -> list[tuple[SimRequest, int]]:
-    """Continue the chunked request(s), then admit waiting requests in the prefill order policy's order
-    (FCFS by default) while budget and KV allow."""
+    """The next pass's prompts: the prefill policy's plan, its prompts admitted by KV in plan order (the first
+    that does not fit stops admission; prompts already admitted still run)."""
     q = eng.queues
+    if budget <= 0 or not (q.prefilling or q.waiting):
+        return []
     now = time.monotonic()
-    if eng.prefill_order.reorders:
-        # Chunk boundaries are where a prefill can be preempted: the policy's order wins there too.
-        if len(q.prefilling) > 1:
-            q.prefilling = eng.prefill_order.order(q.prefilling, now)
-        if len(q.waiting) > 1:
-            q.waiting = deque(eng.prefill_order.order(q.waiting, now))
-    parts: list[tuple[SimRequest, int]] = []
-    for req in q.prefilling:
-        if budget <= 0:
-            break
-        n = min(req.prefill_len - req.prefilled, budget)
-        parts.append((req, n))
-        budget -= n
-    while budget > 0 and q.waiting and len(q.prefilling) < max_admitted:
-        req = q.waiting[0]
-        reserve = reserve_for(req)
-        if not eng.kv.fits(reserve + headroom):
-            break  # in order: the head of the queue waits for KV, and so does everyone behind it
-        q.waiting.popleft()
-        _admit(eng, req, reserve, now)
-        n = min(req.prefill_len, budget)
-        parts.append((req, n))
-        budget -= n
-    return parts
+    parts = _planned_parts(eng, budget, now)
+    if not eng.chunked:
+        parts = whole_prompts(parts, budget)
+    out: list[tuple[SimRequest, int]] = []
+    blocked = False
+    for req, n in parts:
+        if req.phase is Phase.WAITING:
+            if blocked:
+                continue
+            reserve = reserve_for(req)
+            if len(q.prefilling) >= max_admitted or not eng.kv.fits(reserve + headroom):
+                blocked = True  # in plan order: later prompts wait for KV too
+                continue
+            q.waiting.remove(req)
+            _admit(eng, req, reserve, now)
+        elif req.phase is not Phase.PREFILLING:
+            continue
+        n = min(n, req.prefill_len - req.prefilled)
+        if n > 0:
+            out.append((req, n))
+    if not out and blocked and q.prefilling:
+        # The plan's prompts all wait for KV (or a slot) that only the admitted prompts' progress can free:
+        # compute those, in the policy's order, rather than stall.
+        fallback = eng.prefill_policy.plan(sorted(q.prefilling, key=lambda r: r.arrival_s), budget, now).parts
+        out = whole_prompts(fallback, budget) if not eng.chunked else list(fallback)
+    return out
 
 
 def _plan_prefill(eng: SimEngine) -> Step | None:
@@ -186,6 +240,44 @@ def _plan_prefill(eng: SimEngine) -> Step | None:
     if not parts:
         return None
     return Step(eng.latency.prefill_batch_time_s([(n, r.prefilled) for r, n in parts]), parts, [])
+
+
+def preemption_point(eng: SimEngine, step: Step, start: float, now: float) -> float | None:
+    """Operator preemption, called when a prompt arrived during the prefill pass ``step`` (which started at
+    ``start``): the policy re-plans, and if the new plan's head is not in the running pass (and could be
+    admitted), the pass stops at its next operator boundary. Returns that time, or None to let the pass run."""
+    plan = eng.prefill_policy.plan(prefill_queue(eng), eng.chunk_size, now)
+    if not preempts(plan, step.prefill):
+        return None
+    head = plan.parts[0][0]
+    if head.phase is Phase.WAITING and (
+            len(eng.queues.prefilling) >= eng.max_running or not eng.kv.fits(head.prefill_len)):
+        return None  # it could not run next anyway: cutting would only cost a launch
+    end = start + step.time_s
+    cut = eng.latency.operator_boundary_s(start, now, step.time_s)
+    return cut if cut < end else None
+
+
+def cut(eng: SimEngine, step: Step, start: float, at: float, arrival: float) -> None:
+    """A prefill pass stopped at ``at`` (an operator boundary): each part keeps the tokens whose work is the
+    elapsed share of its own (``LatencyModel.prefill_tokens_done``, as the simulator), the prompts keep their
+    KV, and the next pass follows a new plan."""
+    elapsed = at - start
+    frac = elapsed / step.time_s if step.time_s > 0 else 1.0
+    done = 0
+    for req, n in step.prefill:
+        k = min(n - 1, eng.latency.prefill_tokens_done(n, req.prefilled, frac))  # a cut never completes a prompt
+        if k > 0 and req.phase is Phase.PREFILLING:
+            req.prefilled += k
+            done += k
+    eng.total_prefill_tokens += done
+    eng.total_prefill_busy_us += int(elapsed * 1e6)
+    eng.window.record(time.monotonic(), 0, elapsed)
+    if elapsed > 0:
+        eng.prefill_policy.observe(done, elapsed)
+    eng.num_prefill_preemptions += 1
+    eng.metrics.prefill_preempted(at - arrival)
+    eng.prefill_replan = True
 
 
 def _plan_decode(eng: SimEngine) -> Step | None:
@@ -217,14 +309,17 @@ def _plan_null(eng: SimEngine) -> Step | None:
     running = _decode_batch(eng, time.monotonic())
     ctx = sum(r.prompt_tokens + len(r.output_ids) for r in running)
     t = eng.latency.mixed_step_time_s(len(running), ctx, [(n, r.prefilled) for r, n in parts])
-    return Step(t, parts, running)
+    decode_s = eng.latency.decode_step_time_s(len(running), ctx)
+    return Step(t, parts, running, prefill_s=t - decode_s, decode_s=decode_s)
 
 
 def _decode_batch(eng: SimEngine, now: float) -> list[SimRequest]:
     """The running requests that step now: all of them (continuous batching) unless the policy holds some."""
-    if eng.decode_batch.selects_all:
+    if eng.decode_policy.selects_all:
         return list(eng.queues.running)
-    return list(eng.decode_batch.select(eng.queues.running, eng.max_running, now))
+    q = eng.queues
+    kv_waiting = len(q.prealloc) + len(q.retracted) if eng.mode == "decode" else len(q.waiting)
+    return list(eng.decode_policy.select(q.running, eng.max_running, now, kv_waiting))
 
 
 def _admit_prealloc(eng: SimEngine, now: float, headroom: int = 0) -> None:
@@ -241,7 +336,7 @@ def _admit_prealloc(eng: SimEngine, now: float, headroom: int = 0) -> None:
         q.prealloc.popleft()
         eng.kv.admit(req, req.prompt_tokens, reserve)
         req.admitted_s = now
-        eng.metrics.queue_time.observe(now - req.arrival_s)
+        eng.metrics.queue_time.observe(now - req.received_s)
         req.phase = Phase.TRANSFER
         q.transfer[req.rid] = req
         req.handoff_task = asyncio.create_task(transfer.pull(eng, req))
@@ -297,11 +392,10 @@ def _retract(eng: SimEngine, req: SimRequest) -> None:
     eng.num_retracted_total += 1
     eng.metrics.num_retracted_requests_total.inc()
     if eng.mode == "null":
-        req.phase = Phase.WAITING
         req.prefill_len = req.context_tokens
         req.prefilled = 0
         req.recompute = True
-        eng.queues.waiting.appendleft(req)
+        eng.enqueue_waiting(req, front=True)
     else:
         req.phase = Phase.RETRACTED
         eng.queues.retracted.append(req)
@@ -316,6 +410,7 @@ def _advance_prefill(eng: SimEngine, req: SimRequest, n: int, now: float) -> int
     if req.prefilled < req.prefill_len:
         return 0
     q.prefilling.remove(req)
+    eng.prefill_replan = True  # a completion: event-driven policies plan again
     if eng.mode == "prefill":
         token = _next_token(req)
         req.first_token_id = token

@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from shared.latency import DEFAULT_PROFILE
-from shared.policies import DECODE_BATCH_POLICIES, PREFILL_ORDER_POLICIES
+from shared.policies import DECODE_BATCH_POLICIES, PREFILL_POLICIES, Preemption
 from shared.settings import ServiceSettings, settings_config
 
 Mode = Literal["prefill", "decode", "null"]
@@ -54,7 +54,11 @@ class EngineSimSettings(ServiceSettings):
         None, gt=0, description="Most requests in the running batch; unset = the profile's."
     )
     chunked_prefill_size: int | None = Field(
-        None, gt=0, description="Most prefill tokens per forward pass; unset = the profile's."
+        None,
+        ge=-1,
+        description="Most prefill tokens per forward pass (SGLang --chunked-prefill-size); unset = the profile's; "
+        "-1 = no chunking: every prompt is prefilled whole, prompts batched up to SGLang's --max-prefill-tokens "
+        "default (16384 tokens; a longer prompt runs alone).",
     )
     num_reserved_decode_tokens: int = Field(
         512, ge=0, description="KV reserved per request beyond its prompt when admitted to decode (SGLang's default 512)."
@@ -74,21 +78,36 @@ class EngineSimSettings(ServiceSettings):
         "before failing, like SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT.",
     )
     instance_id: str = Field("engine-sim", description="Name of this engine in logs and /server_info.")
-    prefill_order: str = Field(
-        "fcfs", description=f"Prefill order policy (shared.policies): {', '.join(sorted(PREFILL_ORDER_POLICIES))}."
+    prefill_policy: str = Field(
+        "fcfs",
+        description="Prefill scheduling policy: a name in shared.policies.PREFILL_POLICIES (fcfs, edf, ...); it "
+        "plans every prefill forward pass (prefill and colocated engines).",
     )
-    decode_batch: str = Field(
-        "continuous", description=f"Decode batch policy (shared.policies): {', '.join(sorted(DECODE_BATCH_POLICIES))}."
+    decode_policy: str = Field(
+        "continuous",
+        description="Decode batch policy: a name in shared.policies.DECODE_BATCH_POLICIES (continuous, ...); it "
+        "picks the running requests that take each decode step (decode and colocated engines).",
+    )
+    preemption: Preemption = Field(
+        "chunk",
+        description="Where a prefill engine can switch to a more urgent prompt. chunk: a pass is one chunk of "
+        "chunked_prefill_size and the prefill policy re-plans at chunk boundaries (SGLang). operator: a prompt "
+        "arriving during a pass makes the policy re-plan, and a plan headed by a prompt outside the running pass "
+        "cuts it at the next operator boundary, the cut prompts keeping the work done (FlowPrefill's cooperative "
+        "preemption; prefill mode only).",
     )
 
     @model_validator(mode="after")
     def _check(self) -> EngineSimSettings:
         if self.bootstrap_port is not None and self.bootstrap_port == self.port and self.port != 0:
             raise ValueError("bootstrap_port must differ from port")
-        if self.prefill_order not in PREFILL_ORDER_POLICIES:
-            raise ValueError(f"unknown prefill_order {self.prefill_order!r}; known: {', '.join(sorted(PREFILL_ORDER_POLICIES))}")
-        if self.decode_batch not in DECODE_BATCH_POLICIES:
-            raise ValueError(f"unknown decode_batch {self.decode_batch!r}; known: {', '.join(sorted(DECODE_BATCH_POLICIES))}")
+        if self.chunked_prefill_size == 0:
+            raise ValueError("chunked_prefill_size must be positive, or -1 for no chunking")
+        if self.prefill_policy not in PREFILL_POLICIES:
+            raise ValueError(f"unknown prefill_policy {self.prefill_policy!r}; known: {', '.join(sorted(PREFILL_POLICIES))}")
+        if self.decode_policy not in DECODE_BATCH_POLICIES:
+            raise ValueError(
+                f"unknown decode_policy {self.decode_policy!r}; known: {', '.join(sorted(DECODE_BATCH_POLICIES))}")
         return self
 
     def resolved_bootstrap_port(self) -> int:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 import uuid
 from collections import deque
@@ -41,7 +42,9 @@ from services.engine_sim.role_switch import RoleSwitchResult
 from services.engine_sim.tokens import TokenSource, draw_output_length
 from shared.http1 import Http1Pool
 from shared.latency import LatencyModel, LatencyProfile, load_profile
-from shared.policies import make_decode_batch_policy, make_prefill_order_policy
+from shared.policies import make_decode_batch_policy, make_prefill_policy
+from shared.policies.prefill_order import MAX_PREFILL_TOKENS
+from shared.protocol.request_slo import RequestSlo
 
 # Re-exported: app.py, __init__.py and older imports take these names from engine.py.
 __all__ = ["CATCH_UP_SLACK_S", "ENGINE_NAME", "SGLANG_API_VERSION", "EngineRequestError", "RoleSwitchResult",
@@ -59,8 +62,11 @@ class EngineRequestError(ValueError):
 class SimEngine:
     """The engine's state, shared with the helper modules (batching, transfer, role_switch, reports):
 
-    - configuration: ``settings``, ``profile``, ``latency``, ``capacity``, ``max_running``, ``chunk_size``;
-      ``mode`` changes only on a role switch;
+    - configuration: ``settings``, ``profile``, ``latency``, ``capacity``, ``max_running``, ``chunk_size``
+      (a prefill pass's token budget) and ``chunked``, ``preemption``; ``mode`` changes only on a role switch;
+    - the engine policies ``prefill_policy`` and ``decode_policy`` (shared/policies, one object per engine) and
+      the prefill planning state batching.py keeps (``prefill_task``, ``prefill_replan``, ``prefill_retry_at``,
+      ``prefill_arrivals``, ``last_prefill_arrival_s``, ``num_prefill_preemptions``);
     - ``queues`` (every live request, by phase), ``kv``, ``rooms`` (prefill side of the handoff),
       ``client`` (the keep-alive pool for KV pulls/releases, set while started), ``metrics``, ``window``;
     - flags: ``stopping`` (no new requests, no abort notices to peers), ``switching`` (a role switch is in
@@ -78,10 +84,24 @@ class SimEngine:
         self.mode: Mode = settings.mode
         self.capacity = settings.kv_capacity_tokens or self.profile.kv_capacity_tokens
         self.max_running = settings.max_running_requests or self.profile.max_running_requests
-        self.chunk_size = settings.chunked_prefill_size or self.profile.chunked_prefill_size
-        # The same policy objects the simulator's engines call (shared/policies).
-        self.prefill_order = make_prefill_order_policy(settings.prefill_order)
-        self.decode_batch = make_decode_batch_policy(settings.decode_batch)
+        chunk = settings.chunked_prefill_size or self.profile.chunked_prefill_size
+        # -1: no chunking (SGLang --chunked-prefill-size -1): whole prompts, batched up to --max-prefill-tokens.
+        self.chunked = chunk > 0
+        self.chunk_size = chunk if self.chunked else MAX_PREFILL_TOKENS  # the prefill token budget of a pass
+        # The same policy objects the simulator's engines call (shared/policies), one per engine (some keep
+        # online estimates, fed by observe() after every pass / step).
+        self.prefill_policy = make_prefill_policy(settings.prefill_policy, self.latency)
+        self.decode_policy = make_decode_batch_policy(settings.decode_policy, self.latency)
+        self.preemption = settings.preemption
+        # Prefill planning state (batching.py): the last plan's prompts (an event-driven policy keeps computing
+        # them until the next event), whether an event asks for a new plan, when a waiting policy wants to be
+        # asked again, and the prompts that entered the waiting queue (operator preemption re-plans on those).
+        self.prefill_task: list[SimRequest] = []
+        self.prefill_replan = True
+        self.prefill_retry_at: float | None = None
+        self.prefill_arrivals = 0
+        self.last_prefill_arrival_s = 0.0
+        self.num_prefill_preemptions = 0
         self.kv = KvPool(self.capacity)
         self.metrics = EngineMetrics(model_name=settings.served_model_name, mode=settings.mode,
                                      role_switch_enabled=settings.enable_pd_role_switch)
@@ -183,6 +203,18 @@ class SimEngine:
         self._bg.add(task)
         task.add_done_callback(self._bg.discard)
 
+    def enqueue_waiting(self, req: SimRequest, *, front: bool = False) -> None:
+        """A prompt enters the prefill waiting queue: an arrival for the prefill policy (an event-driven policy
+        plans again; with operator preemption, a running pass re-plans and may be cut)."""
+        req.phase = Phase.WAITING
+        if front:
+            self.queues.waiting.appendleft(req)
+        else:
+            self.queues.waiting.append(req)
+        self.prefill_replan = True
+        self.prefill_arrivals += 1
+        self.last_prefill_arrival_s = time.monotonic()
+
     def kick(self) -> None:
         """Wake the scheduler: something it may act on changed (a request arrived, KV was freed, ...)."""
         self._wake.set()
@@ -201,8 +233,12 @@ class SimEngine:
         bootstrap_port: int | None = None,
         bootstrap_room: int | None = None,
         priority: int | None = None,
+        slo: RequestSlo | None = None,
     ) -> SimRequest:
-        """Queue a request. Raises :class:`EngineRequestError` where SGLang's tokenizer manager would refuse it."""
+        """Queue a request. Raises :class:`EngineRequestError` where SGLang's tokenizer manager would refuse it.
+
+        ``slo`` (the ``poise_slo`` body field) sets the request's TTFT/TPOT targets for the engine policies and
+        dates its arrival back by ``waited_s``, so TTFT deadlines count from the gateway's arrival."""
         if self.stopping:
             raise EngineRequestError("engine_sim is shutting down")
         rid = rid if rid is not None else uuid.uuid4().hex
@@ -234,6 +270,11 @@ class SimEngine:
             bootstrap_room=bootstrap_room, priority=priority, stop_after=stop_after,
             prefill_len=prompt_tokens, tokens=TokenSource(seed, rid),
         )
+        if slo is not None:
+            req.slo_class = slo.slo_class
+            req.slo_ttft_s = math.inf if slo.ttft_s is None else slo.ttft_s
+            req.slo_tpot_s = math.inf if slo.tpot_s is None else slo.tpot_s
+            req.arrival_s = req.received_s - slo.waited_s
         self._reqs[rid] = req
         self._idle.clear()
         self.queues.intake.append(req)
@@ -348,13 +389,20 @@ class SimEngine:
                 step = self._plan()
                 if step is None:
                     self._prev_deadline = 0.0
-                    await self._wake.wait()
+                    await self._wait_for_work()
                     continue
                 now = time.monotonic()
                 start = self._prev_deadline if now - self._prev_deadline < CATCH_UP_SLACK_S else now
                 deadline = start + step.time_s
                 self._prev_deadline = deadline
-                await asyncio.sleep(max(0.0, deadline - now))
+                if self.preemption == "operator" and self.mode == "prefill" and step.prefill:
+                    cut = await self._run_preemptible(step, start, deadline)
+                    if cut is not None:
+                        self._prev_deadline = cut[0]
+                        self._cut(step, start, *cut)
+                        continue
+                else:
+                    await asyncio.sleep(max(0.0, deadline - now))
                 self._apply(step)
         except asyncio.CancelledError:
             raise
@@ -363,12 +411,50 @@ class SimEngine:
             self.unhealthy = True
             raise
 
+    async def _wait_for_work(self) -> None:
+        """Nothing to compute: wait for a kick, or until the prefill policy asked to be planned again."""
+        retry = self.prefill_retry_at
+        if retry is None:
+            await self._wake.wait()
+            return
+        delay = max(retry - time.monotonic(), 0.001)  # never spin on a retry time already past
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), delay)
+
+    async def _run_preemptible(self, step: Step, start: float, deadline: float) -> tuple[float, float] | None:
+        """Wait out a prefill pass (operator preemption): each prompt that enters the waiting queue meanwhile
+        makes the policy re-plan; a plan the running pass must yield to cuts it at the next operator boundary.
+        Returns (the cut time, already reached; the arrival that caused it), or None when the pass ran to its
+        end."""
+        seen = self.prefill_arrivals
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                await asyncio.sleep(0)  # a zero-time pass (time_scale 0) still yields to the event loop
+                return None
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), deadline - now)
+            batching.take_intake(self)  # FlowPrefill's scheduler takes arrivals while a pass runs
+            if self.prefill_arrivals == seen:
+                continue
+            seen = self.prefill_arrivals
+            now = time.monotonic()
+            cut = batching.preemption_point(self, step, start, now)
+            if cut is not None:
+                arrival = self.last_prefill_arrival_s
+                await asyncio.sleep(max(0.0, cut - time.monotonic()))
+                return cut, arrival
+
     # Methods rather than direct calls so that a test can wrap a step's effects on one engine.
     def _plan(self) -> Step | None:
         return batching.plan(self)
 
     def _apply(self, step: Step) -> None:
         batching.apply(self, step)
+
+    def _cut(self, step: Step, start: float, cut: float, arrival: float) -> None:
+        batching.cut(self, step, start, cut, arrival)
 
     def reset_pacing(self) -> None:
         """Forget the last step's deadline: the next step must not absorb time that passed without steps."""

@@ -8,6 +8,11 @@ Names, label sets and buckets follow sglang/srt/observability/metrics_collector.
 - tokenizer-side series (tokens, latencies, aborts) carry ``model_name`` and ``engine_type`` fixed at start
   (tokenizer_metric_labels), plus ``is_streaming`` where SGLang has it.
 
+Poise's own series (not in SGLang) are named ``poise:...`` and carry the scheduler labels: operator-level
+prefill preemptions (``poise:prefill_preemptions_total``, ``poise:prefill_preemption_blocking_seconds``).
+Latencies count from when the request reached this engine (``received_s``), as SGLang's do, not from the
+gateway's arrival that a ``poise_slo`` field moves ``arrival_s`` back to.
+
 Gauges are refreshed from the engine when ``/metrics`` is scraped; counters and histograms are updated per
 request (never per token: inter-token latency is recorded once per request, as a bulk observation).
 """
@@ -30,6 +35,9 @@ QUEUE_TIME_BUCKETS = [0.0, 0.1, 0.2, 0.5, 1, 2, 3, 4, 5, 10, 15, 20, 30, 40, 50,
 KV_LATENCY_MS_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
 KV_SPEED_BUCKETS = (0.1, 0.5, 1, 5, 10, 25, 50, 100, 200, 400)
 KV_BOOTSTRAP_MS_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500)
+# From the arrival that triggers an operator-level preemption to the operator boundary where the pass stops:
+# at most one operator (~0.1-30 ms on the built-in profiles, more at a large time_scale).
+PREEMPTION_BLOCKING_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
 
 def engine_type(mode: str) -> str:
@@ -149,6 +157,15 @@ class EngineMetrics:
         self.num_transfer_failed_reqs = Counter(
             "sglang:num_transfer_failed_reqs_total", "The number of transfer failed requests.", sn,
             registry=r).labels(**sched)
+        # -- scheduler: Poise extensions ----------------------------------------------------------------
+        self.prefill_preemptions = Counter(
+            "poise:prefill_preemptions_total",
+            "Prefill forward passes cut at an operator boundary for a more urgent prompt (preemption=operator).",
+            sn, registry=r).labels(**sched)
+        self.prefill_preemption_blocking = Histogram(
+            "poise:prefill_preemption_blocking_seconds",
+            "Time from the arrival that preempted a prefill pass to the operator boundary where the pass stopped.",
+            sn, registry=r, buckets=PREEMPTION_BLOCKING_BUCKETS).labels(**sched)
         # -- tokenizer ----------------------------------------------------------------------------------
         stream_names = [*tn, "is_streaming"]
         self._prompt_tokens = Counter("sglang:prompt_tokens_total", "Number of prefill tokens processed.",
@@ -183,7 +200,7 @@ class EngineMetrics:
 
     # -- per-request events ---------------------------------------------------------------------------
     def first_token(self, req: SimRequest, now: float) -> None:
-        self._by_stream["true" if req.stream else "false"]["ttft"].observe(now - req.arrival_s)
+        self._by_stream["true" if req.stream else "false"]["ttft"].observe(now - req.received_s)
 
     def finished(self, req: SimRequest, now: float) -> None:
         c = self._by_stream["true" if req.stream else "false"]
@@ -192,11 +209,15 @@ class EngineMetrics:
         c["prompt"].inc(req.prompt_tokens)
         if n:
             c["gen"].inc(n)
-        c["e2e"].observe(now - req.arrival_s)
+        c["e2e"].observe(now - req.received_s)
         if n > 1 and req.first_token_s is not None and req.last_token_s is not None:
             decode_s = req.last_token_s - req.first_token_s
             _observe_many(self.itl, decode_s, n - 1)
             c["tpot"].observe(decode_s / (n - 1))
+
+    def prefill_preempted(self, blocking_s: float) -> None:
+        self.prefill_preemptions.inc()
+        self.prefill_preemption_blocking.observe(max(0.0, blocking_s))
 
     def kv_transfer(self, latency_ms: float, speed_gb_s: float | None) -> None:
         self.kv_transfer_latency_ms.observe(latency_ms)

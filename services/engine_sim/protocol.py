@@ -8,6 +8,7 @@ engine_sim uses and ignores the rest, as SGLang's pydantic models ignore unknown
 - /v1/completions and /v1/chat/completions: CompletionRequest / ChatCompletionRequest and their responses
   and stream chunks (sglang/srt/entrypoints/openai/protocol.py, serving_completions.py, serving_chat.py,
   sse_utils.py, usage_processor.py);
+- ``poise_slo`` (a Poise extension, shared/protocol/request_slo.py): the request's SLO targets, on all three;
 - errors: ErrorResponse (openai/protocol.py); the "Bad Request" type for malformed bodies is what SGLang's
   RequestValidationError handler sends (entrypoints/http_server.py), "BadRequestError" what
   OpenAIServingBase.create_error_response sends for a request it refuses.
@@ -27,6 +28,7 @@ from typing import Any, Literal
 import orjson
 
 from services.engine_sim.requests import SimRequest
+from shared.protocol.request_slo import SLO_FIELD, RequestSlo, parse_request_slo
 from shared.tokens import EstimatingCounter, count_chat, count_prompt
 
 Kind = Literal["generate", "completion", "chat"]
@@ -62,6 +64,7 @@ class GenRequest:
     bootstrap_host: str | None = None
     bootstrap_port: int | None = None
     bootstrap_room: int | None = None
+    slo: RequestSlo | None = None  # the poise_slo extension field (None: no targets)
 
 
 # -- field helpers ---------------------------------------------------------------------------------------
@@ -117,6 +120,18 @@ def _stop(body: dict[str, Any]) -> None:
         raise SchemaError(f"stop: Input should be a valid string or list of strings, got {v!r}", "stop")
 
 
+def _slo(body: dict[str, Any]) -> RequestSlo | None:
+    """The ``poise_slo`` extension (shared/protocol/request_slo.py): the request's latency targets and how long
+    it had been in the system when the gateway sent it. Malformed: a schema error (400 "Bad Request")."""
+    v = body.get(SLO_FIELD)
+    if v is None:
+        return None
+    try:
+        return parse_request_slo(v)
+    except ValueError as exc:
+        raise SchemaError(str(exc), SLO_FIELD) from None
+
+
 def _common(body: dict[str, Any], kind: Kind, model: str, prompt_tokens: int, max_new: int | None) -> GenRequest:
     for name in ("rid", "bootstrap_host", "bootstrap_port", "bootstrap_room"):
         _scalar(body, name)
@@ -150,6 +165,7 @@ def _common(body: dict[str, Any], kind: Kind, model: str, prompt_tokens: int, ma
         bootstrap_host=_str(body, "bootstrap_host"),
         bootstrap_port=_int(body, "bootstrap_port"),
         bootstrap_room=_int(body, "bootstrap_room"),
+        slo=_slo(body),
     )
 
 
@@ -286,7 +302,7 @@ def generate_output(req: SimRequest, text: str, n_ids: int, finish: dict[str, An
         "cached_tokens": 0,
     }
     if finish is not None:
-        meta["e2e_latency"] = time.monotonic() - req.arrival_s
+        meta["e2e_latency"] = time.monotonic() - req.received_s
     return {"text": text, "output_ids": req.output_ids[:n_ids], "meta_info": meta}
 
 

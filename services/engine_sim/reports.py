@@ -11,6 +11,8 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from shared.policies.prefill_order import MAX_PREFILL_TOKENS
+
 if TYPE_CHECKING:
     from services.engine_sim.engine import SimEngine
 
@@ -168,7 +170,8 @@ def server_info(eng: SimEngine) -> dict[str, Any]:
         "schedule_policy": "fcfs",
         "max_running_requests": eng.max_running,
         "max_total_num_tokens": eng.capacity,
-        "chunked_prefill_size": eng.chunk_size,
+        "chunked_prefill_size": eng.chunk_size if eng.chunked else -1,
+        "max_prefill_tokens": MAX_PREFILL_TOKENS,
         "num_reserved_decode_tokens": s.num_reserved_decode_tokens,
         "tp_size": p.tp,
         "dp_size": 1,
@@ -177,6 +180,10 @@ def server_info(eng: SimEngine) -> dict[str, Any]:
         "time_scale": s.time_scale,
         "mean_output_tokens": s.mean_output_tokens,
         "bootstrap_timeout_s": s.bootstrap_timeout_s,
+        # Poise extensions: the engine's scheduling policies (shared/policies) and its preemption granularity.
+        "prefill_policy": s.prefill_policy,
+        "decode_policy": s.decode_policy,
+        "preemption": s.preemption,
         "launch_command": " ".join(sys.argv),
         "startup_time": eng.startup_unix_s,
         "startup_time_iso": datetime.fromtimestamp(eng.startup_unix_s, UTC).isoformat(),
@@ -186,6 +193,7 @@ def server_info(eng: SimEngine) -> dict[str, Any]:
             "paused": eng.paused,
             "max_total_num_tokens": eng.capacity,
             "max_running_requests": eng.max_running,
+            "num_prefill_preemptions": eng.num_prefill_preemptions,
         }],
         "version": SGLANG_API_VERSION,
         "frontend": "python",

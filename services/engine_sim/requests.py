@@ -57,13 +57,17 @@ class SimRequest:
     bootstrap_port: int | None = None
     bootstrap_room: int | None = None
     priority: int | None = None
-    slo_ttft_s: float = math.inf  # the request's SLO class targets; inf = none given
+    slo_ttft_s: float = math.inf  # the request's SLO class targets (the poise_slo body field); inf = none given
     slo_tpot_s: float = math.inf
+    slo_class: str | None = None
     stop_after: int = 0  # output length at which the request stops (the length model's draw, capped)
 
     phase: Phase = Phase.INTAKE
     created_unix_s: float = field(default_factory=time.time)
-    arrival_s: float = field(default_factory=time.monotonic)
+    received_s: float = field(default_factory=time.monotonic)  # reached this engine (SGLang's latency metrics)
+    # Reached the serving system (the gateway: received_s - poise_slo.waited_s), on this engine's monotonic
+    # clock; TTFT deadlines count from here. Equal to received_s when the request carries no poise_slo.
+    arrival_s: float = math.nan  # nan: received_s
     prefill_len: int = 0  # tokens to prefill: the prompt, or prompt + generated after a retraction
     prefilled: int = 0
     recompute: bool = False  # re-prefilling after a retraction: no new first token at the end
@@ -82,13 +86,22 @@ class SimRequest:
     handoff_task: asyncio.Task[None] | None = None  # decode: the KV pull
     timer: asyncio.TimerHandle | None = None  # prefill: bootstrap / release timeout
 
+    def __post_init__(self) -> None:
+        if math.isnan(self.arrival_s):
+            self.arrival_s = self.received_s
+
     @property
     def finished(self) -> bool:
         return self.finish is not None
 
-    # What the shared prefill-order and decode-batch policies read (shared.policies PrefillItem / DecodeItem).
+    # What the shared prefill and decode-batch policies read (shared.policies PrefillItem / DecodeItem; rid,
+    # arrival_s, prefilled, slo_ttft_s, slo_tpot_s and first_token_s are fields).
     @property
     def input_tokens(self) -> int:
+        """While queued for or in prefill (PrefillItem): the tokens to prefill, i.e. the prompt, or prompt +
+        output after a retraction (null mode); otherwise (DecodeItem): the prompt."""
+        if self.phase is Phase.WAITING or self.phase is Phase.PREFILLING:
+            return self.prefill_len
         return self.prompt_tokens
 
     @property

@@ -29,8 +29,7 @@ def room_claimed(eng: SimEngine, req: SimRequest) -> None:
     if req.timer is not None:
         req.timer.cancel()
         req.timer = None
-    req.phase = Phase.WAITING
-    eng.queues.waiting.append(req)
+    eng.enqueue_waiting(req)
     eng.kick()
 
 

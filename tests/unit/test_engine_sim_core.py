@@ -423,10 +423,10 @@ async def test_decode_repolls_while_the_prefill_is_still_running() -> None:
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize("order", ["fcfs", "edf"])
-async def test_the_prefill_order_policy_decides_who_is_prefilled_first(order: str) -> None:
+async def test_the_prefill_policy_decides_who_is_prefilled_first(order: str) -> None:
     # The same shared policy objects as the simulator: with EDF the request with a TTFT target overtakes the
     # three submitted before it (which have none); with FCFS it waits its turn.
-    engine = make_engine(time_scale=0.05, prefill_order=order, chunked_prefill_size=8192)
+    engine = make_engine(time_scale=0.05, prefill_policy=order, chunked_prefill_size=8192)
     async with running(engine):
         reqs = [engine.submit(prompt_tokens=8000, max_new_tokens=2, ignore_eos=True, rid=f"r{i}") for i in range(4)]
         reqs[3].slo_ttft_s = 0.5
@@ -441,10 +441,10 @@ async def test_the_prefill_order_policy_decides_who_is_prefilled_first(order: st
 
 
 def test_unknown_engine_policies_are_rejected() -> None:
-    with pytest.raises(ValueError, match="known: edf, fcfs"):
-        EngineSimSettings(prefill_order="kairos")
-    with pytest.raises(ValueError, match="known: continuous"):
-        EngineSimSettings(decode_batch="slack")
+    with pytest.raises(ValueError, match=r"unknown prefill_policy 'no-such-policy'; known: .*edf, fcfs"):
+        EngineSimSettings(prefill_policy="no-such-policy")
+    with pytest.raises(ValueError, match=r"unknown decode_policy 'no-such-policy'; known: .*continuous"):
+        EngineSimSettings(decode_policy="no-such-policy")
 
 
 @pytest.mark.asyncio
