@@ -75,12 +75,18 @@ def build_request_body(
     model: str,
     endpoint: Endpoint,
     vocab_size: int = DEFAULT_VOCAB_SIZE,
+    slo: SLO | None = None,
 ) -> bytes:
     """JSON body asking for exactly the trace's lengths.
 
     ``completions`` sends the prompt as token ids (exact input length) with
     ``ignore_eos`` and ``max_tokens`` (exact output length). ``chat`` sends
-    approximate-length text (~4 chars/token) and is meant for demos.
+    approximate-length text (~4 chars/token) and is meant for demos. With
+    ``slo`` (the request's SLO class targets) the body carries Poise's ``slo``
+    extension field, ``{"name": <the request's slo_class>, "ttft_s", "tpot_s"}``:
+    the Poise gateway hands the targets to the engines' schedulers (see
+    services/gateway/slo.py); other OpenAI servers ignore or reject unknown
+    fields, so it is only sent when asked for.
     """
     common: dict[str, Any] = {
         "model": model,
@@ -99,6 +105,11 @@ def build_request_body(
         prompt = {"messages": [{"role": "user", "content": text}]}
     else:
         raise ValueError(f"endpoint must be 'completions' or 'chat', got {endpoint!r}")
+    if slo is not None:
+        target: dict[str, Any] = {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s}
+        if request.slo_class is not None:
+            target["name"] = request.slo_class
+        common["slo"] = target
     return orjson.dumps({"model": model, **prompt, **common})
 
 
@@ -128,6 +139,7 @@ class _Run:
         timeout_s: float,
         keep_token_times: bool,
         concurrency_limit: int | None,
+        slo_classes: SLOClasses | None = None,
     ) -> None:
         self.client = client
         self.url = url
@@ -138,6 +150,7 @@ class _Run:
         self.timeout_s = timeout_s
         self.keep_token_times = keep_token_times
         self.semaphore = asyncio.Semaphore(concurrency_limit) if concurrency_limit else None
+        self.slo_classes = slo_classes
         self.run_id = secrets.token_hex(3)
         self.t0 = time.perf_counter()
         self.sent = 0
@@ -161,7 +174,11 @@ class _Run:
         stream = StreamAccumulator(self.keep_token_times)
         finished: float | None = None
         try:
-            body = build_request_body(request, model=self.model, endpoint=self.endpoint, vocab_size=self.vocab_size)
+            target = None
+            if self.slo_classes is not None and request.slo_class is not None:
+                target = self.slo_classes.slo_of(request.slo_class)
+            body = build_request_body(request, model=self.model, endpoint=self.endpoint, vocab_size=self.vocab_size,
+                                      slo=target)
         except Exception as exc:  # a bad request must not abort the run
             body = b""
             error = f"could not build request: {type(exc).__name__}: {exc}"
@@ -257,6 +274,7 @@ async def replay(
     vocab_size: int = DEFAULT_VOCAB_SIZE,
     max_connections: int = 2000,
     client: httpx.AsyncClient | None = None,
+    send_slo: bool = True,
 ) -> ReplayResult:
     """Replay ``workload`` open-loop against ``base_url`` and measure every request.
 
@@ -268,7 +286,9 @@ async def replay(
     Table 1 SLO (`slo_for`). Each record keeps its request's ``slo_class``;
     with ``slo_classes`` the summary judges a request against its class's SLO
     and breaks attainment down per class (label the workload first with
-    `SLOClasses.assign`). ``progress`` is called about every
+    `SLOClasses.assign`); each request then also tells the gateway its
+    class's targets (the ``slo`` body field, see `build_request_body`) unless
+    ``send_slo`` is False. ``progress`` is called about every
     ``progress_interval_s`` and once more at the end (``final=True``); pass
     `print_progress` for a status line. ``client`` lets a caller supply its own
     `httpx.AsyncClient` (it is then not closed here); otherwise one is created
@@ -308,6 +328,7 @@ async def replay(
         timeout_s=timeout_s,
         keep_token_times=keep_token_times,
         concurrency_limit=concurrency_limit,
+        slo_classes=slo_classes if send_slo else None,
     )
     total = len(scheduled)
     reporter = (
@@ -348,6 +369,7 @@ async def replay(
     }
     if slo_classes is not None:  # only then, so a run without classes records the same config as before
         config["slo_classes"] = slo_classes.specs
+        config["send_slo"] = send_slo
     return ReplayResult(
         records=records,
         summary=summarize(records, slo, wall_s, slo_classes),

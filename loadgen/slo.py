@@ -208,11 +208,26 @@ def _interactive_batch(trace_slo: SLO) -> SLOClasses:
     ))
 
 
+#: FlowPrefill's per-task TTFT SLOs (Table 2, Llama3-8B) with QwenTrace's task shares (FlowPrefill Table 1).
+FLOWPREFILL_TASKS: tuple[tuple[str, float, float], ...] = (
+    ("text", 0.25, 0.68), ("image", 0.5, 0.08), ("search", 4.0, 0.20), ("file", 6.0, 0.04),
+)
+
+
+def _flowprefill_tasks(trace_slo: SLO) -> SLOClasses:
+    return SLOClasses(tuple(SLOClass(name, SLO(ttft_s=ttft, tpot_s=trace_slo.tpot_s), share)
+                            for name, ttft, share in FLOWPREFILL_TASKS))
+
+
 #: Named class sets, each built from the trace's own SLO so one preset fits every trace.
 #: ``interactive-batch``: 30% interactive requests at half the trace's TTFT and TPOT targets, 70% batch
 #: requests at the trace's targets. An illustrative mix, not taken from a paper.
+#: ``tasks-flowprefill``: FlowPrefill's Table 2 TTFT SLOs for Llama3-8B (text 0.25 s, image 0.5 s, search 4 s,
+#: file 6 s) at QwenTrace's shares (68%, 8%, 20%, 4%); TPOT targets are the trace's (FlowPrefill judges TTFT).
+#: The gateway builds the same presets on its own SLO (its ``slo_preset`` setting).
 PRESETS: dict[str, Callable[[SLO], SLOClasses]] = {
     "interactive-batch": _interactive_batch,
+    "tasks-flowprefill": _flowprefill_tasks,
 }
 
 

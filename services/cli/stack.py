@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from loadgen.slo import slo_for
 from shared.devservers import EtcdServer, ManagedProcess, NatsServer, free_port
@@ -54,6 +54,17 @@ class StackSettings(ServiceSettings):
     dispatch_policy: str = Field("least-load", description="The gateway's dispatch policy: least-load, round-robin or arrow.")
     slo_ttft_s: float | None = Field(None, gt=0.0, description="TTFT SLO (s) the planner and gateway policies plan for; unset = the trace's (poise run) or Arrow Table 1's Azure conversation value, 2 s.")
     slo_tpot_s: float | None = Field(None, gt=0.0, description="TPOT SLO (s) the policies plan for; unset = the trace's (poise run) or 0.15 s (Azure conversation).")
+    # -- engine scheduling (every engine_sim; see services/engine_sim/config.py) ------------------------------
+    prefill_policy: str | None = Field(None, description="Prefill scheduling policy of every engine (shared.policies PREFILL_POLICIES: fcfs, edf, ...); unset = engine_sim's default (fcfs).")
+    decode_policy: str | None = Field(None, description="Decode batch policy of every engine (shared.policies DECODE_BATCH_POLICIES: continuous, ...); unset = engine_sim's default.")
+    preemption: str | None = Field(None, description="Where prefill engines may switch to a more urgent prompt: chunk (SGLang, at chunk boundaries) or operator (FlowPrefill); unset = chunk.")
+    chunked_prefill_size: int | None = Field(None, description="Prefill chunk size in tokens of every engine (SGLang --chunked-prefill-size); -1 = no chunking; unset = the profile's.")
+    # -- gateway: late binding and SLO classes (services/gateway/late_binding.py, slo.py) ----------------------
+    late_binding: bool = Field(False, description="The gateway holds requests and releases them to prefill engines in --late-binding-policy's order (for engines that cannot be patched).")
+    late_binding_policy: str = Field("edf", description="Late binding: the prefill policy that orders held requests.")
+    late_binding_depth: int = Field(2, ge=1, description="Late binding: prompts a prefill engine may hold unprefilled.")
+    gateway_slo_class: list[str] = Field(default_factory=list, description="An SLO class NAME=TTFT_S:TPOT_S requests may name (body field slo_class); repeatable; passed to the gateway as --slo-class.")
+    gateway_slo_preset: str | None = Field(None, description="The gateway's SLO classes from a preset (tasks-flowprefill: FlowPrefill Table 2; interactive-batch), built on the planning SLO.")
 
     @field_validator("planner_policy")
     @classmethod
@@ -70,6 +81,71 @@ class StackSettings(ServiceSettings):
 
         lookup(DISPATCH_POLICIES, value, "dispatch policy")
         return value
+
+    @field_validator("prefill_policy", "late_binding_policy")
+    @classmethod
+    def _known_prefill_policy(cls, value: str | None) -> str | None:
+        from shared.policies import PREFILL_POLICIES, lookup
+
+        if value is not None:
+            lookup(PREFILL_POLICIES, value, "prefill policy")
+        return value
+
+    @field_validator("decode_policy")
+    @classmethod
+    def _known_decode_policy(cls, value: str | None) -> str | None:
+        from shared.policies import DECODE_BATCH_POLICIES, lookup
+
+        if value is not None:
+            lookup(DECODE_BATCH_POLICIES, value, "decode batch policy")
+        return value
+
+    @field_validator("preemption")
+    @classmethod
+    def _known_preemption(cls, value: str | None) -> str | None:
+        from shared.policies.prefill_order import PREEMPTION
+
+        if value is not None and value not in PREEMPTION:
+            raise ValueError(f"unknown preemption {value!r}; known: {', '.join(PREEMPTION)}")
+        return value
+
+    @field_validator("chunked_prefill_size")
+    @classmethod
+    def _valid_chunk(cls, value: int | None) -> int | None:
+        if value is not None and value < 1 and value != -1:
+            raise ValueError(f"chunked_prefill_size must be positive, or -1 for no chunking, got {value}")
+        return value
+
+    def engine_args(self) -> list[str]:
+        """engine_sim flags for the scheduling settings that are set (the worker appends them to its engine)."""
+        args: list[str] = []
+        for flag, value in (("--prefill-policy", self.prefill_policy), ("--decode-policy", self.decode_policy),
+                            ("--preemption", self.preemption), ("--chunked-prefill-size", self.chunked_prefill_size)):
+            if value is not None:
+                args += [flag, str(value)]
+        return args
+
+    def gateway_policy_args(self) -> list[str]:
+        """Gateway flags for late binding and SLO classes."""
+        args: list[str] = []
+        if self.late_binding:
+            args += ["--late-binding", "--late-binding-policy", self.late_binding_policy,
+                     "--late-binding-depth", str(self.late_binding_depth)]
+        for spec in self.gateway_slo_class:
+            args += [f"--slo-class={spec}"]
+        if self.gateway_slo_preset:
+            args += ["--slo-preset", self.gateway_slo_preset]
+        return args
+
+    @model_validator(mode="after")
+    def _valid_gateway_slo(self) -> StackSettings:
+        """Build the gateway's SLO table now, so a bad --gateway-slo-class fails before anything starts."""
+        if self.gateway_slo_class or self.gateway_slo_preset:
+            from services.gateway.slo import SloTable, Targets
+
+            ttft, tpot = self.planning_slo()
+            SloTable.build(specs=self.gateway_slo_class, preset=self.gateway_slo_preset, default_slo=Targets(ttft, tpot))
+        return self
 
     def slo_trace(self) -> str:
         """The trace whose SLO the policies plan for when --slo-ttft-s / --slo-tpot-s are unset."""
@@ -140,9 +216,14 @@ class Stack:
         self._spawn("planner", "services.planner", [*common, *plan, "--policy", s.planner_policy, *s.planner_args])
         self._spawn("migrator", "services.migrator", common)
         self._spawn("gateway", "services.gateway", [*common, *plan, "--dispatch-policy", s.dispatch_policy,
-                                                    "--host", s.host, "--port", str(gateway_port), *s.gateway_args])
+                                                    "--host", s.host, "--port", str(gateway_port),
+                                                    *s.gateway_policy_args(), *s.gateway_args])
         self._say(f"planner policy {s.planner_policy}, dispatch {s.dispatch_policy}, planning for TTFT {ttft:g}s / "
                   f"TPOT {tpot:g}s")
+        engine_args = s.engine_args()
+        if engine_args or s.late_binding:
+            late = f"late binding {s.late_binding_policy} depth {s.late_binding_depth}" if s.late_binding else "no late binding"
+            self._say(f"engines: {' '.join(engine_args) or 'default scheduling'}; gateway: {late}")
         roles = ["prefill"] * s.prefill + ["decode"] * s.decode + ["null"] * s.colocated
         counters = {"prefill": 0, "decode": 0, "null": 0}
         for role in roles:
@@ -157,6 +238,8 @@ class Stack:
                     "--seed", str(s.seed + len(self.processes)), "--log-dir", str(self.run_dir / "logs")]
             if role != "null":  # decode engines get one too: a flip to prefill needs it
                 args += ["--bootstrap-port", str(self._free_port())]
+            if engine_args:  # every engine, whatever its role: a flip keeps the engine's settings
+                args += ["--extra-args", json.dumps(engine_args)]
             self._spawn(f"worker-{instance_id}", "services.worker", args)
         self._say(f"started {len(self.processes)} processes; waiting for {len(roles)} engines to register")
         self._wait_ready(len(roles))
@@ -203,7 +286,8 @@ class Stack:
         state = {"gateway_url": self.gateway_url, "monitor_url": self.monitor_url, "nats_url": self.nats.url,
                  "etcd_url": self.etcd.url, "namespace": self.settings.namespace, "model": self.settings.model,
                  "run_dir": str(self.run_dir), "engines": self.engines,
-                 "planner_policy": self.settings.planner_policy, "dispatch_policy": self.settings.dispatch_policy}
+                 "planner_policy": self.settings.planner_policy, "dispatch_policy": self.settings.dispatch_policy,
+                 "engine_args": self.settings.engine_args(), "gateway_policy_args": self.settings.gateway_policy_args()}
         text = json.dumps(state, indent=2)
         (self.run_dir / "stack.json").write_text(text)
         STATE_DIR.mkdir(exist_ok=True)

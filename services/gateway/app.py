@@ -98,12 +98,16 @@ def create_app(service: GatewayService) -> GatewayApp:
     async def _serve(request: Request, endpoint: Endpoint) -> Response:
         _authorize(request)
         parsed = parse_request(await request.body(), endpoint, counter=service.counter,
-                               default_max_tokens=settings.default_max_tokens, max_tokens_limit=settings.max_tokens_limit)
+                               default_max_tokens=settings.default_max_tokens, max_tokens_limit=settings.max_tokens_limit,
+                               slo_table=service.slo_table)
         served = service.cluster.served_models()
         if parsed.model not in served:
             if not served:
                 raise APIError(503, "no engine is registered yet", type_="service_unavailable", code="no_capacity")
             raise model_not_found(parsed.model, served)
+        if parsed.slo is not None:
+            known = parsed.slo.slo_class in service.slo_table.classes
+            service.metrics.slo_requests.labels(parsed.slo.slo_class if known else "(custom)", parsed.slo.source).inc()
         flow = service.new_flow(parsed)
         service.metrics.inflight.inc()
         # Until a streaming response takes over (Starlette watches the connection then), a client that hangs

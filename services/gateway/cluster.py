@@ -8,6 +8,7 @@ load reports arrive only every ~250 ms.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from shared.policies import EngineView
@@ -26,6 +27,7 @@ class ClusterView:
         self.instances: dict[str, InstanceInfo] = {}
         self._loads: dict[str, tuple[LoadReport, float]] = {}
         self._inflight: dict[str, _Inflight] = {}
+        self.on_release: Callable[[], None] | None = None  # called after every release (the late-binding queue)
 
     # -- inputs ------------------------------------------------------------------------------------
     def set_instances(self, instances: dict[str, InstanceInfo]) -> None:
@@ -48,6 +50,8 @@ class ClusterView:
             slot.reqs = max(0, slot.reqs - 1)
             slot.tokens = max(0, slot.tokens - tokens)
             slot.tokens_sq = max(0, slot.tokens_sq - tokens * tokens)
+        if self.on_release is not None:
+            self.on_release()
 
     # -- outputs -----------------------------------------------------------------------------------
     def served_models(self) -> list[str]:

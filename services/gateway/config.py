@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
-from shared.policies import DISPATCH_POLICIES
+from shared.policies import DISPATCH_POLICIES, PREFILL_POLICIES
 from shared.settings import ControlPlaneSettings, SloPlanSettings, settings_config
 
 
@@ -26,3 +26,29 @@ class GatewaySettings(SloPlanSettings, ControlPlaneSettings):
     tokenizer: str | None = Field(None, description="Hugging Face tokenizer name or path (local files only) for counting text prompts; unset = estimate 4 chars/token.")
     publish_events: bool = Field(True, description="Publish a RequestEvent per finished request on NATS (the monitor's series).")
     engine_connect_timeout_s: float = Field(5.0, description="TCP connect timeout to an engine, in seconds.")
+    # -- per-request SLO classes (services/gateway/slo.py) ----------------------------------------------
+    slo_class: list[str] = Field(default_factory=list, description="SLO class NAME=TTFT_S:TPOT_S a request may name in its 'slo_class' field (an empty target = slo_ttft_s / slo_tpot_s); repeat for more classes.")
+    slo_preset: str | None = Field(None, description="SLO classes from a loadgen preset built on slo_ttft_s/slo_tpot_s, e.g. tasks-flowprefill (FlowPrefill Table 2: text 0.25 s, image 0.5 s, search 4 s, file 6 s TTFT) or interactive-batch; slo_class specs add to it.")
+    slo_priority_class: list[str] = Field(default_factory=list, description="PRIORITY=CLASS: the class of a request whose integer 'priority' is PRIORITY (comma-separated pairs or repeated).")
+    slo_model_class: list[str] = Field(default_factory=list, description="MODEL=CLASS: the default class of a model's requests.")
+    slo_route_class: list[str] = Field(default_factory=list, description="ROUTE=CLASS: the default class of a route, completions (/v1/completions) or chat (/v1/chat/completions).")
+    slo_default_class: str | None = Field(None, description="The class of requests no other rule classifies; unset = no targets.")
+    # -- late binding (services/gateway/late_binding.py) --------------------------------------------------
+    late_binding: bool = Field(False, description="Hold requests in the gateway and send one to a prefill engine only when it has fewer than late_binding_depth prompts sent and not yet prefilled, in late_binding_policy's order (for engines whose scheduler cannot be patched).")
+    late_binding_policy: str = Field("edf", description=f"Prefill policy that orders the held requests: one of {', '.join(sorted(PREFILL_POLICIES))}.")
+    late_binding_depth: int = Field(2, ge=1, description="Late binding: prompts a prefill engine may hold unprefilled before the gateway holds the next ones.")
+
+    @field_validator("late_binding_policy")
+    @classmethod
+    def _known_prefill_policy(cls, value: str) -> str:
+        from shared.policies import lookup
+
+        lookup(PREFILL_POLICIES, value, "prefill policy")
+        return value
+
+    @model_validator(mode="after")
+    def _valid_slo_table(self) -> GatewaySettings:
+        from services.gateway.slo import SloTable
+
+        SloTable.from_settings(self)  # raises ValueError with the offending spec
+        return self

@@ -8,6 +8,8 @@ then ends it with an error event (resuming mid-answer is the recompute-migration
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import itertools
 import logging
 import time
@@ -20,11 +22,13 @@ import orjson
 
 from services.gateway.cluster import ClusterView
 from services.gateway.errors import APIError
+from services.gateway.late_binding import HeldRequest, LateBindingQueue
 from services.gateway.legs import Attempt, Event, LegFailed
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.validation import ParsedRequest
 from shared.http1 import Http1Pool
 from shared.policies import DispatchPolicy, Placement, RequestView
+from shared.protocol.request_slo import RequestSlo
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +58,8 @@ class Outcome:
 
 class RequestFlow:
     def __init__(self, parsed: ParsedRequest, *, cluster: ClusterView, policy: DispatchPolicy, http: Http1Pool,
-                 metrics: GatewayMetrics, retries: int, first_token_timeout_s: float) -> None:
+                 metrics: GatewayMetrics, retries: int, first_token_timeout_s: float,
+                 late_binding: LateBindingQueue | None = None) -> None:
         self.parsed = parsed
         self.cluster = cluster
         self.policy = policy
@@ -62,6 +67,7 @@ class RequestFlow:
         self.metrics = metrics
         self.retries = retries
         self.first_token_timeout_s = first_token_timeout_s
+        self.late_binding = late_binding
         self.client_id = ("chatcmpl-" if parsed.endpoint == "chat" else "cmpl-") + _next_id()
         self.created = int(time.time())
         self.arrived = time.monotonic()
@@ -74,8 +80,10 @@ class RequestFlow:
     # -- dispatch ----------------------------------------------------------------------------------
     def _place(self, exclude: frozenset[str]) -> Placement:
         p = self.parsed
+        slo = p.slo
         request = RequestView(rid=self.client_id, input_tokens=p.input_tokens, max_output_tokens=p.max_tokens,
-                              priority=p.priority)
+                              priority=p.priority, slo_ttft_s=slo.ttft_s if slo else None,
+                              slo_tpot_s=slo.tpot_s if slo else None)
         decision = self.policy.place(request, self.cluster.engines(p.model), time.monotonic(), exclude)
         if isinstance(decision, Placement):
             return decision
@@ -83,6 +91,26 @@ class RequestFlow:
         if decision.retryable:
             raise APIError(429, decision.reason, type_="rate_limit_error", code="overloaded", headers={"retry-after": "1"})
         raise APIError(503, decision.reason, type_="service_unavailable", code="no_capacity")
+
+    def _place_and_hold(self, exclude: frozenset[str]) -> Placement:
+        """Place the request and take its engines' slots, in one synchronous step (the late-binding queue
+        relies on the counts being updated before it decides the next request)."""
+        placement = self._place(exclude)
+        self._hold(placement)
+        return placement
+
+    def _held_request(self) -> HeldRequest:
+        p = self.parsed
+        ttft = p.slo.ttft_s if p.slo is not None and p.slo.ttft_s is not None else float("inf")
+        return HeldRequest(rid=self.client_id, model=p.model, arrival_s=self.arrived, input_tokens=p.input_tokens,
+                           slo_ttft_s=ttft)
+
+    def request_slo(self) -> RequestSlo:
+        """What sim engines get as ``poise_slo``: the resolved SLO, and how long the request has been here."""
+        waited = time.monotonic() - self.arrived
+        if self.parsed.slo is None:
+            return RequestSlo(waited_s=max(0.0, waited))
+        return self.parsed.slo.request_slo(waited)
 
     def _hold(self, placement: Placement) -> None:
         p = self.parsed
@@ -106,31 +134,47 @@ class RequestFlow:
             self._held.remove(entry)
             self.cluster.release(*entry)
 
+    def _prefill_leg_done(self, placement: Placement, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is None and self.attempt is not None \
+                and self.attempt.prefill_task is task:
+            self._prefill_done(placement)
+
     async def start(self) -> None:
         """Dispatch and wait for the first token, retrying on another pair; raises :class:`APIError`."""
         exclude: set[str] = set()
         last_error: LegFailed | None = None
         for attempt_no in range(self.retries + 1):
             try:
-                placement = self._place(frozenset(exclude))
+                if attempt_no == 0 and self.late_binding is not None:
+                    # Waits in the gateway until a prefill engine has room and it is this request's turn;
+                    # retries go straight out (the request already waited its turn).
+                    placement = await self.late_binding.admit(self._held_request(), self._place_and_hold)
+                else:
+                    placement = self._place_and_hold(frozenset(exclude))
             except APIError:
                 if last_error is None:
                     raise
                 break  # nothing left to retry on: report the leg failure below
             instances = self.cluster.instances
             if placement.decode_id not in instances or (placement.prefill_id and placement.prefill_id not in instances):
+                self._release()
                 exclude.update(i for i in (placement.prefill_id, placement.decode_id) if i)
                 continue  # deregistered between snapshot and now
-            self._hold(placement)
             attempt = Attempt(
                 rid=f"{self.client_id}-{attempt_no}", endpoint=self.parsed.endpoint,
                 prefill=instances[placement.prefill_id] if placement.prefill_id else None,
                 decode=instances[placement.decode_id], http=self.http, stream=self.parsed.stream,
+                slo=self.request_slo,
             )
             self.attempt = attempt
             self.outcome.prefill_id, self.outcome.decode_id = placement.prefill_id, placement.decode_id
             try:
                 await attempt.start(self.parsed.body)
+                if attempt.prefill_task is not None:
+                    # The prompt is prefilled (and its KV handed off) when the prefill leg answers: its engine's
+                    # queue is shorter from then on, whatever the decode side does (a non-streaming client's
+                    # first token is only seen at the end).
+                    attempt.prefill_task.add_done_callback(functools.partial(self._prefill_leg_done, placement))
                 # A non-streaming answer arrives whole, so it gets the request's deadline (enforced around
                 # start() by the caller), not the first-token one.
                 await attempt.wait_first_token(self.first_token_timeout_s if self.parsed.stream else float("inf"))

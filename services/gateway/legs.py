@@ -4,6 +4,13 @@ The same body, with ``bootstrap_host/port/room`` and ``rid`` added, goes to the 
 answers once the prompt is prefilled and its KV is handed off) and to the decode engine (which streams the
 tokens). The gateway always streams the decode leg, even for non-streaming clients, so it can time the first
 token, count tokens and notice a dead leg before the client does.
+
+Engines registered as ``engine_kind`` ``sim`` (engine_sim) also get the request's resolved SLO as
+``poise_slo`` (shared/protocol/request_slo.py). Stock SGLang does not get it: in SGLang 0.5.23 the OpenAI
+routes' CompletionRequest / ChatCompletionRequest are pydantic models with pydantic's default
+``extra="ignore"`` and /generate's contract (sglang/api/v1 GenerateRequest) ignores unknown keys too, so the
+field would be accepted and dropped, i.e. useless; it is left out so SGLang's bodies stay exactly the client's.
+``priority`` is SGLang's own field and goes to every engine as the client sent it.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +28,7 @@ import orjson
 
 from shared.http1 import Http1Pool, Response
 from shared.protocol import InstanceInfo
+from shared.protocol.request_slo import SLO_FIELD, RequestSlo
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +104,14 @@ class Attempt:
     stream: bool = True  # False: the decode leg answers with one JSON body (non-streaming clients)
     result: dict[str, Any] | None = None  # that body, once it arrived
     _decode_task: asyncio.Task[None] | None = None
+    slo: Callable[[], RequestSlo] | None = None  # the request's poise_slo as of now (sim engines only)
 
     def bodies(self, body: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         decode_body = dict(body)
+        decode_body.pop(SLO_FIELD, None)  # only the gateway sets it
+        poise_slo = self.slo().to_body() if self.slo is not None else None
+        if poise_slo is not None and self.decode.engine_kind == "sim":
+            decode_body[SLO_FIELD] = poise_slo
         decode_body["rid"] = self.rid
         decode_body["stream"] = self.stream
         if self.stream:
@@ -114,6 +127,9 @@ class Attempt:
         prefill_body = dict(decode_body)
         prefill_body["stream"] = False
         prefill_body.pop("stream_options", None)
+        prefill_body.pop(SLO_FIELD, None)
+        if poise_slo is not None and self.prefill.engine_kind == "sim":
+            prefill_body[SLO_FIELD] = poise_slo
         return prefill_body, decode_body
 
     async def start(self, body: dict[str, Any]) -> None:

@@ -21,4 +21,11 @@ class GatewayMetrics:
         self.prompt_tokens = Counter("poise_gateway_prompt_tokens", "Prompt tokens dispatched (estimated for text)", registry=r)
         self.output_tokens = Counter("poise_gateway_output_tokens", "Output tokens streamed to clients", registry=r)
         self.inflight = Gauge("poise_gateway_inflight_requests", "Requests in flight", registry=r)
+        self.late_binding_held = Gauge("poise_gateway_late_binding_held_requests",
+                                       "Requests held in the late-binding queue, waiting for a prefill slot", registry=r)
+        self.late_binding_wait = Histogram("poise_gateway_late_binding_wait_seconds",
+                                           "Time a request waited in the late-binding queue", buckets=_LATENCY_BUCKETS,
+                                           registry=r)
+        self.slo_requests = Counter("poise_gateway_slo_class_requests", "Requests by resolved SLO class and the rule that picked it",
+                                    ["slo_class", "source"], registry=r)
         self.instances = Gauge("poise_gateway_instances", "Registered instances by role and status", ["role", "status"], registry=r)

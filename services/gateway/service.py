@@ -11,10 +11,13 @@ from typing import Any
 from services.gateway.cluster import ClusterView
 from services.gateway.config import GatewaySettings
 from services.gateway.flow import RequestFlow
+from services.gateway.late_binding import LateBindingQueue
 from services.gateway.metrics import GatewayMetrics
+from services.gateway.slo import SloTable
 from shared.bus import Bus, bus_from_settings
 from shared.http1 import Http1Pool
-from shared.policies import DispatchParams, DispatchPolicy, make_dispatch_policy
+from shared.policies import DispatchParams, DispatchPolicy, make_dispatch_policy, make_prefill_policy
+from shared.policies.late_binding import LateBinding
 from shared.protocol import (
     InstanceInfo,
     Keys,
@@ -44,6 +47,13 @@ class GatewayService:
             settings.dispatch_policy, settings.latency_model(), settings.policy_context(),
             DispatchParams(max_pending_per_engine=settings.max_pending_per_engine))
         self.counter: TokenCounter = make_counter(settings.tokenizer)
+        self.slo_table = SloTable.from_settings(settings)
+        self.late_binding: LateBindingQueue | None = None
+        if settings.late_binding:
+            binding = LateBinding(make_prefill_policy(settings.late_binding_policy, settings.latency_model()),
+                                  depth=settings.late_binding_depth)
+            self.late_binding = LateBindingQueue(binding, self.cluster, self.metrics)
+            self.cluster.on_release = self.late_binding.kick
         self.replica_id = replica_id()
         self.bus: Bus | None = None
         self.registry: Registry | None = None
@@ -76,8 +86,9 @@ class GatewayService:
         self._watcher = InstanceWatcher(self.registry, on_change=self._on_instances)
         await self._watcher.start()
         self._flusher = asyncio.create_task(self._flush_events_loop(), name="request-event-flusher")
-        log.info("gateway ready on %s:%d (policy %s, %d instances)", s.host, s.port, self.policy.name,
-                 len(self.cluster.instances))
+        log.info("gateway ready on %s:%d (policy %s, %d instances, %d SLO classes, late binding %s)", s.host, s.port,
+                 self.policy.name, len(self.cluster.instances), len(self.slo_table.classes),
+                 f"{s.late_binding_policy} depth {s.late_binding_depth}" if self.late_binding else "off")
 
     async def stop(self) -> None:
         if self._stopped:
@@ -85,6 +96,8 @@ class GatewayService:
         self._stopped = True
         if self._flusher is not None:
             self._flusher.cancel()
+        if self.late_binding is not None:
+            self.late_binding.close()
         if self._background:  # let in-flight aborts reach the engines before the client pool closes
             await asyncio.wait(list(self._background), timeout=5)
         await self._flush_events()
@@ -104,11 +117,14 @@ class GatewayService:
         self.metrics.instances.clear()
         for info in instances.values():
             self.metrics.instances.labels(info.role, info.status).inc()
+        if self.late_binding is not None:
+            self.late_binding.kick()  # a prefill engine came or went: held requests may go (or fail) now
 
     def new_flow(self, parsed) -> RequestFlow:  # type: ignore[no-untyped-def]
         assert self.http is not None
         return RequestFlow(parsed, cluster=self.cluster, policy=self.policy, http=self.http, metrics=self.metrics,
-                           retries=self.settings.retries, first_token_timeout_s=self.settings.first_token_timeout_s)
+                           retries=self.settings.retries, first_token_timeout_s=self.settings.first_token_timeout_s,
+                           late_binding=self.late_binding)
 
     def finish(self, flow: RequestFlow, *, status: str = "ok", error: str | None = None) -> None:
         """End a request: settle and record it now, abort/close its legs in a task of the service's own.
@@ -171,5 +187,9 @@ class GatewayService:
             policy_note="dispatch: least pending prompt tokens (prefill), least KV use (decode)",
             uptime_s=time.monotonic() - self._started_at,
             details={"inflight": self.cluster.inflight_total(), "instances": len(self.cluster.instances),
+                     "late_binding": (f"{self.settings.late_binding_policy} depth {self.settings.late_binding_depth}"
+                                      if self.late_binding else "off"),
+                     "late_binding_held": self.late_binding.held if self.late_binding else 0,
+                     "slo_classes": sorted(self.slo_table.classes),
                      "listen": f"{self.settings.host}:{self.settings.port}", "token_counter": getattr(self.counter, "name", "")},
         )

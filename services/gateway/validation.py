@@ -14,6 +14,7 @@ import msgspec
 import orjson
 
 from services.gateway.errors import APIError, bad_request
+from services.gateway.slo import ResolvedSlo, SloTable
 from shared.tokens import TokenCounter, count_chat, count_prompt
 
 Endpoint = Literal["completions", "chat"]
@@ -28,7 +29,8 @@ class ParsedRequest(msgspec.Struct, kw_only=True):
     include_usage: bool
     max_tokens: int
     input_tokens: int
-    priority: int | None
+    priority: int | None  # SGLang's field: forwarded to every engine unchanged
+    slo: ResolvedSlo | None = None  # the request's SLO class and targets (services/gateway/slo.py)
 
 
 def _is_int(v: Any) -> bool:
@@ -87,9 +89,16 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     return messages
 
 
+_EMPTY_TABLE = SloTable()
+
+
 def parse_request(raw: bytes, endpoint: Endpoint, *, counter: TokenCounter, default_max_tokens: int,
-                  max_tokens_limit: int) -> ParsedRequest:
-    """Validate a request body; raises :class:`APIError` (400) naming the offending parameter."""
+                  max_tokens_limit: int, slo_table: SloTable | None = None) -> ParsedRequest:
+    """Validate a request body; raises :class:`APIError` (400) naming the offending parameter.
+
+    The Poise extension fields ``slo`` and ``slo_class`` are resolved with ``slo_table`` (no classes when
+    None) and removed from the body that goes to the engines.
+    """
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -156,8 +165,10 @@ def parse_request(raw: bytes, endpoint: Endpoint, *, counter: TokenCounter, defa
     if priority is not None and not _is_int(priority):
         raise bad_request("'priority' must be an integer", param="priority")
 
+    slo = (slo_table or _EMPTY_TABLE).resolve(body, model=model, endpoint=endpoint, priority=priority)
+
     return ParsedRequest(endpoint=endpoint, body=body, model=model, stream=stream, include_usage=include_usage,
-                         max_tokens=max_tokens, input_tokens=input_tokens, priority=priority)
+                         max_tokens=max_tokens, input_tokens=input_tokens, priority=priority, slo=slo)
 
 
 def model_not_found(model: str, served: list[str]) -> APIError:

@@ -8,6 +8,7 @@ import orjson
 import pytest
 
 from services.gateway.errors import APIError
+from services.gateway.slo import ResolvedSlo, SloTable
 from services.gateway.validation import parse_request
 from shared.tokens import EstimatingCounter, count_chat
 
@@ -61,6 +62,9 @@ def test_unknown_fields_pass_through() -> None:
     ({"model": "m", "prompt": "a", "stop": 5}, "stop"),
     ({"model": "m", "prompt": "a", "n": 2}, "n"),
     ({"model": "m", "prompt": "a", "priority": "high"}, "priority"),
+    ({"model": "m", "prompt": "a", "slo_class": "gold"}, "slo_class"),  # the gateway has no classes here
+    ({"model": "m", "prompt": "a", "slo": {"ttft_s": 0}}, "slo.ttft_s"),
+    ({"model": "m", "prompt": "a", "slo": "fast"}, "slo"),
 ])
 def test_bad_completion_requests(body: Any, param: str | None) -> None:
     with pytest.raises(APIError) as info:
@@ -85,3 +89,16 @@ def test_bad_chat_requests(messages: Any, param: str) -> None:
     with pytest.raises(APIError) as info:
         parse(body, "chat")
     assert info.value.status == 400 and info.value.param == param
+
+
+def test_slo_extension_is_resolved_and_stripped_priority_passes_through() -> None:
+    table = SloTable.build(specs=["text=0.25:0.1", "file=6:0.1"], priority=["0=file"], route=["chat=text"])
+    raw = orjson.dumps({"model": "m", "prompt": "a", "priority": 0, "slo": {"tpot_s": 0.05}})
+    p = parse_request(raw, "completions", counter=COUNTER, default_max_tokens=8, max_tokens_limit=64, slo_table=table)
+    assert p.slo == ResolvedSlo(slo_class="file", ttft_s=6.0, tpot_s=0.05, source="slo")
+    assert p.priority == 0 and p.body["priority"] == 0 and "slo" not in p.body and "slo_class" not in p.body
+    raw = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    p = parse_request(raw, "chat", counter=COUNTER, default_max_tokens=8, max_tokens_limit=64, slo_table=table)
+    assert p.slo == ResolvedSlo(slo_class="text", ttft_s=0.25, tpot_s=0.1, source="route")
+    assert parse({"model": "m", "prompt": "a"}).slo is None
+    assert parse({"model": "m", "prompt": "a", "slo": {"ttft_s": 1}}).slo == ResolvedSlo(ttft_s=1.0, source="slo")

@@ -1,0 +1,201 @@
+"""The gateway's late-binding prefill queue against real NATS, etcd and a PD pair of engine_sim processes.
+
+Depth 1 and EDF: while a long prompt is being prefilled the prefill engine is "full", so the requests that
+come next wait in the gateway; when the long prompt is done, the one with the earliest TTFT deadline goes
+first, whatever the arrival order. Instances are registered in etcd directly (the sidecar's job, tested
+elsewhere), as engine_kind ``sim``, so the engines also get each request's ``poise_slo``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import pytest_asyncio
+import uvicorn
+
+from services.gateway.app import create_app
+from services.gateway.config import GatewaySettings
+from services.gateway.service import GatewayService
+from shared.devservers import EtcdServer, ManagedProcess, NatsServer, free_port, wait_for_port
+from shared.protocol import InstanceInfo, Keys
+from shared.registry import InstanceRegistration, Registry
+from shared.settings import load_settings
+from tests.integration.waiting import until
+
+MODEL = "lb-model"
+pytestmark = pytest.mark.asyncio
+# time_scale 3: the long prompt (16k tokens) takes ~2 s to prefill on the default H100 profile, the short ones
+# ~30 ms, so everything sent during the long prefill is held in the gateway.
+TIME_SCALE = 3.0
+LONG = {"model": MODEL, "prompt": [i % 1000 + 1 for i in range(16000)], "max_tokens": 2, "ignore_eos": True,
+        "stream": True}
+
+
+def short(tag: int, **extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "prompt": [tag] * 100, "max_tokens": 4, "ignore_eos": True, "stream": True, **extra}
+
+
+class SimEngine:
+    def __init__(self, tmp: Path, mode: str) -> None:
+        self.port, self.bootstrap_port = free_port(), free_port()
+        self.mode = mode
+        self.proc = ManagedProcess(f"engine-{mode}", [
+            sys.executable, "-m", "services.engine_sim", "--mode", mode, "--port", str(self.port),
+            "--bootstrap-port", str(self.bootstrap_port), "--time-scale", str(TIME_SCALE),
+            "--served-model-name", MODEL, "--bootstrap-timeout-s", "10",
+        ], tmp / f"engine-{mode}-{self.port}.log")
+
+    def info(self, instance_id: str) -> InstanceInfo:
+        return InstanceInfo(instance_id=instance_id, role=self.mode, engine_kind="sim",  # type: ignore[arg-type]
+                            url=f"http://127.0.0.1:{self.port}", bootstrap_host="127.0.0.1",
+                            bootstrap_port=self.bootstrap_port, model=MODEL, profile="test",
+                            kv_capacity_tokens=380_000, max_running_requests=256, sidecar="test",
+                            registered_at_unix_s=time.time())
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SimEngine]]:
+    tmp = tmp_path_factory.mktemp("lb-engines")
+    started = {"prefill": SimEngine(tmp, "prefill"), "decode": SimEngine(tmp, "decode")}
+    for e in started.values():
+        wait_for_port("127.0.0.1", e.port, 30, e.proc.proc)
+    yield started
+    for e in started.values():
+        e.proc.stop()
+
+
+@pytest_asyncio.fixture
+async def registry(etcd_server: EtcdServer) -> AsyncIterator[Registry]:
+    reg = Registry(etcd_server.url, Keys(f"t{uuid.uuid4().hex[:8]}"))
+    await reg.connect()
+    yield reg
+    await reg.close()
+
+
+@contextlib.asynccontextmanager
+async def gateway(nats_server: NatsServer, etcd_server: EtcdServer, namespace: str) -> AsyncIterator[tuple[str, GatewayService]]:
+    port = free_port()
+    settings = load_settings(GatewaySettings, namespace=namespace, nats_url=nats_server.url, etcd_url=etcd_server.url,
+                             port=port, first_token_timeout_s=15, late_binding=True, late_binding_policy="edf",
+                             late_binding_depth=1)
+    service = GatewayService(settings)
+    server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=port, log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:  # noqa: ASYNC110 - uvicorn offers no event to wait on
+        await asyncio.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}", service
+    finally:
+        server.should_exit = True
+        await task
+
+
+async def register(registry: Registry, *infos: InstanceInfo) -> list[InstanceRegistration]:
+    regs = []
+    for info in infos:
+        reg = InstanceRegistration(registry, ttl_s=5)
+        await reg.register(info)
+        regs.append(reg)
+    return regs
+
+
+async def held_gauge(client: httpx.AsyncClient, url: str) -> float:
+    text = (await client.get(url + "/metrics")).text
+    match = re.search(r"^poise_gateway_late_binding_held_requests (\S+)$", text, re.MULTILINE)
+    assert match, "the held-requests gauge is missing from /metrics"
+    return float(match.group(1))
+
+
+async def first_token_at(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> tuple[float, int]:
+    """Stream a completion; (monotonic time of its first token, tokens received)."""
+    first: float | None = None
+    tokens = 0
+    async with client.stream("POST", url + "/v1/completions", json=body) as r:
+        assert r.status_code == 200, await r.aread()
+        async for line in r.aiter_lines():
+            if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                continue
+            chunk = orjson.loads(line[5:])
+            assert "error" not in chunk, chunk
+            if chunk.get("choices") and chunk["choices"][0].get("text"):
+                first = first or time.monotonic()
+                tokens += 1
+    assert first is not None
+    return first, tokens
+
+
+async def test_edf_lets_an_urgent_request_overtake_held_ones(registry, engines, nats_server, etcd_server) -> None:  # type: ignore[no-untyped-def]
+    regs = await register(registry, engines["prefill"].info("p0"), engines["decode"].info("d0"))
+    async with gateway(nats_server, etcd_server, registry.keys.namespace) as (url, service), \
+            httpx.AsyncClient(timeout=30) as client:
+        await until(lambda: len(service.cluster.instances) == 2, 5)
+        t0 = time.monotonic()
+        long_task = asyncio.create_task(first_token_at(client, url, LONG))
+        await until(lambda: service.cluster.inflight_total() > 0, 5)  # the long prompt is on the prefill engine
+        relaxed = []
+        lb = service.late_binding
+        assert lb is not None
+        for tag in (1, 2, 3):  # arrive first, loose targets
+            relaxed.append(asyncio.create_task(first_token_at(client, url, short(tag, slo={"ttft_s": 30.0}))))
+            await until(lambda: lb.held == len(relaxed), 5)
+        urgent = asyncio.create_task(first_token_at(client, url, short(9, slo={"ttft_s": 1.0, "name": "urgent"})))
+        await until(lambda: lb.held == 4, 5)
+        assert await held_gauge(client, url) == 4
+        assert not long_task.done(), "the long prompt finished before everything was queued: raise TIME_SCALE"
+
+        urgent_first, urgent_tokens = await urgent
+        results = await asyncio.gather(*relaxed)
+        long_first, long_tokens = await long_task
+        assert urgent_tokens == 4 and all(n == 4 for _, n in results) and long_tokens == 2
+        # The urgent request arrived last but got its first token before every request held ahead of it.
+        assert all(urgent_first < first for first, _ in results), (urgent_first - t0, [f - t0 for f, _ in results])
+        # The others kept their arrival order (EDF ties on equal slack go by arrival).
+        firsts = [first for first, _ in results]
+        assert firsts == sorted(firsts)
+        await until(lambda: service.cluster.inflight_total() == 0, 5)
+        assert await held_gauge(client, url) == 0
+        text = (await client.get(url + "/metrics")).text
+        assert re.search(r"^poise_gateway_late_binding_wait_seconds_count 5\.0$", text, re.MULTILINE), text
+    for reg in regs:
+        await reg.deregister()
+
+
+async def test_held_requests_leave_cleanly(registry, engines, nats_server, etcd_server) -> None:  # type: ignore[no-untyped-def]
+    """A client that hangs up while held is dropped; when the last prefill engine leaves, held requests fail
+    with the same error as without late binding."""
+    regs = await register(registry, engines["prefill"].info("p0"), engines["decode"].info("d0"))
+    async with gateway(nats_server, etcd_server, registry.keys.namespace) as (url, service), \
+            httpx.AsyncClient(timeout=30) as client:
+        await until(lambda: len(service.cluster.instances) == 2, 5)
+        assert service.late_binding is not None
+        lb = service.late_binding
+        long_task = asyncio.create_task(first_token_at(client, url, LONG))
+        await until(lambda: service.cluster.inflight_total() > 0, 5)
+        gone = asyncio.create_task(client.post(url + "/v1/completions", json=short(1)))
+        await until(lambda: lb.held == 1, 5)
+        gone.cancel()  # the client hangs up while its request is held
+        with contextlib.suppress(asyncio.CancelledError):
+            await gone
+        await until(lambda: lb.held == 0, 5)
+        assert await held_gauge(client, url) == 0
+
+        waiting = asyncio.create_task(client.post(url + "/v1/completions", json=short(2)))
+        await until(lambda: lb.held == 1, 5)
+        await regs[0].deregister()  # the only prefill engine leaves
+        r = await waiting
+        assert r.status_code == 503 and r.json()["error"]["code"] == "no_capacity", r.text
+        assert lb.held == 0
+        await long_task  # what was already on the engines finishes
+        await until(lambda: service.cluster.inflight_total() == 0, 5)
+    await regs[1].deregister()
