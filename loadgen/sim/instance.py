@@ -179,6 +179,9 @@ class SimInstance:
         plan = self.prefill_policy.plan(self._prefill_queue(), self.chunk, now)
         if not preempts(plan, self._plan):
             return
+        head = plan.parts[0][0]
+        if not head.admitted and self.used_kv + head.input_tokens > self.kv_capacity:
+            return  # it could not run after the cut either: cutting would only leave more KV half-used
         cut = self.model.operator_boundary_s(self._step_start_s, now, self._step_s)
         if cut >= self._step_start_s + self._step_s:
             return  # the pass ends at that boundary anyway
@@ -295,8 +298,10 @@ class SimInstance:
         self.queue.at(self.queue.now_s + duration, PRIORITY_STEP_END, functools.partial(self._end_step, self._step_id))
 
     def _prefill_queue(self) -> list[SimRequest]:
-        """Every prompt with tokens left: admitted ones first (they came earlier), then the waiting ones."""
-        return self.prefilling + list(self.waiting) if self.waiting else list(self.prefilling)
+        """Every prompt with tokens left, admitted or waiting, in arrival order (as engine_sim's)."""
+        queue = [*self.prefilling, *self.waiting]
+        queue.sort(key=lambda r: r.arrival_s)  # two sorted runs: timsort merges them in linear time
+        return queue
 
     def _prefill_parts(self, budget: int, kv_per_request: Callable[[SimRequest], int]) -> list[tuple[SimRequest, int]]:
         """The next pass's prompts: the policy's plan (or, for an event-driven policy between events, the
@@ -320,16 +325,23 @@ class SimInstance:
         if not self.chunked:
             parts = whole_prompts(parts, budget)
         admitted: list[tuple[SimRequest, int]] = []
+        blocked = False
         for req, n in parts:
             if not req.admitted:
                 need = kv_per_request(req)
-                if self.used_kv + need > self.kv_capacity:
-                    break  # in plan order: the rest waits for KV too
+                if blocked or self.used_kv + need > self.kv_capacity:
+                    blocked = True  # in plan order: later prompts wait for KV too; admitted ones still run
+                    continue
                 self.used_kv += need
                 req.admitted = True
                 self.waiting.remove(req)
                 self.prefilling.append(req)
             admitted.append((req, n))
+        if not admitted and blocked and self.prefilling:
+            # The plan's prompts all wait for KV that the admitted ones (cut or chunked) hold: compute those,
+            # in the policy's order, rather than stall (engine_sim does the same).
+            parts = policy.plan(list(self.prefilling), budget, now).parts
+            admitted = whole_prompts(parts, budget) if not self.chunked else parts
         return admitted
 
     def _retry(self, at_s: float) -> None:

@@ -124,3 +124,17 @@ def test_late_binding_orders_prompts_the_engine_cannot_reorder() -> None:
     assert late.summary.per_class["urgent"].ttft_attainment == 1.0
     assert all(r.ok for r in late.records)
     assert late.config["policies"]["late_binding"] == ["edf", 1]
+
+
+def test_a_plan_whose_head_waits_for_kv_lets_the_admitted_prompts_finish() -> None:
+    import msgspec
+
+    # 12K tokens of KV per engine: a 9K prompt is being chunked when an urgent 4K prompt arrives (to the
+    # other decode engine, so its decode KV is free). EDF puts the 4K one first, but it cannot be admitted
+    # until the 9K one, which holds the prefill KV, is done: the engine must finish that one, not stall.
+    small = LatencyModel(msgspec.structs.replace(load_profile(), kv_capacity_tokens=12000))
+    w = labelled((0.0, 9000, 4, "batch"), (0.1, 4000, 4, "urgent"))
+    result = simulate(w, make_mix("static-minload", 3, "1P2D", prefill_policy="edf", chunk_tokens=2048), small,
+                      LOOSE, first_token_delay=NO_DELAY, slo_classes=CLASSES)
+    assert all(r.ok for r in result.records)
+    assert ttfts(result)[1] > ttfts(result)[0] - 0.1  # served after the long one, which held the KV
