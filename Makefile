@@ -32,7 +32,7 @@ test-fast: setup
 	$(PY) -m pytest -q -m "not e2e" $(ARGS)
 
 ## Benchmarks: gateway overhead and throughput, start-up time, simulator speed and fidelity, goodput of every
-## mix, DOPD vs Dynamo, forecast latency, flips under traffic. Results go to tests/bench/results/ (~40 min).
+## mix, DOPD vs Dynamo, forecast latency, flips under traffic, FlowPrefill/late binding, Kairos. Results go to tests/bench/results/ (~40 min).
 bench: setup
 	$(PY) -m tests.bench.run $(ARGS)
 	$(PY) -m tests.bench.sim_speed
@@ -41,6 +41,9 @@ bench: setup
 	$(PY) -m tests.bench.dopd_vs_dynamo
 	$(PY) -m tests.bench.forecast_latency
 	$(PY) -m tests.bench.flip_latency --policy-s 150 --flip-s 90
+	$(PY) -m tests.bench.prefill_scheduling
+	$(PY) -m tests.bench.kairos
+	$(PY) -m tests.bench.length_batching
 
 lint: setup
 	$(VENV)/bin/ruff check shared services loadgen tests

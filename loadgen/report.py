@@ -68,8 +68,8 @@ def format_class_table(summary: Summary) -> str:
             f"{c.requests}",
             f"{c.ok}",
             f"{c.slo_ttft_s * 1000:g} / {c.slo_tpot_s * 1000:g}",
-            _pct(c.attainment),
-            f"{_pct(c.ttft_attainment)} / {_pct(c.tpot_attainment)}",
+            _pct(c.attainment) if c.requests else "-",  # no requests: no attainment, not 0%
+            f"{_pct(c.ttft_attainment)} / {_pct(c.tpot_attainment)}" if c.requests else "-",
             _ms(c.ttft_p90_s),
             _ms(c.tpot_p90_s),
         )

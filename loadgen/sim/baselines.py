@@ -144,10 +144,18 @@ def _dopd_ratio(instances: int, split: str | None) -> PolicyMix:
                      bind=lambda model, ctx: {"pools": DopdPools(model, ctx)})
 
 
+#: Inside the engines, Poise runs FlowPrefill: on the mixed-SLO benchmark it holds the most goodput of every
+#: prefill policy, and on single-SLO traces it stays within one goodput-search step of FCFS. Decode stays
+#: continuous: Kairos' slack batching buys nothing when a step costs its total context (README, "SLO-aware
+#: scheduling inside the engines").
+POISE_ENGINE = EngineSpec(prefill_policy="flowprefill", preemption="operator", chunk_tokens=0)
+
+
 def _poise(instances: int, split: str | None) -> PolicyMix:
     roles, layout = _roles(instances, split)
     return PolicyMix("poise", roles, LeastLoad(),
-                     f"starts {layout}; DOPD's forecast sets the P:D target, Arrow dispatches and flips within ±1",
+                     f"starts {layout}; DOPD's forecast sets the P:D target, Arrow dispatches and flips within ±1; "
+                     f"engines: {POISE_ENGINE.describe()}", engine=POISE_ENGINE,
                      bind=lambda model, ctx: {"dispatch": ArrowDispatch(model, ctx), "pools": PoisePools(model, ctx)})
 
 

@@ -5,8 +5,10 @@ computes the optimal ratio (Eq. 14) and turns it into a target number of prefill
 the second scale: its triggers (TPOT breach, full or busy decode, TTFT pressure) flip single instances. The
 target bounds Arrow: Arrow may move the prefill count at most ``slack`` instances away from DOPD's target,
 and when the count is outside that band (the forecast moved, or at start) DOPD's own flip comes first.
-When Arrow has not flipped for ``settle_s``, the count drifts back to the target one flip at a time. So a
-burst gets Arrow's quick reaction, and the split returns to the forecast's optimum afterwards.
+When Arrow has not flipped for ``settle_s`` and the forecast gave the same target ``confirm`` intervals in a
+row, the count drifts back to the target one flip at a time. So a burst gets Arrow's quick reaction, and the
+split returns to the forecast's optimum afterwards, but not to a target seen once: a flip drains an instance
+for as long as its longest request, and the first forecasts (one interval of data) swing.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ def _arrow_inside_poise() -> ArrowParams:
 class PoiseParams(msgspec.Struct, frozen=True, kw_only=True):
     slack: int = 1  # Arrow may flip this many instances away from DOPD's target
     settle_s: float = 30.0  # after this long without an Arrow flip, drift back to DOPD's target
+    # Drift only to a target the forecast gave this many intervals in a row (spec-arrow-dopd.md erratum 7's
+    # "two consecutive intervals"). Without it, Poise drained a decode instance for 22 s on Azure
+    # conversation's first forecast and flipped it back 30 s later (tests/bench/prefill_scheduling.py).
+    confirm: int = 2
     arrow: ArrowParams = msgspec.field(default_factory=_arrow_inside_poise)
     dopd: DopdParams = msgspec.field(default_factory=DopdParams)
 
@@ -48,11 +54,14 @@ class PoisePools:
         self.arrow = ArrowPools(model, ctx, self.params.arrow)
         self.interval_s = self.arrow.interval_s
         self._next_forecast = float("-inf")
+        self._streak = 0  # consecutive forecasts that gave the current target
 
     def decide(self, snapshot: ClusterSnapshot, now_s: float) -> PoolDecision | None:
         if now_s >= self._next_forecast:
             self._next_forecast = now_s + self.dopd.interval_s
+            before = self.dopd.target_prefill
             self.dopd.update_target(snapshot)
+            self._streak = self._streak + 1 if self.dopd.target_prefill == before else 1
         target = self.dopd.target_prefill
         if target is None:
             return self.arrow.decide(snapshot, now_s)  # no forecast yet: Arrow alone
@@ -67,7 +76,8 @@ class PoisePools:
         decision = self.arrow.decide(snapshot, now_s)
         if decision is not None and decision.changes:
             return decision
-        if prefills != target and now_s - self.arrow.last_flip_s >= self.params.settle_s:
+        if (prefills != target and now_s - self.arrow.last_flip_s >= self.params.settle_s
+                and self._streak >= self.params.confirm):
             # The burst Arrow reacted to is over: back to the forecast's optimum.
             changes = flip_towards(snapshot, target, "poise (back to the dopd target)")
             for change in changes:
