@@ -215,6 +215,7 @@ class SimCluster:
                 inst.status = "ready"
                 self._log(inst, "ready")
                 inst.kick()
+                self._release()  # late binding: a new prefill instance has room
 
         self.queue.at(self.queue.now_s + self.costs.start_s, PRIORITY_STEP_END, up)
         self._record_timeline()
@@ -292,6 +293,7 @@ class SimCluster:
             self._log(inst, f"ready as {new_role}")
             self._record_timeline()
             inst.kick()
+            self._release()
 
         self.queue.at(self.queue.now_s + self.model.role_switch_time_s(), PRIORITY_STEP_END, switched)
 

@@ -6,90 +6,30 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.integration.engine_procs import Engine, start_engine, stop, wait_healthy
+
 TIME_SCALE = "0.05"  # fast, but slow enough that a 2000-token stream is still running when we poke it
 _rooms = itertools.count(1000)
 JSON = "application/json"
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Engine:
-    proc: subprocess.Popen[bytes]
-    port: int
-    bootstrap_port: int
-    log: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-
-def start_engine(mode: str, tmp: Path) -> Engine:
-    port, bport = free_port(), free_port()
-    log = tmp / f"engine-{mode}-{port}.log"
-    cmd = [sys.executable, "-m", "services.engine_sim", "--mode", mode, "--port", str(port), "--bootstrap-port",
-           str(bport), "--time-scale", TIME_SCALE, "--instance-id", f"test-{mode}", "--bootstrap-timeout-s", "5"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
-    return Engine(proc, port, bport, log)
-
-
-def wait_healthy(engine: Engine, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if engine.proc.poll() is not None:
-            raise RuntimeError(f"engine exited with {engine.proc.returncode}: {engine.log.read_text()}")
-        try:
-            if httpx.get(engine.url + "/health", timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"engine on {engine.port} not healthy: {engine.log.read_text()}")
-
-
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Engine]]:
     tmp = tmp_path_factory.mktemp("engine_sim")
-    started = {mode: start_engine(mode, tmp) for mode in ("prefill", "decode", "null")}
+    started = {mode: start_engine(tmp, mode, time_scale=TIME_SCALE) for mode in ("prefill", "decode", "null")}
     try:
-        for e in started.values():
-            wait_healthy(e)
+        wait_healthy(list(started.values()))
         yield started
     finally:
-        codes = {}
-        for e in started.values():
-            if e.proc.poll() is None:
-                e.proc.send_signal(signal.SIGTERM)
-        for mode, e in started.items():
-            try:
-                codes[mode] = e.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                e.proc.kill()
-                codes[mode] = "killed"
-    assert codes == {"prefill": 0, "decode": 0, "null": 0}, codes  # clean shutdown on SIGTERM
+        codes = stop(list(started.values()))
+    assert list(codes.values()) == [0, 0, 0], codes  # clean shutdown on SIGTERM
 
 
 async def sse_events(resp: httpx.Response) -> AsyncIterator[bytes]:

@@ -7,11 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,8 +19,8 @@ import pytest
 
 from shared.latency import LatencyModel, load_profile
 from shared.policies import PREFILL_POLICIES
+from tests.integration.engine_procs import Engine, start_engine, stop, wait_healthy
 
-REPO = Path(__file__).resolve().parents[2]
 TIME_SCALE = 0.5  # the 60K prompt's prefill takes ~1.9 s: far above HTTP and scheduling noise, still quick
 LONG, SHORT = 60000, 500
 LONG_PREFILL_S = LatencyModel(load_profile(), TIME_SCALE).prefill_time_s(LONG)
@@ -33,68 +28,11 @@ SLO_POLICY = "flowprefill" if "flowprefill" in PREFILL_POLICIES else "edf"
 _rooms = itertools.count(5000)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Engine:
-    proc: subprocess.Popen[bytes]
-    port: int
-    bootstrap_port: int
-    log: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-
-def start_engine(tmp: Path, mode: str, *extra: str) -> Engine:
-    port, bport = free_port(), free_port()
-    log = tmp / f"engine-{mode}-{port}.log"
-    cmd = [sys.executable, "-m", "services.engine_sim", "--mode", mode, "--port", str(port), "--bootstrap-port",
-           str(bport), "--time-scale", str(TIME_SCALE), "--instance-id", f"preempt-{mode}", "--bootstrap-timeout-s",
-           "10", *extra]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    return Engine(proc, port, bport, log)
-
-
-def wait_healthy(engines: list[Engine], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    for engine in engines:
-        while True:
-            if engine.proc.poll() is not None:
-                raise RuntimeError(f"engine exited with {engine.proc.returncode}: {engine.log.read_text()}")
-            try:
-                if httpx.get(engine.url + "/health", timeout=1.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"engine on {engine.port} not healthy: {engine.log.read_text()}")
-            time.sleep(0.05)
-
-
-def stop(engines: list[Engine]) -> None:
-    for e in engines:
-        if e.proc.poll() is None:
-            e.proc.send_signal(signal.SIGTERM)
-    for e in engines:
-        try:
-            e.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            e.proc.kill()
-            e.proc.wait()
-
-
 @pytest.fixture
 def pd_pair(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[Engine, Engine]]:
     prefill_args: tuple[str, ...] = request.param
-    engines = [start_engine(tmp_path, "prefill", *prefill_args), start_engine(tmp_path, "decode")]
+    engines = [start_engine(tmp_path, "prefill", *prefill_args, time_scale=TIME_SCALE, name="preempt", bootstrap_timeout_s=10),
+               start_engine(tmp_path, "decode", time_scale=TIME_SCALE, name="preempt", bootstrap_timeout_s=10)]
     try:
         wait_healthy(engines)
         yield engines[0], engines[1]

@@ -9,58 +9,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 import pytest_asyncio
-import uvicorn
 
-from services.gateway.app import create_app
-from services.gateway.config import GatewaySettings
 from services.gateway.service import GatewayService
-from shared.devservers import EtcdServer, ManagedProcess, NatsServer, free_port, wait_for_port
-from shared.protocol import InstanceInfo, Keys
-from shared.registry import InstanceRegistration, Registry
+from shared.devservers import EtcdServer, NatsServer, wait_for_port
+from shared.protocol import Keys
+from shared.registry import Registry
+from tests.integration.gateway_harness import SimEngine, engine_info, register, run_gateway
 
 MODEL = "test-model"
 pytestmark = pytest.mark.asyncio
-
-
-class SimEngine:
-    def __init__(self, tmp: Path, mode: str, time_scale: float) -> None:
-        self.port, self.bootstrap_port = free_port(), free_port()
-        self.mode = mode
-        self.proc = ManagedProcess(f"engine-{mode}", [
-            sys.executable, "-m", "services.engine_sim", "--mode", mode, "--port", str(self.port),
-            "--bootstrap-port", str(self.bootstrap_port), "--time-scale", str(time_scale),
-            "--served-model-name", MODEL, "--bootstrap-timeout-s", "5",
-        ], tmp / f"engine-{mode}-{self.port}.log")
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def info(self, instance_id: str) -> InstanceInfo:
-        return _info(instance_id, self.mode, self.url, self.bootstrap_port)
-
-
-def _info(instance_id: str, role: str, url: str, bootstrap_port: int | None) -> InstanceInfo:
-    return InstanceInfo(instance_id=instance_id, role=role, engine_kind="sim", url=url,  # type: ignore[arg-type]
-                        bootstrap_host="127.0.0.1", bootstrap_port=bootstrap_port, model=MODEL, profile="test",
-                        kv_capacity_tokens=380_000, max_running_requests=256, sidecar="test",
-                        registered_at_unix_s=time.time())
 
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SimEngine]]:
     tmp = tmp_path_factory.mktemp("gw-engines")
     # time_scale 0.2: a 1000-token stream lasts ~1.5 s, long enough to hang up in the middle of it.
-    started = {"prefill": SimEngine(tmp, "prefill", 0.2), "decode": SimEngine(tmp, "decode", 0.2)}
+    started = {"prefill": SimEngine(tmp, "prefill", MODEL, 0.2), "decode": SimEngine(tmp, "decode", MODEL, 0.2)}
     for e in started.values():
         wait_for_port("127.0.0.1", e.port, 30, e.proc.proc)
     yield started
@@ -84,30 +55,9 @@ async def cluster(nats_server: NatsServer, etcd_server: EtcdServer) -> AsyncIter
     await registry.close()
 
 
-@contextlib.asynccontextmanager
-async def gateway(nats_server: NatsServer, etcd_server: EtcdServer, namespace: str, **overrides: object) -> AsyncIterator[tuple[str, GatewayService]]:
-    port = free_port()
-    settings = GatewaySettings(namespace=namespace, nats_url=nats_server.url, etcd_url=etcd_server.url, port=port,
-                               first_token_timeout_s=10, **overrides)  # type: ignore[arg-type]
-    service = GatewayService(settings)
-    server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=port, log_level="warning"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:  # noqa: ASYNC110 - uvicorn offers no event to wait on
-        await asyncio.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}", service
-    finally:
-        server.should_exit = True
-        await task
-
-
-async def register(registry: Registry, *infos: InstanceInfo) -> list[InstanceRegistration]:
-    regs = []
-    for info in infos:
-        reg = InstanceRegistration(registry, ttl_s=5)
-        await reg.register(info)
-        regs.append(reg)
-    return regs
+def gateway(nats_server: NatsServer, etcd_server: EtcdServer, namespace: str,
+            **overrides: object) -> contextlib.AbstractAsyncContextManager[tuple[str, GatewayService]]:
+    return run_gateway(nats_server, etcd_server, namespace, **{"first_token_timeout_s": 10, **overrides})
 
 
 async def wait_instances(service: GatewayService, n: int) -> None:
@@ -123,7 +73,7 @@ BODY = {"model": MODEL, "prompt": list(range(100)), "max_tokens": 16, "ignore_eo
 async def test_retries_on_another_pair_when_a_leg_is_dead(cluster, engines, nats_server, etcd_server) -> None:  # type: ignore[no-untyped-def]
     registry, ns = cluster
     # "d0" sorts first, so least-load tries the dead engine first and must retry on d1.
-    await register(registry, engines["prefill"].info("p0"), _info("d0", "decode", f"http://127.0.0.1:{_dead_port()}", None),
+    await register(registry, engines["prefill"].info("p0"), engine_info("d0", "decode", f"http://127.0.0.1:{_dead_port()}", None, MODEL),
                    engines["decode"].info("d1"))
     async with gateway(nats_server, etcd_server, ns) as (url, service):
         await wait_instances(service, 3)
@@ -137,8 +87,8 @@ async def test_retries_on_another_pair_when_a_leg_is_dead(cluster, engines, nats
 async def test_both_attempts_failing_is_a_502_not_a_hang(cluster, engines, nats_server, etcd_server) -> None:  # type: ignore[no-untyped-def]
     registry, ns = cluster
     await register(registry, engines["prefill"].info("p0"),
-                   _info("d0", "decode", f"http://127.0.0.1:{_dead_port()}", None),
-                   _info("d1", "decode", f"http://127.0.0.1:{_dead_port()}", None))
+                   engine_info("d0", "decode", f"http://127.0.0.1:{_dead_port()}", None, MODEL),
+                   engine_info("d1", "decode", f"http://127.0.0.1:{_dead_port()}", None, MODEL))
     async with gateway(nats_server, etcd_server, ns) as (url, service):
         await wait_instances(service, 3)
         async with httpx.AsyncClient(timeout=30) as client:

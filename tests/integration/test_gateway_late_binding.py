@@ -11,26 +11,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 import pytest
 import pytest_asyncio
-import uvicorn
 
-from services.gateway.app import create_app
-from services.gateway.config import GatewaySettings
 from services.gateway.service import GatewayService
-from shared.devservers import EtcdServer, ManagedProcess, NatsServer, free_port, wait_for_port
-from shared.protocol import InstanceInfo, Keys
-from shared.registry import InstanceRegistration, Registry
-from shared.settings import load_settings
+from shared.devservers import EtcdServer, NatsServer, wait_for_port
+from shared.protocol import Keys
+from shared.registry import Registry
+from tests.integration.gateway_harness import SimEngine, register, run_gateway
 from tests.integration.waiting import until
 
 MODEL = "lb-model"
@@ -46,28 +41,11 @@ def short(tag: int, **extra: Any) -> dict[str, Any]:
     return {"model": MODEL, "prompt": [tag] * 100, "max_tokens": 4, "ignore_eos": True, "stream": True, **extra}
 
 
-class SimEngine:
-    def __init__(self, tmp: Path, mode: str) -> None:
-        self.port, self.bootstrap_port = free_port(), free_port()
-        self.mode = mode
-        self.proc = ManagedProcess(f"engine-{mode}", [
-            sys.executable, "-m", "services.engine_sim", "--mode", mode, "--port", str(self.port),
-            "--bootstrap-port", str(self.bootstrap_port), "--time-scale", str(TIME_SCALE),
-            "--served-model-name", MODEL, "--bootstrap-timeout-s", "10",
-        ], tmp / f"engine-{mode}-{self.port}.log")
-
-    def info(self, instance_id: str) -> InstanceInfo:
-        return InstanceInfo(instance_id=instance_id, role=self.mode, engine_kind="sim",  # type: ignore[arg-type]
-                            url=f"http://127.0.0.1:{self.port}", bootstrap_host="127.0.0.1",
-                            bootstrap_port=self.bootstrap_port, model=MODEL, profile="test",
-                            kv_capacity_tokens=380_000, max_running_requests=256, sidecar="test",
-                            registered_at_unix_s=time.time())
-
-
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SimEngine]]:
     tmp = tmp_path_factory.mktemp("lb-engines")
-    started = {"prefill": SimEngine(tmp, "prefill"), "decode": SimEngine(tmp, "decode")}
+    started = {"prefill": SimEngine(tmp, "prefill", MODEL, TIME_SCALE, bootstrap_timeout_s=10),
+               "decode": SimEngine(tmp, "decode", MODEL, TIME_SCALE, bootstrap_timeout_s=10)}
     for e in started.values():
         wait_for_port("127.0.0.1", e.port, 30, e.proc.proc)
     yield started
@@ -83,31 +61,10 @@ async def registry(etcd_server: EtcdServer) -> AsyncIterator[Registry]:
     await reg.close()
 
 
-@contextlib.asynccontextmanager
-async def gateway(nats_server: NatsServer, etcd_server: EtcdServer, namespace: str) -> AsyncIterator[tuple[str, GatewayService]]:
-    port = free_port()
-    settings = load_settings(GatewaySettings, namespace=namespace, nats_url=nats_server.url, etcd_url=etcd_server.url,
-                             port=port, first_token_timeout_s=15, late_binding=True, late_binding_policy="edf",
-                             late_binding_depth=1)
-    service = GatewayService(settings)
-    server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=port, log_level="warning"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:  # noqa: ASYNC110 - uvicorn offers no event to wait on
-        await asyncio.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}", service
-    finally:
-        server.should_exit = True
-        await task
-
-
-async def register(registry: Registry, *infos: InstanceInfo) -> list[InstanceRegistration]:
-    regs = []
-    for info in infos:
-        reg = InstanceRegistration(registry, ttl_s=5)
-        await reg.register(info)
-        regs.append(reg)
-    return regs
+def gateway(nats_server: NatsServer, etcd_server: EtcdServer,
+            namespace: str) -> contextlib.AbstractAsyncContextManager[tuple[str, GatewayService]]:
+    return run_gateway(nats_server, etcd_server, namespace, first_token_timeout_s=15, late_binding=True,
+                       late_binding_policy="edf", late_binding_depth=1)
 
 
 async def held_gauge(client: httpx.AsyncClient, url: str) -> float:

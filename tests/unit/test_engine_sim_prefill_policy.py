@@ -8,8 +8,7 @@ import asyncio
 import functools
 import math
 import time
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import pytest
@@ -23,25 +22,11 @@ from shared.latency import LatencyModel
 from shared.policies import DECODE_BATCH_POLICIES, PREFILL_POLICIES
 from shared.policies.prefill_order import MAX_PREFILL_TOKENS, PrefillItem, PrefillPlan, fill
 from shared.protocol.request_slo import RequestSlo
+from tests.unit.test_engine_sim_core import make_engine, running
 
 T = TypeVar("T", bound=PrefillItem)
 
 
-def make_engine(**overrides: Any) -> SimEngine:
-    settings: dict[str, Any] = {"time_scale": 0.0, "bootstrap_timeout_s": 5.0}
-    settings.update(overrides)
-    return SimEngine(EngineSimSettings(**settings))
-
-
-@asynccontextmanager
-async def running(*engines: SimEngine) -> AsyncIterator[None]:
-    for e in engines:
-        await e.start()
-    try:
-        yield
-    finally:
-        for e in engines:
-            await e.stop()
 
 
 async def finish(engine: SimEngine, req: SimRequest, timeout_s: float = 10.0) -> SimRequest:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from shared.latency import LatencyModel, load_profile
 from shared.policies import (
@@ -16,20 +15,12 @@ from shared.policies import (
     preempts,
 )
 from shared.policies.flowprefill import ttft_hat
+from tests.unit.prefill_items import Prompt
 
 MODEL = LatencyModel(load_profile())
 INF = math.inf
 BIG = 1 << 30  # an engine that does not chunk
 _checks: tuple[PrefillPolicy, PrefillPolicy, PrefillPolicy] = (FlowPrefill(MODEL), Sedf(MODEL), DEdf())
-
-
-@dataclass
-class Prompt:
-    rid: str
-    arrival_s: float
-    input_tokens: int
-    slo_ttft_s: float = INF
-    prefilled: int = 0
 
 
 def rids(policy: PrefillPolicy, queue: list[Prompt], now_s: float, budget: int = BIG) -> list[str]:

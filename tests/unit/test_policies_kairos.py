@@ -19,20 +19,12 @@ from shared.policies import (
     make_decode_batch_policy,
     make_prefill_policy,
 )
+from tests.unit.prefill_items import Prompt
 
 MODEL = LatencyModel(load_profile())
 INF = math.inf
 _checks: tuple[PrefillPolicy, PrefillPolicy, DecodeBatchPolicy] = (
     KairosPrefill(MODEL), KairosLiteralPrefill(MODEL), KairosSlack(MODEL))  # mypy: they satisfy the Protocols
-
-
-@dataclass
-class Prompt:
-    rid: str
-    arrival_s: float
-    input_tokens: int
-    slo_ttft_s: float = INF
-    prefilled: int = 0
 
 
 @dataclass

@@ -3,26 +3,17 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import pytest
 
 from shared.latency import LatencyModel, load_profile
 from shared.policies import LengthBatching, PrefillPolicy, make_prefill_policy
+from tests.unit.prefill_items import Prompt
 
 MODEL = LatencyModel(load_profile())
 INF = math.inf
 BIG = 1 << 30
 _check: PrefillPolicy = LengthBatching(MODEL)
-
-
-@dataclass
-class Prompt:
-    rid: str
-    arrival_s: float
-    input_tokens: int
-    slo_ttft_s: float = INF
-    prefilled: int = 0
 
 
 def policy(isl: float = 2000.0) -> LengthBatching:

@@ -1,0 +1,75 @@
+"""A gateway in-process (uvicorn on a free port) in front of engine_sim processes registered in etcd directly
+(the sidecar's job, tested elsewhere), for the gateway's integration tests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import uvicorn
+
+from services.gateway.app import create_app
+from services.gateway.config import GatewaySettings
+from services.gateway.service import GatewayService
+from shared.devservers import EtcdServer, ManagedProcess, NatsServer, free_port
+from shared.protocol import InstanceInfo
+from shared.registry import InstanceRegistration, Registry
+
+
+def engine_info(instance_id: str, role: str, url: str, bootstrap_port: int | None, model: str) -> InstanceInfo:
+    return InstanceInfo(instance_id=instance_id, role=role, engine_kind="sim", url=url,  # type: ignore[arg-type]
+                        bootstrap_host="127.0.0.1", bootstrap_port=bootstrap_port, model=model, profile="test",
+                        kv_capacity_tokens=380_000, max_running_requests=256, sidecar="test",
+                        registered_at_unix_s=time.time())
+
+
+class SimEngine:
+    """An engine_sim process serving ``model`` in ``mode``."""
+
+    def __init__(self, tmp: Path, mode: str, model: str, time_scale: float, bootstrap_timeout_s: float = 5.0) -> None:
+        self.port, self.bootstrap_port = free_port(), free_port()
+        self.mode = mode
+        self.model = model
+        self.proc = ManagedProcess(f"engine-{mode}", [
+            sys.executable, "-m", "services.engine_sim", "--mode", mode, "--port", str(self.port),
+            "--bootstrap-port", str(self.bootstrap_port), "--time-scale", str(time_scale),
+            "--served-model-name", model, "--bootstrap-timeout-s", str(bootstrap_timeout_s),
+        ], tmp / f"engine-{mode}-{self.port}.log")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def info(self, instance_id: str) -> InstanceInfo:
+        return engine_info(instance_id, self.mode, self.url, self.bootstrap_port, self.model)
+
+
+@contextlib.asynccontextmanager
+async def run_gateway(nats_server: NatsServer, etcd_server: EtcdServer, namespace: str,
+                      **overrides: object) -> AsyncIterator[tuple[str, GatewayService]]:
+    port = free_port()
+    settings = GatewaySettings(namespace=namespace, nats_url=nats_server.url, etcd_url=etcd_server.url, port=port,
+                               **overrides)  # type: ignore[arg-type]
+    service = GatewayService(settings)
+    server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=port, log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:  # noqa: ASYNC110 - uvicorn offers no event to wait on
+        await asyncio.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}", service
+    finally:
+        server.should_exit = True
+        await task
+
+
+async def register(registry: Registry, *infos: InstanceInfo) -> list[InstanceRegistration]:
+    regs = []
+    for info in infos:
+        reg = InstanceRegistration(registry, ttl_s=5)
+        await reg.register(info)
+        regs.append(reg)
+    return regs
