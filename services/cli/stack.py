@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from loadgen.slo import slo_for
 from shared.devservers import EtcdServer, ManagedProcess, NatsServer, free_port
@@ -66,38 +66,25 @@ class StackSettings(ServiceSettings):
     gateway_slo_class: list[str] = Field(default_factory=list, description="An SLO class NAME=TTFT_S:TPOT_S requests may name (body field slo_class); repeatable; passed to the gateway as --slo-class.")
     gateway_slo_preset: str | None = Field(None, description="The gateway's SLO classes from a preset (tasks-flowprefill: FlowPrefill Table 2; interactive-batch), built on the planning SLO.")
 
-    @field_validator("planner_policy")
+    @field_validator("planner_policy", "dispatch_policy", "prefill_policy", "late_binding_policy", "decode_policy")
     @classmethod
-    def _known_pool_policy(cls, value: str) -> str:
-        from shared.policies import POOL_POLICIES, lookup  # here, not at import: `poise admin` needs none of it
+    def _known_policy(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # Imported here, not at module import: `poise admin` needs none of the policies.
+        from shared.policies import (
+            DECODE_BATCH_POLICIES,
+            DISPATCH_POLICIES,
+            POOL_POLICIES,
+            PREFILL_POLICIES,
+            lookup,
+        )
 
-        lookup(POOL_POLICIES, value, "pool policy")
-        return value
-
-    @field_validator("dispatch_policy")
-    @classmethod
-    def _known_dispatch_policy(cls, value: str) -> str:
-        from shared.policies import DISPATCH_POLICIES, lookup
-
-        lookup(DISPATCH_POLICIES, value, "dispatch policy")
-        return value
-
-    @field_validator("prefill_policy", "late_binding_policy")
-    @classmethod
-    def _known_prefill_policy(cls, value: str | None) -> str | None:
-        from shared.policies import PREFILL_POLICIES, lookup
-
+        registry, kind = {
+            "planner_policy": (POOL_POLICIES, "pool policy"),
+            "dispatch_policy": (DISPATCH_POLICIES, "dispatch policy"),
+            "decode_policy": (DECODE_BATCH_POLICIES, "decode batch policy"),
+        }.get(info.field_name or "", (PREFILL_POLICIES, "prefill policy"))
         if value is not None:
-            lookup(PREFILL_POLICIES, value, "prefill policy")
-        return value
-
-    @field_validator("decode_policy")
-    @classmethod
-    def _known_decode_policy(cls, value: str | None) -> str | None:
-        from shared.policies import DECODE_BATCH_POLICIES, lookup
-
-        if value is not None:
-            lookup(DECODE_BATCH_POLICIES, value, "decode batch policy")
+            lookup(registry, value, kind)  # type: ignore[arg-type]
         return value
 
     @field_validator("preemption")
