@@ -134,6 +134,32 @@ class Bus:
             raise BusTimeout(f"no reply on {subject} within {timeout_s:.1f}s") from exc
         return decode(msg.data, reply_type)
 
+    async def gather(self, subject: str, message: msgspec.Struct, reply_type: type[R], *,
+                     timeout_s: float = 0.5) -> list[R]:
+        """Ask every responder on ``subject`` and collect the replies that arrive within ``timeout_s``.
+
+        For questions to a set of replicas of unknown size (every gateway's in-flight requests); a reply
+        that does not decode is dropped like a bad published message.
+        """
+        nc = self.nc
+        inbox = nc.new_inbox()
+        replies: list[R] = []
+
+        async def on_reply(msg: Msg) -> None:
+            try:
+                replies.append(decode(msg.data, reply_type))
+            except ProtocolError as exc:
+                self.dropped_messages += 1
+                log.warning("dropped reply on %s: %s", subject, exc)
+
+        sub = await nc.subscribe(inbox, cb=on_reply)
+        try:
+            await nc.publish(subject, encode(message), reply=inbox)
+            await asyncio.sleep(timeout_s)
+        finally:
+            await sub.unsubscribe()
+        return replies
+
     async def serve(
         self,
         subject: str,

@@ -29,6 +29,7 @@ from services.engine_sim import protocol as P
 from services.engine_sim.engine import SGLANG_API_VERSION, EngineRequestError, SimEngine
 from services.engine_sim.requests import SimRequest
 from services.engine_sim.tokens import detokenize, token_text
+from services.engine_sim.transfer import KV_EXPORT_PATH
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ def create_app(engine: SimEngine) -> FastAPI:
             prompt_tokens=gen.prompt_tokens, max_new_tokens=gen.max_new_tokens, rid=gen.rid,
             ignore_eos=gen.ignore_eos, stream=gen.stream, bootstrap_host=gen.bootstrap_host,
             bootstrap_port=gen.bootstrap_port, bootstrap_room=gen.bootstrap_room, priority=gen.priority,
-            slo=gen.slo,
+            slo=gen.slo, stream_key=gen.stream_key, resume=gen.resume,
         )
 
     async def finish_non_stream(req: SimRequest, request: Request) -> None:
@@ -218,7 +219,9 @@ def create_app(engine: SimEngine) -> FastAPI:
             if finish is not None and finish.get("status_code") is not None:
                 yield P.stream_error_chunk(finish["message"], int(finish["status_code"]))
                 break
-            yield P.completion_chunk(req.rid, created, gen.model, "".join([token_text(t) for t in new_ids]), finish)
+            chunk_usage = P.usage(req.prompt_tokens, len(req.output_ids)) if gen.continuous_usage else None
+            yield P.completion_chunk(req.rid, created, gen.model, "".join([token_text(t) for t in new_ids]), finish,
+                                     chunk_usage)
         if gen.include_usage:
             yield P.completion_usage_chunk(req.rid, created, gen.model, req.prompt_tokens, len(req.output_ids))
         yield P.DONE
@@ -238,7 +241,8 @@ def create_app(engine: SimEngine) -> FastAPI:
                 yield P.chat_chunk(req.rid, created, gen.model, role="assistant", content="")
             text = "".join([token_text(t) for t in new_ids])
             if text:
-                yield P.chat_chunk(req.rid, created, gen.model, content=text)
+                chunk_usage = P.usage(req.prompt_tokens, len(req.output_ids)) if gen.continuous_usage else None
+                yield P.chat_chunk(req.rid, created, gen.model, content=text, chunk_usage=chunk_usage)
             final = finish
         if final is not None:
             yield P.chat_chunk(req.rid, created, gen.model, finish=final)
@@ -328,6 +332,20 @@ def create_app(engine: SimEngine) -> FastAPI:
         if abort_all or rid:  # an empty rid without abort_all is ignored (tokenizer_manager.abort_request)
             engine.abort(rid, abort_all=abort_all)
         return Response(status_code=200)
+
+    @app.post(KV_EXPORT_PATH)
+    async def kv_export(request: Request) -> Response:
+        """engine_sim's side of a decode→decode KV copy (poise_resume with a KV source; transfer.pull_migrated):
+        200 with the request's context while it is decoding here, 404 otherwise (finished, aborted, unknown)."""
+        try:
+            rid = P._str(await optional_body(request), "rid") or ""
+        except P.SchemaError as exc:
+            return _schema_error(exc)
+        req = engine.running_request(rid)
+        if req is None:
+            return _openai_error(f"no decoding request {rid!r} here", "NotFoundError", 404)
+        return _json({"rid": rid, "context_tokens": req.context_tokens, "generated": req.generated,
+                      "kv_bytes": engine.latency.kv_bytes(req.context_tokens)})
 
     @app.post("/pd_role_switch")
     async def pd_role_switch(request: Request) -> Response:

@@ -77,7 +77,7 @@ def take_intake(eng: SimEngine) -> None:
         if eng.mode == "null":
             eng.enqueue_waiting(req)
             continue
-        if req.bootstrap_room is None:
+        if req.bootstrap_room is None and req.kv_source is None:  # a KV copy from a decode peer needs no room
             eng.fail_request(req, "Invalid request: Disaggregated request received without bootstrap room id. "
                                   f"req.rid={req.rid!r}", HTTPStatus.BAD_REQUEST, detach=False)
             continue

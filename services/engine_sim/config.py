@@ -45,7 +45,7 @@ class EngineSimSettings(ServiceSettings):
     time_scale: float = Field(
         1.0, ge=0.0, description="Multiplies every modelled time: 1 = the profiled GPU, 0 = free compute."
     )
-    seed: int = Field(0, description="Seed for token ids and output lengths (deterministic per (seed, rid)).")
+    seed: int = Field(0, description="Seed for token ids and output lengths (deterministic per (seed, prompt)).")
     enable_pd_role_switch: bool = Field(True, description="Allow POST /pd_role_switch (SGLang --enable-pd-role-switch).")
     kv_capacity_tokens: int | None = Field(
         None, gt=0, description="KV cache size in tokens (SGLang max_total_num_tokens); unset = the profile's."
@@ -77,6 +77,9 @@ class EngineSimSettings(ServiceSettings):
         description="How long a prefill request waits for its decode peer (and a decode waits for its prefill room) "
         "before failing, like SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT.",
     )
+    migration_gbps: float = Field(
+        25.0, gt=0, description="Link speed of a decode-to-decode KV copy (poise_resume with a KV source), "
+                                "Gbit/s; ARES' simulator uses 25.")
     instance_id: str = Field("engine-sim", description="Name of this engine in logs and /server_info.")
     prefill_policy: str = Field(
         "fcfs",

@@ -44,6 +44,7 @@ from shared.http1 import Http1Pool
 from shared.latency import LatencyModel, LatencyProfile, load_profile
 from shared.policies import make_decode_batch_policy, make_prefill_policy
 from shared.policies.prefill_order import MAX_PREFILL_TOKENS
+from shared.protocol.request_resume import RequestResume
 from shared.protocol.request_slo import RequestSlo
 
 # Re-exported: app.py, __init__.py and older imports take these names from engine.py.
@@ -234,18 +235,28 @@ class SimEngine:
         bootstrap_room: int | None = None,
         priority: int | None = None,
         slo: RequestSlo | None = None,
+        stream_key: str | None = None,
+        resume: RequestResume | None = None,
     ) -> SimRequest:
         """Queue a request. Raises :class:`EngineRequestError` where SGLang's tokenizer manager would refuse it.
 
         ``slo`` (the ``poise_slo`` body field) sets the request's TTFT/TPOT targets for the engine policies and
-        dates its arrival back by ``waited_s``, so TTFT deadlines count from the gateway's arrival."""
+        dates its arrival back by ``waited_s``, so TTFT deadlines count from the gateway's arrival.
+
+        Output ids and the output length are drawn from ``stream_key`` (the prompt's digest; the rid when not
+        given). ``resume`` (``poise_resume``) continues a request another engine started: the prompt grows by
+        the tokens already generated (what a re-prefill would see) and the ids continue from that position."""
         if self.stopping:
             raise EngineRequestError("engine_sim is shutting down")
         rid = rid if rid is not None else uuid.uuid4().hex
+        key = stream_key if stream_key is not None else rid
+        done = resume.generated_tokens if resume is not None else 0
+        if resume is not None and resume.kv_transfer and self.mode != "decode":
+            raise EngineRequestError("poise_resume with a KV source needs a decode engine")
         if rid in self._reqs:
             raise EngineRequestError(f"Duplicate request ID detected: {rid}")
         ctx = self.settings.context_length
-        prompt_tokens = max(1, prompt_tokens)  # SGLang's tokenizer adds BOS: never an empty prompt
+        prompt_tokens = max(1, prompt_tokens) + done  # SGLang's tokenizer adds BOS: never an empty prompt
         if prompt_tokens >= ctx:
             raise EngineRequestError(
                 f"The input ({prompt_tokens} tokens) is longer than the model's context length ({ctx} tokens).")
@@ -262,14 +273,18 @@ class SimEngine:
         # Like SGLang's init_req_max_new_tokens: never more output than the KV pool could ever hold.
         max_new_tokens = max(0, min(max_new_tokens, self.capacity - prompt_tokens))
         seed = self.settings.seed
-        stop_after = max_new_tokens if ignore_eos else min(max_new_tokens, draw_output_length(
-            seed, rid, self.settings.mean_output_tokens))
+        stop_after = max_new_tokens if ignore_eos else min(max_new_tokens, max(1, draw_output_length(
+            seed, key, self.settings.mean_output_tokens) - done))
+        tokens = TokenSource(seed, key)
+        tokens.skip(done)
         req = SimRequest(
             rid=rid, prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos,
             stream=stream, bootstrap_host=bootstrap_host, bootstrap_port=bootstrap_port,
             bootstrap_room=bootstrap_room, priority=priority, stop_after=stop_after,
-            prefill_len=prompt_tokens, tokens=TokenSource(seed, rid),
+            prefill_len=prompt_tokens, tokens=tokens,
         )
+        if resume is not None and resume.kv_transfer:
+            req.kv_source = (resume.kv_source_url or "", resume.kv_source_rid or "")
         if slo is not None:
             req.slo_class = slo.slo_class
             req.slo_ttft_s = math.inf if slo.ttft_s is None else slo.ttft_s
@@ -309,6 +324,11 @@ class SimEngine:
                 if disconnected is not None and await disconnected():
                     self.abort(req.rid)
                     return
+
+    def running_request(self, rid: str) -> SimRequest | None:
+        """The request ``rid`` if it is decoding here (a KV copy can start from it)."""
+        req = self._reqs.get(rid)
+        return req if req is not None and req.phase in (Phase.RUNNING, Phase.RETRACTED) else None
 
     def abort(self, rid: str | None = None, abort_all: bool = False) -> int:
         """SGLang's /abort_request: end the request(s) wherever they are, free their KV. Returns how many."""

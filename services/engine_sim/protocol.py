@@ -9,6 +9,8 @@ engine_sim uses and ignores the rest, as SGLang's pydantic models ignore unknown
   and stream chunks (sglang/srt/entrypoints/openai/protocol.py, serving_completions.py, serving_chat.py,
   sse_utils.py, usage_processor.py);
 - ``poise_slo`` (a Poise extension, shared/protocol/request_slo.py): the request's SLO targets, on all three;
+- ``poise_resume`` (a Poise extension, shared/protocol/request_resume.py): continue a request another engine
+  started (migration, rescue), on all three;
 - errors: ErrorResponse (openai/protocol.py); the "Bad Request" type for malformed bodies is what SGLang's
   RequestValidationError handler sends (entrypoints/http_server.py), "BadRequestError" what
   OpenAIServingBase.create_error_response sends for a request it refuses.
@@ -20,6 +22,7 @@ gateway uses, so both sides agree on a request's size).
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -28,6 +31,7 @@ from typing import Any, Literal
 import orjson
 
 from services.engine_sim.requests import SimRequest
+from shared.protocol.request_resume import RESUME_FIELD, RequestResume, parse_request_resume
 from shared.protocol.request_slo import SLO_FIELD, RequestSlo, parse_request_slo
 from shared.tokens import EstimatingCounter, count_chat, count_prompt
 
@@ -58,6 +62,7 @@ class GenRequest:
     max_new_tokens: int | None
     stream: bool = False
     include_usage: bool = False
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats: usage on every content chunk
     ignore_eos: bool = False
     rid: str | None = None
     priority: int | None = None
@@ -65,6 +70,15 @@ class GenRequest:
     bootstrap_port: int | None = None
     bootstrap_room: int | None = None
     slo: RequestSlo | None = None  # the poise_slo extension field (None: no targets)
+    resume: RequestResume | None = None  # the poise_resume extension field (None: a new request)
+    # What the output tokens and length are drawn from: the prompt's content, so the same prompt gets the same
+    # answer on any engine (a migrated request continues its own sequence). None: the rid (direct submits).
+    stream_key: str | None = None
+
+
+def content_key(content: Any) -> str:
+    """A short digest of a request's prompt (text, token ids or chat messages)."""
+    return hashlib.blake2b(orjson.dumps(content), digest_size=8).hexdigest()
 
 
 # -- field helpers ---------------------------------------------------------------------------------------
@@ -132,7 +146,18 @@ def _slo(body: dict[str, Any]) -> RequestSlo | None:
         raise SchemaError(str(exc), SLO_FIELD) from None
 
 
-def _common(body: dict[str, Any], kind: Kind, model: str, prompt_tokens: int, max_new: int | None) -> GenRequest:
+def _resume(body: dict[str, Any]) -> RequestResume | None:
+    v = body.get(RESUME_FIELD)
+    if v is None:
+        return None
+    try:
+        return parse_request_resume(v)
+    except ValueError as exc:
+        raise SchemaError(str(exc), RESUME_FIELD) from None
+
+
+def _common(body: dict[str, Any], kind: Kind, model: str, prompt_tokens: int, max_new: int | None,
+            content: Any) -> GenRequest:
     for name in ("rid", "bootstrap_host", "bootstrap_port", "bootstrap_room"):
         _scalar(body, name)
     for name in ("temperature", "top_p"):
@@ -147,11 +172,12 @@ def _common(body: dict[str, Any], kind: Kind, model: str, prompt_tokens: int, ma
     if n != 1:
         raise RequestRefused(f"engine_sim supports n=1 only, got n={n}")
     stream_options = body.get("stream_options")
-    include_usage = False
+    include_usage = continuous_usage = False
     if stream_options is not None:
         if not isinstance(stream_options, dict):
             raise SchemaError("stream_options: Input should be a valid dictionary", "stream_options")
         include_usage = _bool(stream_options, "include_usage")
+        continuous_usage = _bool(stream_options, "continuous_usage_stats")
     return GenRequest(
         kind=kind,
         model=model,
@@ -159,6 +185,7 @@ def _common(body: dict[str, Any], kind: Kind, model: str, prompt_tokens: int, ma
         max_new_tokens=max_new,
         stream=_bool(body, "stream"),
         include_usage=include_usage,
+        continuous_usage=continuous_usage,
         ignore_eos=_bool(body, "ignore_eos"),
         rid=_str(body, "rid"),
         priority=_int(body, "priority"),
@@ -166,6 +193,8 @@ def _common(body: dict[str, Any], kind: Kind, model: str, prompt_tokens: int, ma
         bootstrap_port=_int(body, "bootstrap_port"),
         bootstrap_room=_int(body, "bootstrap_room"),
         slo=_slo(body),
+        resume=_resume(body),
+        stream_key=content_key(content),
     )
 
 
@@ -208,7 +237,7 @@ def parse_completion(body: dict[str, Any]) -> GenRequest:
     max_tokens = _int(body, "max_tokens", DEFAULT_COMPLETION_MAX_TOKENS)
     if max_tokens is not None and max_tokens <= 0:
         raise SchemaError("max_tokens: Value error, max_tokens must be positive", "max_tokens")
-    return _common(body, "completion", _model(body), count_prompt(_COUNTER, prompt), max_tokens)
+    return _common(body, "completion", _model(body), count_prompt(_COUNTER, prompt), max_tokens, prompt)
 
 
 def parse_chat(body: dict[str, Any]) -> GenRequest:
@@ -230,7 +259,7 @@ def parse_chat(body: dict[str, Any]) -> GenRequest:
     max_new = _int(body, "max_completion_tokens")
     if max_new is None:
         max_new = _int(body, "max_tokens")
-    return _common(body, "chat", _model(body), count_chat(_COUNTER, messages), max_new)
+    return _common(body, "chat", _model(body), count_chat(_COUNTER, messages), max_new, messages)
 
 
 def parse_generate(body: dict[str, Any]) -> GenRequest:
@@ -247,6 +276,7 @@ def parse_generate(body: dict[str, Any]) -> GenRequest:
         if not isinstance(text, str):
             raise SchemaError("text: Input should be a valid string", "text")
         prompt_tokens = count_prompt(_COUNTER, text)
+        content: Any = text
     else:
         if not isinstance(input_ids, list):
             raise SchemaError("input_ids: Input should be a valid list", "input_ids")
@@ -255,6 +285,7 @@ def parse_generate(body: dict[str, Any]) -> GenRequest:
                 raise RequestRefused("engine_sim does not support batched requests (input_ids is a list of lists)")
             input_ids = input_ids[0]
         prompt_tokens = len(_token_ids(input_ids, "input_ids"))
+        content = input_ids
     sp = body.get("sampling_params") or {}
     if isinstance(sp, list):
         raise RequestRefused("engine_sim does not support batched requests (sampling_params is a list)")
@@ -268,7 +299,7 @@ def parse_generate(body: dict[str, Any]) -> GenRequest:
     if n != 1:
         raise RequestRefused(f"engine_sim supports n=1 only, got n={n}")
     gen = _common({k: v for k, v in body.items() if k not in ("n", "stop", "temperature", "top_p")}, "generate",
-                  "default", prompt_tokens, max_new)
+                  "default", prompt_tokens, max_new, content)
     gen.ignore_eos = _bool(sp, "ignore_eos")
     return gen
 
@@ -343,13 +374,15 @@ def completion_response(req: SimRequest, model: str, text: str) -> dict[str, Any
     }
 
 
-def completion_chunk(rid: str, created: int, model: str, text: str, finish: dict[str, Any] | None) -> bytes:
-    """CompletionStreamResponse.model_dump_json(): nulls included, sglext dropped."""
+def completion_chunk(rid: str, created: int, model: str, text: str, finish: dict[str, Any] | None,
+                     chunk_usage: dict[str, Any] | None = None) -> bytes:
+    """CompletionStreamResponse.model_dump_json(): nulls included, sglext dropped; ``chunk_usage`` with
+    ``stream_options.continuous_usage_stats``."""
     return b"data: " + orjson.dumps({
         "id": rid, "object": "text_completion", "created": created, "model": model,
         "choices": [{"index": 0, "text": text, "logprobs": None,
                      "finish_reason": finish["type"] if finish else None, "matched_stop": matched_stop(finish)}],
-        "usage": None,
+        "usage": chunk_usage,
     }) + b"\n\n"
 
 
@@ -377,8 +410,9 @@ def chat_response(req: SimRequest, model: str, text: str) -> dict[str, Any]:
 
 
 def chat_chunk(rid: str, created: int, model: str, *, role: str | None = None, content: str | None = None,
-               finish: dict[str, Any] | None = None) -> bytes:
-    """build_sse_content (openai/sse_utils.py): delta omits unset role/content but always has reasoning_content."""
+               finish: dict[str, Any] | None = None, chunk_usage: dict[str, Any] | None = None) -> bytes:
+    """build_sse_content (openai/sse_utils.py): delta omits unset role/content but always has reasoning_content;
+    ``chunk_usage`` (``stream_options.continuous_usage_stats``) rides on content chunks."""
     delta: dict[str, Any] = {"reasoning_content": None}
     if role is not None:
         delta["role"] = role
@@ -388,6 +422,7 @@ def chat_chunk(rid: str, created: int, model: str, *, role: str | None = None, c
         "id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
         "choices": [{"index": 0, "delta": delta, "logprobs": None,
                      "finish_reason": finish["type"] if finish else None, "matched_stop": matched_stop(finish)}],
+        **({"usage": chunk_usage} if chunk_usage is not None else {}),
     }) + b"\n\n"
 
 

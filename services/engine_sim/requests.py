@@ -84,6 +84,7 @@ class SimRequest:
     prefill_done_unix_s: float | None = None
     num_retractions: int = 0
     handoff_task: asyncio.Task[None] | None = None  # decode: the KV pull
+    kv_source: tuple[str, str] | None = None  # decode, migrated in by KV copy: (source engine URL, its rid)
     timer: asyncio.TimerHandle | None = None  # prefill: bootstrap / release timeout
 
     def __post_init__(self) -> None:

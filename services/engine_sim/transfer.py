@@ -12,6 +12,8 @@ import logging
 from http import HTTPStatus
 from typing import TYPE_CHECKING
 
+import orjson
+
 from services.engine_sim.handoff import HandoffError, pull_kv, release_kv
 from services.engine_sim.requests import Phase, SimRequest, finish_length
 
@@ -75,6 +77,9 @@ def release_timed_out(eng: SimEngine, req: SimRequest) -> None:
 
 # -- decode-side KV pull -------------------------------------------------------------------------------
 async def pull(eng: SimEngine, req: SimRequest) -> None:
+    if req.kv_source is not None:
+        await pull_migrated(eng, req)
+        return
     host = req.bootstrap_host
     port = req.bootstrap_port if req.bootstrap_port is not None else eng.settings.resolved_bootstrap_port()
     room = req.bootstrap_room
@@ -122,5 +127,48 @@ async def pull(eng: SimEngine, req: SimRequest) -> None:
     req.handoff_task = None
     req.phase = Phase.READY
     req.first_token_id = int(info["first_token_id"])
+    eng.queues.ready.append(req)
+    eng.kick()
+
+
+# -- decode → decode migration by KV copy (poise_resume with a KV source) -------------------------------
+KV_EXPORT_PATH = "/poise_sim/kv_export"
+
+
+async def pull_migrated(eng: SimEngine, req: SimRequest) -> None:
+    """Copy a running request's KV from the decode engine it runs on, then join this engine's batch.
+
+    Models ARES' asynchronous D→D copy: the source keeps decoding its other requests (and this one: the
+    gateway holds back what it produces until the copy is done), the copy takes ``kv_bytes / migration
+    bandwidth``. A source that no longer has the request (finished, aborted, died) fails the migration; the
+    gateway then keeps the request where it was.
+    """
+    assert req.kv_source is not None and eng.client is not None
+    url, source_rid = req.kv_source
+    try:
+        try:
+            status, body = await asyncio.wait_for(
+                eng.client.post_json(url + KV_EXPORT_PATH, orjson.dumps({"rid": source_rid})), 10.0)
+        except (OSError, TimeoutError) as exc:
+            raise HandoffError("handshake", f"source engine {url} unreachable: {exc}") from exc
+        if status != 200:
+            raise HandoffError("handshake", f"source engine {url} answered {status}: {body[:200]!r}")
+        tokens = req.prompt_tokens  # the prompt grew by the generated tokens at submit: the whole context
+        transfer_s = eng.latency.migration_transfer_time_s(tokens, eng.settings.migration_gbps)
+        await asyncio.sleep(transfer_s)
+    except HandoffError as exc:
+        if req.phase is Phase.TRANSFER:
+            eng.metrics.num_transfer_failed_reqs.inc()
+            eng.fail_request(req, f"Migration of {source_rid!r} failed: {exc}", HTTPStatus.INTERNAL_SERVER_ERROR)
+        return
+    if req.phase is not Phase.TRANSFER:
+        return
+    eng.metrics.kv_transfer(transfer_s * 1000.0, eng.latency.kv_bytes(tokens) / transfer_s / 1e9 if transfer_s > 0
+                            else None)
+    eng.queues.transfer.pop(req.rid, None)
+    req.handoff_task = None
+    req.phase = Phase.READY
+    assert req.tokens is not None
+    req.first_token_id = req.tokens.peek()
     eng.queues.ready.append(req)
     eng.kick()

@@ -2,20 +2,33 @@
 
 Retry rule: a leg that fails before the first token (engine unreachable, error status, KV handoff
 failure, no token in time) is aborted on both engines and the request is placed again, excluding the
-failed engine, up to ``retries`` times. After the first token the stream belongs to the client; a failure
-then ends it with an error event (resuming mid-answer is the recompute-migration path of a later issue).
+failed engine, up to ``retries`` times.
+
+After the first token the stream belongs to the client, and the gateway keeps it whole across engines:
+
+- **migration** (``request_move``; the migrator's decode-to-decode moves): between two tokens the gateway
+  stops forwarding, starts the request on the target from the tokens the client has (``resume.py``: a
+  re-prefill through a prefill engine, or an engine_sim KV copy), and once the target's first token is in,
+  aborts the source and forwards the target's stream. If the target fails first, it is aborted and the
+  request goes on from the source, which never stopped: nothing lost, nothing repeated.
+- **rescue**: a decode stream that breaks mid-answer (engine died, connection lost) is resumed the same way
+  on another pair, up to ``max_rescues`` times, so the client sees one unbroken answer.
+
+Token positions come from the usage the engines put on every chunk (``continuous_usage_stats``); usage
+sent to the client counts the whole answer, whichever engines produced it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -25,6 +38,7 @@ from services.gateway.errors import APIError
 from services.gateway.late_binding import HeldRequest, LateBindingQueue
 from services.gateway.legs import Attempt, Event, LegFailed
 from services.gateway.metrics import GatewayMetrics
+from services.gateway.resume import NotResumable, resume_body
 from services.gateway.validation import ParsedRequest
 from shared.http1 import Http1Pool
 from shared.policies import DispatchPolicy, Placement, RequestView
@@ -54,12 +68,39 @@ class Outcome:
     last_token_at: float | None = None
     output_tokens: int = 0
     content_chunks: int = 0
+    migrations: int = 0
+    rescues: int = 0
+
+
+MECHANISMS = ("recompute", "kv-transfer")
+
+
+@dataclass
+class MoveResult:
+    """How a migration (or rescue) of a running request ended."""
+
+    ok: bool
+    message: str
+    mechanism: str | None = None
+    source_id: str | None = None
+    target_id: str | None = None
+    stall_s: float | None = None  # the client's gap: from the last source token to the target's first
+
+
+@dataclass
+class _PendingMove:
+    target_id: str
+    mechanism: str
+    done: asyncio.Future[MoveResult] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+_BACKGROUND: set[asyncio.Task[None]] = set()  # source legs being retired after a move
 
 
 class RequestFlow:
     def __init__(self, parsed: ParsedRequest, *, cluster: ClusterView, policy: DispatchPolicy, http: Http1Pool,
                  metrics: GatewayMetrics, retries: int, first_token_timeout_s: float,
-                 late_binding: LateBindingQueue | None = None) -> None:
+                 late_binding: LateBindingQueue | None = None, max_rescues: int = 2) -> None:
         self.parsed = parsed
         self.cluster = cluster
         self.policy = policy
@@ -76,6 +117,14 @@ class RequestFlow:
         self.attempt: Attempt | None = None
         self._placement: Placement | None = None
         self._held: list[tuple[str, int]] = []
+        self.max_rescues = max_rescues
+        self.delivered_tokens = 0  # tokens the client has (where a moved request resumes)
+        self._text: list[str] = []  # ...and their text (what a stock-SGLang resume re-prefills)
+        self._prompt_tokens: int | None = None  # as the first engine counted them
+        self.finished_seen = False  # a finish_reason reached the client: nothing left to move
+        self._pending: _PendingMove | None = None
+        options = parsed.body.get("stream_options")
+        self._client_continuous_usage = isinstance(options, dict) and bool(options.get("continuous_usage_stats"))
 
     # -- dispatch ----------------------------------------------------------------------------------
     def _place(self, exclude: frozenset[str]) -> Placement:
@@ -197,23 +246,180 @@ class RequestFlow:
 
     # -- streaming ---------------------------------------------------------------------------------
     async def events(self) -> AsyncIterator[Event]:
-        """Decode events after :meth:`start`, with timing and token accounting."""
-        assert self.attempt is not None
-        attempt = self.attempt
+        """Decode events after :meth:`start`, with timing and token accounting, across moves and rescues."""
         while True:
-            event = await attempt.next_event()
+            attempt = self.attempt
+            assert attempt is not None
+            if self._pending is not None:
+                pending, self._pending = self._pending, None
+                result = await self._move(pending.target_id, pending.mechanism) if not self.finished_seen else \
+                    MoveResult(False, "the request already finished")
+                if not pending.done.done():
+                    pending.done.set_result(result)
+                continue
+            try:
+                event = await attempt.next_event()
+            except LegFailed as exc:
+                if self.finished_seen:  # the answer is whole; only its tail (usage, [DONE]) was lost
+                    attempt.finished = True
+                    return
+                if not await self._rescue(exc):
+                    raise
+                continue
             if event is None:
                 attempt.finished = True
                 return
-            if event.text:
-                if self.outcome.first_token_at is None:
-                    self.outcome.first_token_at = event.at
-                self.outcome.last_token_at = event.at
-                self.outcome.content_chunks += 1
-            usage = event.data.get("usage")
-            if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
-                self.outcome.output_tokens = int(usage["completion_tokens"])
-            yield event
+            if self._account(attempt, event):
+                yield event
+
+    def _account(self, attempt: Attempt, event: Event) -> bool:
+        """Count the event's tokens and time; False for an event the client must not see."""
+        usage = event.data.get("usage")
+        if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
+            total = attempt.base_tokens + int(usage["completion_tokens"])
+            if self._prompt_tokens is None and not attempt.base_tokens:
+                self._prompt_tokens = usage.get("prompt_tokens")
+            if attempt.base_tokens:  # a resumed engine counts from its own start: report the whole answer
+                prompt = self._prompt_tokens if self._prompt_tokens is not None else self.parsed.input_tokens
+                usage.update(prompt_tokens=prompt, completion_tokens=total, total_tokens=prompt + total)
+            self.outcome.output_tokens = total
+            self.delivered_tokens = total
+        elif event.text:
+            self.delivered_tokens += 1  # an engine without per-chunk usage: one token per chunk, at best
+        if attempt.base_tokens and not event.text and not event.finish_reason and event.data.get("choices"):
+            return False  # a resumed chat stream opens with its own role chunk: the client has one already
+        if event.text:
+            if self.outcome.first_token_at is None:
+                self.outcome.first_token_at = event.at
+            self.outcome.last_token_at = event.at
+            self.outcome.content_chunks += 1
+            self._text.append(event.text)
+        if event.finish_reason:
+            self.finished_seen = True
+        return True
+
+    # -- moving a running request ----------------------------------------------------------------------
+    def movable(self) -> str | None:
+        """Why the request cannot be moved now (None: it can)."""
+        if not self.parsed.stream:
+            return "non-streaming requests are answered whole by one engine"
+        if self.attempt is None or self.outcome.first_token_at is None:
+            return "the request has no token yet"
+        if self.finished_seen:
+            return "the request already finished"
+        if self._pending is not None:
+            return "a move of this request is already pending"
+        return None
+
+    def request_move(self, target_id: str, mechanism: str) -> asyncio.Future[MoveResult]:
+        """Ask the stream to move to ``target_id`` at its next token; the future tells how it went."""
+        if mechanism not in MECHANISMS:
+            raise ValueError(f"unknown migration mechanism {mechanism!r}; known: {', '.join(MECHANISMS)}")
+        self._pending = _PendingMove(target_id, mechanism)
+        return self._pending.done
+
+    async def _rescue(self, failure: LegFailed) -> bool:
+        """Resume the request on another pair after its decode stream broke; False when it cannot be."""
+        if self.outcome.rescues >= self.max_rescues:
+            return False
+        failed = self.attempt
+        assert failed is not None
+        log.warning("request %s: decode stream broke after %d tokens (%s); resuming it elsewhere",
+                    self.client_id, self.delivered_tokens, failure)
+        _retire(failed)
+        exclude = {failure.instance_id}
+        for _ in range(self.retries + 1):
+            result = await self._move(None, "recompute", exclude=exclude)
+            if result.ok:
+                self.outcome.rescues += 1
+                self.metrics.rescues.inc()
+                return True
+            log.warning("request %s: rescue failed: %s", self.client_id, result.message)
+            if result.target_id is None:
+                return False
+            exclude.add(result.target_id)
+        return False
+
+    async def _move(self, target_id: str | None, mechanism: str, *, exclude: set[str] | None = None) -> MoveResult:
+        """Start the request on ``target_id`` (or a placed pair) from the tokens the client has; swap on success.
+
+        The source is left alone until the target produced its first token, so a failed move costs the
+        client only the wait."""
+        source = self.attempt
+        assert source is not None
+        rescue = exclude is not None
+        instances = self.cluster.instances
+        target = instances.get(target_id) if target_id is not None else None
+        if target_id is not None and (target is None or target.role == "prefill"):
+            return MoveResult(False, f"{target_id} is not a registered decode instance", mechanism, target_id=target_id)
+        if target is not None and target.instance_id == source.decode.instance_id:
+            return MoveResult(False, f"the request already runs on {target_id}", mechanism, target_id=target_id)
+        if mechanism == "kv-transfer" and (rescue or source.decode.engine_kind != "sim"
+                                           or (target is not None and target.engine_kind != "sim")):
+            mechanism = "recompute"  # only engine_sim models a decode-to-decode KV copy
+        n = self.delivered_tokens
+        remaining = self.parsed.max_tokens - n
+        prefill = None
+        if mechanism == "recompute":
+            decodes = {i for i, info in instances.items() if info.role != "prefill"}
+            excluded = set(exclude or ()) | ({source.decode.instance_id} if not rescue else set())
+            if target is not None:
+                excluded |= decodes - {target.instance_id}
+            request = RequestView(rid=self.client_id, input_tokens=self.parsed.input_tokens + n,
+                                  max_output_tokens=remaining, priority=self.parsed.priority)
+            decision = self.policy.place(request, self.cluster.engines(self.parsed.model), time.monotonic(),
+                                         frozenset(excluded))
+            if not isinstance(decision, Placement):
+                return MoveResult(False, f"no pair to resume on: {decision.reason}", mechanism, target_id=target_id)
+            target = instances.get(decision.decode_id)
+            prefill = instances.get(decision.prefill_id) if decision.prefill_id else None
+            if target is None or (decision.prefill_id and prefill is None):
+                return MoveResult(False, "the placed engines deregistered", mechanism, target_id=decision.decode_id)
+        assert target is not None
+        kv_source = (source.decode.url, source.rid) if mechanism == "kv-transfer" else None
+        try:
+            body = resume_body(self.parsed, target, generated_tokens=n, generated_text="".join(self._text),
+                               kv_source=kv_source)
+        except NotResumable as exc:
+            return MoveResult(False, str(exc), mechanism, target_id=target.instance_id)
+        moves = self.outcome.migrations + self.outcome.rescues + 1
+        attempt = Attempt(rid=f"{self.client_id}-m{moves}", endpoint=self.parsed.endpoint, prefill=prefill,
+                          decode=target, http=self.http, stream=True, slo=self.request_slo, base_tokens=n)
+        held = [(target.instance_id, self.parsed.input_tokens + self.parsed.max_tokens)]
+        if prefill is not None:
+            held.append((prefill.instance_id, self.parsed.input_tokens + n))
+        for instance_id, tokens in held:
+            self.cluster.acquire(instance_id, tokens)
+        started = time.monotonic()
+        try:
+            await attempt.start(body)
+            await attempt.wait_first_token(self.first_token_timeout_s)
+        except (LegFailed, asyncio.CancelledError) as exc:
+            for instance_id, tokens in held:
+                self.cluster.release(instance_id, tokens)
+            _retire(attempt)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return MoveResult(False, f"the target failed, the request stays where it was: {exc}", mechanism,
+                              source_id=source.decode.instance_id, target_id=target.instance_id)
+        if prefill is not None:
+            held.pop()
+            self.cluster.release(prefill.instance_id, self.parsed.input_tokens + n)
+        if not rescue:
+            _retire(source)
+        self._release()
+        self._held = held
+        self.attempt = attempt
+        self.outcome.prefill_id = prefill.instance_id if prefill is not None else self.outcome.prefill_id
+        self.outcome.decode_id = target.instance_id
+        if not rescue:
+            self.outcome.migrations += 1
+            self.metrics.migrations.labels(mechanism).inc()
+        stall = time.monotonic() - (self.outcome.last_token_at or started)
+        log.info("request %s moved %s -> %s by %s after %d tokens (%.3f s without tokens)", self.client_id,
+                 source.decode.instance_id, target.instance_id, mechanism, n, stall)
+        return MoveResult(True, "moved", mechanism, source_id=source.decode.instance_id,
+                          target_id=target.instance_id, stall_s=stall)
 
     def sse_chunk(self, event: Event) -> bytes | None:
         """Re-id an engine chunk as the client's; drop the usage chunk the client did not ask for."""
@@ -221,8 +427,8 @@ class RequestFlow:
         if not data.get("choices") and data.get("usage") is not None and not self.parsed.include_usage:
             return None
         data["id"] = self.client_id
-        if not self.parsed.include_usage and data.get("choices"):
-            data.pop("usage", None)
+        if data.get("choices") and not (self.parsed.include_usage and self._client_continuous_usage):
+            data.pop("usage", None)  # per-chunk usage is the gateway's own (continuous_usage_stats)
         return b"data: " + orjson.dumps(data) + b"\n\n"
 
     async def collect(self) -> dict[str, Any]:
@@ -265,6 +471,9 @@ class RequestFlow:
         """
         if self.outcome.status == "ok":
             self.outcome.status, self.outcome.error = status, error
+        if self._pending is not None and not self._pending.done.done():
+            self._pending.done.set_result(MoveResult(False, "the request ended before it could move"))
+        self._pending = None
         attempt, self.attempt = self.attempt, None
         if attempt is not None and not attempt.finished and self.outcome.status == "ok":
             self.outcome.status = "aborted"
@@ -288,3 +497,16 @@ class RequestFlow:
         if o.first_token_at is None or o.last_token_at is None or o.output_tokens < 2:
             return None
         return (o.last_token_at - o.first_token_at) / (o.output_tokens - 1)
+
+
+def _retire(attempt: Attempt) -> None:
+    """Abort and close a leg in the background (a moved request's source, a failed target)."""
+    async def retire() -> None:
+        with contextlib.suppress(Exception):
+            await attempt.abort()
+        with contextlib.suppress(Exception):
+            await attempt.close()
+
+    task = asyncio.create_task(retire())
+    _BACKGROUND.add(task)
+    task.add_done_callback(_BACKGROUND.discard)

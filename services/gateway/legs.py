@@ -105,6 +105,10 @@ class Attempt:
     result: dict[str, Any] | None = None  # that body, once it arrived
     _decode_task: asyncio.Task[None] | None = None
     slo: Callable[[], RequestSlo] | None = None  # the request's poise_slo as of now (sim engines only)
+    # A resumed attempt (migration, rescue) continues after this many tokens the client already has: its
+    # engine counts its own tokens from zero, the client's stream does not.
+    base_tokens: int = 0
+    done_seen: bool = False  # the decode stream ended with [DONE] (not with a broken connection)
 
     def bodies(self, body: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         decode_body = dict(body)
@@ -115,7 +119,9 @@ class Attempt:
         decode_body["rid"] = self.rid
         decode_body["stream"] = self.stream
         if self.stream:
-            decode_body["stream_options"] = {"include_usage": True}
+            # Usage on every chunk (SGLang: StreamOptions.continuous_usage_stats) tells exactly how many tokens
+            # the client has, which is where a migrated or rescued request resumes.
+            decode_body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
         else:
             decode_body.pop("stream_options", None)
         if self.prefill is None:
@@ -188,14 +194,18 @@ class Attempt:
             try:
                 line = await self._lines.__anext__()
             except StopAsyncIteration:
-                return None
+                raise LegFailed(self.decode.instance_id, "the decode stream ended without [DONE]") from None
+            except (OSError, EOFError, ValueError) as exc:  # EOFError: asyncio.IncompleteReadError, a cut chunk
+                raise LegFailed(self.decode.instance_id, f"the decode stream broke: {exc!r}") from exc
             if not line.startswith(b"data:"):
                 continue
             data = line[5:].strip()
             if data == b"[DONE]":
+                self.done_seen = True
                 # Read the body's end too, so the connection goes back to the pool instead of being closed.
-                async for _ in self._lines:
-                    pass
+                with contextlib.suppress(OSError):
+                    async for _ in self._lines:
+                        pass
                 return None
             try:
                 event = _parse_event(data, self.endpoint)

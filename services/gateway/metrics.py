@@ -29,3 +29,13 @@ class GatewayMetrics:
         self.slo_requests = Counter("poise_gateway_slo_class_requests", "Requests by resolved SLO class and the rule that picked it",
                                     ["slo_class", "source"], registry=r)
         self.instances = Gauge("poise_gateway_instances", "Registered instances by role and status", ["role", "status"], registry=r)
+        self.migrations = Counter("poise_gateway_migrations", "Running requests moved to another decode engine",
+                                  ["mechanism"], registry=r)
+        self.migration_failures = Counter("poise_gateway_migration_failures",
+                                          "Moves that failed (the request stayed on its source)", registry=r)
+        self.migration_stall = Histogram("poise_gateway_migration_stall_seconds",
+                                         "Client-visible gap of a move: last source token to the target's first",
+                                         buckets=_LATENCY_BUCKETS, registry=r)
+        self.rescues = Counter("poise_gateway_rescues",
+                               "Requests resumed on another pair after their decode stream broke mid-answer",
+                               registry=r)

@@ -1,16 +1,21 @@
-"""The gateway's lifecycle: one NATS connection, one etcd client, one HTTP client pool to the engines."""
+"""The gateway's lifecycle: one NATS connection, one etcd client, one HTTP client pool to the engines.
+
+It also answers the migrator: which streaming requests it holds (``Subjects.gateway_requests``) and moves
+one to another decode engine on command (``Subjects.gateway_move``, carried out by the request's flow).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Coroutine
 from typing import Any
 
 from services.gateway.cluster import ClusterView
 from services.gateway.config import GatewaySettings
-from services.gateway.flow import RequestFlow
+from services.gateway.flow import MoveResult, RequestFlow
 from services.gateway.late_binding import LateBindingQueue
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.slo import SloTable
@@ -19,6 +24,7 @@ from shared.http1 import Http1Pool
 from shared.policies import DispatchParams, DispatchPolicy, make_dispatch_policy, make_prefill_policy
 from shared.policies.late_binding import LateBinding
 from shared.protocol import (
+    DecodeRequestInfo,
     InstanceInfo,
     Keys,
     LoadReport,
@@ -27,6 +33,7 @@ from shared.protocol import (
     ServiceStatus,
     Subjects,
 )
+from shared.protocol.moves import GatewayRequests, GatewayRequestsQuery, MoveCommand, MoveReply
 from shared.registry import InstanceWatcher, Registry
 from shared.runtime import AdminEndpoint, replica_id
 from shared.tokens import TokenCounter, make_counter
@@ -55,6 +62,9 @@ class GatewayService:
             self.late_binding = LateBindingQueue(binding, self.cluster, self.metrics)
             self.cluster.on_release = self.late_binding.kick
         self.replica_id = replica_id()
+        # The subject token naming this replica's move commands (a replica id has ':' and maybe '.').
+        self.move_token = re.sub(r"[^A-Za-z0-9_-]", "-", self.replica_id)
+        self.flows: dict[str, RequestFlow] = {}  # the requests in flight, by the id the client sees
         self.bus: Bus | None = None
         self.registry: Registry | None = None
         self.http: Http1Pool | None = None
@@ -81,6 +91,10 @@ class GatewayService:
         await self.bus.subscribe(self.subjects.load_all(), LoadReport, self._on_load)
         self._admin = AdminEndpoint(self.bus, self.subjects, "gateway", self._status)
         await self._admin.start()
+        await self.bus.serve(self.subjects.gateway_requests(), GatewayRequestsQuery, self._on_requests_query,
+                             error_reply=lambda m: GatewayRequests(gateway=self.move_token, requests=[]))
+        await self.bus.serve(self.subjects.gateway_move(self.move_token), MoveCommand, self._on_move,
+                             error_reply=lambda m: MoveReply(ok=False, message=m), concurrent=True)
         self.registry = Registry(s.etcd_url, self.keys)
         await self.registry.connect()
         self._watcher = InstanceWatcher(self.registry, on_change=self._on_instances)
@@ -122,9 +136,60 @@ class GatewayService:
 
     def new_flow(self, parsed) -> RequestFlow:  # type: ignore[no-untyped-def]
         assert self.http is not None
-        return RequestFlow(parsed, cluster=self.cluster, policy=self.policy, http=self.http, metrics=self.metrics,
+        flow = RequestFlow(parsed, cluster=self.cluster, policy=self.policy, http=self.http, metrics=self.metrics,
                            retries=self.settings.retries, first_token_timeout_s=self.settings.first_token_timeout_s,
-                           late_binding=self.late_binding)
+                           late_binding=self.late_binding, max_rescues=self.settings.max_rescues)
+        self.flows[flow.client_id] = flow
+        return flow
+
+    # -- moves (the migrator's side) -------------------------------------------------------------------
+    def movable_requests(self) -> list[DecodeRequestInfo]:
+        """The streaming requests that have a token and no finish yet: what a migration policy chooses among."""
+        out = []
+        for flow in self.flows.values():
+            attempt = flow.attempt
+            if attempt is None or flow.movable() is not None:
+                continue
+            slo = flow.parsed.slo
+            out.append(DecodeRequestInfo(
+                rid=flow.client_id, instance_id=attempt.decode.instance_id, input_tokens=flow.parsed.input_tokens,
+                generated_tokens=flow.delivered_tokens, max_output_tokens=flow.parsed.max_tokens,
+                arrived_unix_s=flow.arrived_unix, slo_tpot_s=slo.tpot_s if slo is not None else None))
+        return out
+
+    async def _on_requests_query(self, query: GatewayRequestsQuery) -> GatewayRequests:
+        return GatewayRequests(gateway=self.move_token, requests=self.movable_requests())
+
+    async def move(self, rid: str, target_id: str, mechanism: str, timeout_s: float | None = None) -> MoveResult:
+        """Move request ``rid`` to decode instance ``target_id``; returns once the target streams or it failed."""
+        flow = self.flows.get(rid)
+        if flow is None:
+            return MoveResult(False, f"no request {rid!r} in flight on this gateway")
+        why_not = flow.movable()
+        if why_not is not None:
+            return MoveResult(False, why_not)
+        try:
+            done = flow.request_move(target_id, mechanism)
+        except ValueError as exc:
+            return MoveResult(False, str(exc))
+        timeout = timeout_s if timeout_s is not None else self.settings.first_token_timeout_s + 5.0
+        try:
+            result = await asyncio.wait_for(asyncio.shield(done), timeout)
+        except TimeoutError:
+            return MoveResult(False, f"no outcome within {timeout:.0f}s (the stream may be stalled)")
+        if not result.ok:
+            self.metrics.migration_failures.inc()
+        elif result.stall_s is not None:
+            self.metrics.migration_stall.observe(result.stall_s)
+        return result
+
+    async def _on_move(self, cmd: MoveCommand) -> MoveReply:
+        result = await self.move(cmd.rid, cmd.target_id, cmd.mechanism)
+        if result.ok:
+            log.info("moved %s to %s (%s)%s", cmd.rid, result.target_id, result.mechanism,
+                     f": {cmd.reason}" if cmd.reason else "")
+        return MoveReply(ok=result.ok, message=result.message, rid=cmd.rid, mechanism=result.mechanism,
+                         source_id=result.source_id, target_id=result.target_id, stall_s=result.stall_s)
 
     def finish(self, flow: RequestFlow, *, status: str = "ok", error: str | None = None) -> None:
         """End a request: settle and record it now, abort/close its legs in a task of the service's own.
@@ -133,6 +198,7 @@ class GatewayService:
         abort reaches the engines even when the client's task is gone.
         """
         attempt = flow.conclude(status=status, error=error)
+        self.flows.pop(flow.client_id, None)
         self.metrics.inflight.dec()
         self.record(flow)
         if attempt is not None:

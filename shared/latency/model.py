@@ -178,5 +178,9 @@ class LatencyModel:
         p = self.profile
         return (p.transfer_overhead_s + self.kv_bytes(tokens) / p.transfer_bytes_per_s) * self.time_scale
 
+    def migration_transfer_time_s(self, tokens: int, gbps: float) -> float:
+        """A decode→decode KV copy of ``tokens`` over a ``gbps`` link (ARES' migration; its simulator: 25 Gbps)."""
+        return (self.profile.transfer_overhead_s + self.kv_bytes(tokens) * 8 / (gbps * 1e9)) * self.time_scale
+
     def role_switch_time_s(self) -> float:
         return self.profile.role_switch_s * self.time_scale

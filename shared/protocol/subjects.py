@@ -48,6 +48,14 @@ class Subjects:
         """:class:`RoleCommand` to one sidecar; it replies with :class:`RoleCommandReply`."""
         return f"{self._root}.worker.{_token(instance_id, 'instance id')}.cmd"
 
+    def gateway_requests(self) -> str:
+        """:class:`GatewayRequestsQuery` to every gateway; each answers :class:`GatewayRequests` (gathered)."""
+        return f"{self._root}.gateway.requests"
+
+    def gateway_move(self, replica_id: str) -> str:
+        """:class:`MoveCommand` to the gateway replica streaming the request; it replies :class:`MoveReply`."""
+        return f"{self._root}.gateway.{_token(replica_id, 'gateway replica id')}.move"
+
     def monitor_snapshot(self) -> str:
         """Request a :class:`ClusterSnapshot` from the monitor."""
         return f"{self._root}.monitor.snapshot"

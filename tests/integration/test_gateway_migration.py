@@ -1,0 +1,209 @@
+"""Moving running requests between decode engines without the client noticing, against real NATS, etcd and
+engine_sim processes (one prefill, two decode).
+
+- Moves ordered over NATS (the migrator's MoveCommand) during a burst of streams, by re-prefill
+  (``recompute``) and by engine_sim's KV copy (``kv-transfer``): every stream's text, finish reason and usage
+  must equal those of the same requests run without moves, byte for byte (engine_sim's tokens are a pure
+  function of the prompt and the position, whichever engine produces them).
+- A move to a target that fails leaves the request on its source, intact.
+- A decode engine killed mid-answer: its requests are resumed on the other one, nothing lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import pytest_asyncio
+
+from services.gateway.service import GatewayService
+from shared.bus import Bus
+from shared.devservers import EtcdServer, NatsServer, wait_for_port
+from shared.protocol import Keys, Subjects
+from shared.protocol.moves import GatewayRequests, GatewayRequestsQuery, MoveCommand, MoveReply
+from shared.registry import Registry
+from tests.integration.gateway_harness import SimEngine, engine_info, register, run_gateway
+from tests.integration.waiting import until
+
+MODEL = "mig-model"
+pytestmark = pytest.mark.asyncio
+# time_scale 4: a decode step of the 8B/H100 profile takes ~40 ms, so a 150-token answer streams for ~6 s,
+# long enough to move it mid-answer.
+TIME_SCALE = 4.0
+N_REQUESTS = 6
+
+
+def bodies() -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for i in range(N_REQUESTS):
+        if i % 2:
+            out.append({"model": MODEL, "messages": [{"role": "user", "content": f"question {i} " * 20}],
+                        "max_tokens": 150, "stream": True, "stream_options": {"include_usage": True}})
+        else:
+            out.append({"model": MODEL, "prompt": f"prompt number {i} " * 30, "max_tokens": 150,
+                        "ignore_eos": i == 0, "stream": True, "stream_options": {"include_usage": True}})
+    return out
+
+
+@dataclass
+class Stream:
+    text: str = ""
+    finish: str | None = None
+    usage: dict[str, Any] | None = None
+    rid: str | None = None
+    tokens: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+async def stream(client: httpx.AsyncClient, url: str, body: dict[str, Any], into: Stream) -> Stream:
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    async with client.stream("POST", url + path, json=body) as r:
+        assert r.status_code == 200, await r.aread()
+        into.rid = r.headers.get("x-request-id")
+        async for line in r.aiter_lines():
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            chunk = orjson.loads(line[5:])
+            if "error" in chunk:
+                into.errors.append(str(chunk["error"]))
+                continue
+            if chunk.get("usage") and not chunk.get("choices"):
+                into.usage = chunk["usage"]
+            for choice in chunk.get("choices") or []:
+                piece = (choice.get("delta") or {}).get("content") if "delta" in choice else choice.get("text")
+                if piece:
+                    into.text += piece
+                    into.tokens += 1
+                into.finish = choice.get("finish_reason") or into.finish
+    return into
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SimEngine]]:
+    tmp = tmp_path_factory.mktemp("mig-engines")
+    started = {"p0": SimEngine(tmp, "prefill", MODEL, TIME_SCALE, bootstrap_timeout_s=10),
+               "d0": SimEngine(tmp, "decode", MODEL, TIME_SCALE, bootstrap_timeout_s=10),
+               "d1": SimEngine(tmp, "decode", MODEL, TIME_SCALE, bootstrap_timeout_s=10)}
+    for e in started.values():
+        wait_for_port("127.0.0.1", e.port, 30, e.proc.proc)
+    yield started
+    for e in started.values():
+        e.proc.stop()
+
+
+@pytest_asyncio.fixture
+async def registry(etcd_server: EtcdServer) -> AsyncIterator[Registry]:
+    reg = Registry(etcd_server.url, Keys(f"t{uuid.uuid4().hex[:8]}"))
+    await reg.connect()
+    yield reg
+    await reg.close()
+
+
+@contextlib.asynccontextmanager
+async def gateway(nats_server: NatsServer, etcd_server: EtcdServer, registry: Registry,
+                  engines: dict[str, SimEngine], *extra: Any) -> AsyncIterator[tuple[str, GatewayService]]:
+    ns = registry.keys.namespace
+    await register(registry, *(e.info(name) for name, e in engines.items()), *extra)
+    async with run_gateway(nats_server, etcd_server, ns, first_token_timeout_s=15,
+                           dispatch_policy="round-robin") as (url, service):
+        await until(lambda: len(service.cluster.instances) == len(engines) + len(extra), 10)
+        yield url, service
+
+
+async def reference(url: str) -> list[Stream]:
+    async with httpx.AsyncClient(timeout=60) as client:
+        return list(await asyncio.gather(*(stream(client, url, b, Stream()) for b in bodies())))
+
+
+def assert_same(got: list[Stream], want: list[Stream]) -> None:
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert not g.errors, (i, g.errors)
+        assert g.text == w.text, f"request {i}: text differs after the move"
+        assert g.finish == w.finish, i
+        assert g.usage is not None and w.usage is not None
+        assert g.usage["completion_tokens"] == w.usage["completion_tokens"], i
+        assert g.usage["prompt_tokens"] == w.usage["prompt_tokens"], i
+
+
+async def test_moves_over_nats_keep_every_stream_byte_for_byte(nats_server, etcd_server, registry, engines) -> None:  # type: ignore[no-untyped-def]
+    async with gateway(nats_server, etcd_server, registry, engines) as (url, service):
+        want = await reference(url)
+        assert all(w.tokens > 20 for w in want)
+        bus = Bus(nats_server.url, name="test-migrator")
+        await bus.connect()
+        subjects = Subjects(registry.keys.namespace)
+        try:
+            got = [Stream() for _ in range(N_REQUESTS)]
+            async with httpx.AsyncClient(timeout=60) as client:
+                tasks = [asyncio.create_task(stream(client, url, b, s)) for b, s in zip(bodies(), got, strict=True)]
+                await until(lambda: all(s.tokens >= 10 for s in got), 20)
+                tables = await bus.gather(subjects.gateway_requests(), GatewayRequestsQuery(), GatewayRequests,
+                                          timeout_s=0.3)
+                assert len(tables) == 1 and tables[0].gateway == service.move_token
+                table = {r.rid: r for r in tables[0].requests}
+                assert set(table) == {s.rid for s in got}
+                assert all(r.generated_tokens >= 10 for r in table.values())
+                subject = subjects.gateway_move(tables[0].gateway)
+                replies = await asyncio.gather(*(
+                    bus.request(subject, MoveCommand(
+                        rid=rid, target_id="d1" if info.instance_id == "d0" else "d0",
+                        mechanism="kv-transfer" if i % 2 else "recompute"), MoveReply, timeout_s=30)
+                    for i, (rid, info) in enumerate(sorted(table.items()))))
+                await asyncio.gather(*tasks)
+        finally:
+            await bus.close()
+        assert all(r.ok for r in replies), [r.message for r in replies]
+        assert {r.mechanism for r in replies} == {"recompute", "kv-transfer"}
+        assert all(r.stall_s is not None and r.stall_s < 5 for r in replies)
+        assert_same(got, want)
+        metrics = service.metrics.migrations
+        assert sum(metrics.labels(m)._value.get() for m in ("recompute", "kv-transfer")) == N_REQUESTS  # type: ignore[attr-defined]
+
+
+async def test_a_failed_move_leaves_the_request_on_its_source(nats_server, etcd_server, registry, engines) -> None:  # type: ignore[no-untyped-def]
+    dead = engine_info("dead", "decode", "http://127.0.0.1:9", None, MODEL)  # nothing listens on port 9
+    async with gateway(nats_server, etcd_server, registry, engines, dead) as (url, service):
+        want = await reference(url)
+        got = Stream()
+        async with httpx.AsyncClient(timeout=60) as client:
+            task = asyncio.create_task(stream(client, url, bodies()[0], got))
+            await until(lambda: got.tokens >= 10, 20)
+            assert got.rid is not None
+            unknown = await service.move(got.rid, "nope", "recompute")
+            assert not unknown.ok and "not a registered decode instance" in unknown.message
+            failed = await service.move(got.rid, "dead", "recompute")
+            assert not failed.ok and "stays where it was" in failed.message
+            await task
+        assert_same([got], want[:1])
+
+
+async def test_a_decode_engine_killed_mid_answer_loses_no_request(nats_server, etcd_server, registry,  # type: ignore[no-untyped-def]
+                                                                  tmp_path) -> None:
+    started = {"p0": SimEngine(tmp_path, "prefill", MODEL, TIME_SCALE, bootstrap_timeout_s=10),
+               "d0": SimEngine(tmp_path, "decode", MODEL, TIME_SCALE, bootstrap_timeout_s=10),
+               "d1": SimEngine(tmp_path, "decode", MODEL, TIME_SCALE, bootstrap_timeout_s=10)}
+    try:
+        for e in started.values():
+            wait_for_port("127.0.0.1", e.port, 30, e.proc.proc)
+        async with gateway(nats_server, etcd_server, registry, started) as (url, service):
+            want = await reference(url)
+            got = [Stream() for _ in range(N_REQUESTS)]
+            async with httpx.AsyncClient(timeout=60) as client:
+                tasks = [asyncio.create_task(stream(client, url, b, s)) for b, s in zip(bodies(), got, strict=True)]
+                await until(lambda: all(s.tokens >= 10 for s in got), 20)
+                on_d0 = sum(1 for f in service.flows.values() if f.attempt and f.attempt.decode.instance_id == "d0")
+                assert on_d0 > 0
+                started["d0"].proc.proc.kill()  # SIGKILL: no goodbye, the streams just break
+                await asyncio.gather(*tasks)
+            assert_same(got, want)
+            assert service.metrics.rescues._value.get() == on_d0  # type: ignore[attr-defined]
+    finally:
+        for e in started.values():
+            e.proc.stop()
