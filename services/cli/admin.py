@@ -6,6 +6,7 @@
     poise admin set-role ID ROLE             the same as flip (older spelling)
     poise admin planner pause|resume         stop / restart the planner's own flips (admin flips still work)
     poise admin events [--count N]           print the planner's events (flips, pauses, target changes) as they come
+    poise admin migrate RID --to ID          move a running request to another decode engine (its stream goes on)
 
 Every command exits non-zero when the service does not answer or refuses.
 """
@@ -61,7 +62,23 @@ def _parser() -> argparse.ArgumentParser:
     events.add_argument("--count", type=int, default=None, help="exit after this many events")
     events.add_argument("--max-wait-s", type=float, default=None, help="give up after this long (exit 1 with --count)")
     events.add_argument("--json", action="store_true", help="one JSON PlannerEvent per line")
+    migrate = sub.add_parser("migrate", help="move a running request to another decode engine through the migrator")
+    migrate.add_argument("rid", metavar="RID", help="the request id the client sees (x-request-id)")
+    migrate.add_argument("--to", dest="target", required=True, metavar="ID", help="the decode instance to move it to")
+    migrate.add_argument("--mechanism", choices=["recompute", "kv-transfer"], default=None,
+                         help="default: the migrator's setting")
+    migrate.add_argument("--wait-s", type=float, default=90.0, help="how long to wait for the move's outcome")
     return p
+
+
+async def _migrate(bus: Bus, subjects: Subjects, args: argparse.Namespace) -> int:
+    command_args = {"rid": args.rid, "to": args.target}
+    if args.mechanism:
+        command_args["mechanism"] = args.mechanism
+    reply = await bus.request(subjects.admin("migrator"), AdminCommand(verb="migrate", args=command_args), AdminReply,
+                              timeout_s=max(args.timeout_s, args.wait_s))
+    print(reply.message, file=sys.stdout if reply.ok else sys.stderr)
+    return 0 if reply.ok else 1
 
 
 def render_status(snapshot: ClusterSnapshot | None, services: dict[str, AdminReply | str]) -> str:
@@ -139,6 +156,8 @@ async def _main(args: argparse.Namespace) -> int:
             return await admin_planner.pools(bus, subjects, args.timeout_s, args.json)
         if args.verb == "planner":
             return await admin_planner.pause_resume(bus, subjects, args.action, args.reason, args.timeout_s)
+        if args.verb == "migrate":
+            return await _migrate(bus, subjects, args)
         if args.verb == "events":
             return await admin_planner.events(bus, subjects, args.count, args.max_wait_s, args.json)
         raise PoiseError(f"unknown admin command {args.verb!r}")

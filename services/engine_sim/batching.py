@@ -82,6 +82,7 @@ def take_intake(eng: SimEngine) -> None:
                                   f"req.rid={req.rid!r}", HTTPStatus.BAD_REQUEST, detach=False)
             continue
         if eng.mode == "prefill":
+            assert req.bootstrap_room is not None  # submit() takes a KV source on decode engines only
             problem = eng.rooms.attach(req)
             if problem is not None:
                 status = HTTPStatus.BAD_REQUEST if problem.startswith("Duplicate") else (

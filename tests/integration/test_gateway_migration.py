@@ -24,11 +24,14 @@ import pytest
 import pytest_asyncio
 
 from services.gateway.service import GatewayService
+from services.migrator.config import MigratorSettings
+from services.migrator.service import MigratorService
 from shared.bus import Bus
 from shared.devservers import EtcdServer, NatsServer, wait_for_port
-from shared.protocol import Keys, Subjects
+from shared.protocol import AdminCommand, AdminReply, Keys, Subjects
 from shared.protocol.moves import GatewayRequests, GatewayRequestsQuery, MoveCommand, MoveReply
 from shared.registry import Registry
+from shared.settings import load_settings
 from tests.integration.gateway_harness import SimEngine, engine_info, register, run_gateway
 from tests.integration.waiting import until
 
@@ -182,6 +185,34 @@ async def test_a_failed_move_leaves_the_request_on_its_source(nats_server, etcd_
             assert not failed.ok and "stays where it was" in failed.message
             await task
         assert_same([got], want[:1])
+
+
+async def test_poise_admin_migrate_goes_through_the_migrator(nats_server, etcd_server, registry, engines) -> None:  # type: ignore[no-untyped-def]
+    async with gateway(nats_server, etcd_server, registry, engines) as (url, service):
+        want = await reference(url)
+        migrator = MigratorService(load_settings(
+            MigratorSettings, nats_url=nats_server.url, etcd_url=etcd_server.url,
+            namespace=registry.keys.namespace, leader_ttl_s=2))
+        bus = Bus(nats_server.url, name="test-admin")
+        await bus.connect()
+        got = Stream()
+        try:
+            async with migrator, httpx.AsyncClient(timeout=60) as client:
+                task = asyncio.create_task(stream(client, url, bodies()[1], got))
+                await until(lambda: got.tokens >= 10, 20)
+                source = service.flows[got.rid or ""].attempt.decode.instance_id  # type: ignore[union-attr]
+                target = "d1" if source == "d0" else "d0"
+                reply = await bus.request(
+                    Subjects(registry.keys.namespace).admin("migrator"),
+                    AdminCommand(verb="migrate", args={"rid": got.rid or "", "to": target, "mechanism": "kv-transfer"}),
+                    AdminReply, timeout_s=30)
+                await task
+        finally:
+            await bus.close()
+        assert reply.ok, reply.message
+        assert f"{source} -> {target} by kv-transfer" in reply.message
+        assert reply.status is not None and reply.status.details["moved_total"] == 1
+        assert_same([got], want[1:2])
 
 
 async def test_a_decode_engine_killed_mid_answer_loses_no_request(nats_server, etcd_server, registry,  # type: ignore[no-untyped-def]
