@@ -6,7 +6,9 @@ gateways know them one by one), asks the configured :class:`MigrationPolicy` (pu
 ``shared.policies.migration``) and has the gateway owning each chosen request carry the move out
 (``executor.py``; the gateway keeps the client's stream whole, see services/gateway/flow.py).
 
-Admin (``Subjects.admin("migrator")``): ``status``, ``migrate rid=<id> to=<instance> [mechanism=...]``.
+Admin (``Subjects.admin("migrator")``): ``status``, ``migrate rid=<id> to=<instance> [mechanism=...]``, and
+``evacuate instance=<id>`` (move everything off a decode instance: what the planner asks before flipping it,
+so the flip waits for one re-prefill rather than for the instance's longest answer).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import msgspec
 from services.migrator.config import MigratorSettings
 from services.migrator.executor import MoveExecutor, MoveOutcome
 from shared.elected import ElectedService
+from shared.policies.evacuation import evacuation_moves
 from shared.policies.migration import MigrationDecision, MigrationPolicy, make_migration_policy
 from shared.protocol import AdminReply, ServiceStatus
 from shared.runtime import AdminEndpoint, fetch_snapshot, require_arg
@@ -61,6 +64,8 @@ class MigratorService(ElectedService):
     def register_admin_verbs(self, admin: AdminEndpoint) -> None:
         admin.register("migrate", self._admin_migrate,
                        "migrate rid=<request id> to=<decode instance> [mechanism=recompute|kv-transfer]")
+        admin.register("evacuate", self._admin_evacuate,
+                       "evacuate instance=<decode instance> [deadline_s=<s>]: move all its running requests away")
 
     async def before_stop(self) -> None:
         for task in list(self._moves):
@@ -108,6 +113,36 @@ class MigratorService(ElectedService):
         message = (f"moved {rid} {r.source_id} -> {r.target_id} by {r.mechanism} (client gap {r.stall_s or 0:.3f}s)"
                    if r.ok else f"not moved: {r.message}")
         return AdminReply(ok=r.ok, message=message, status=self.service_status())
+
+    async def evacuate(self, instance_id: str, deadline_s: float) -> tuple[int, int]:
+        """Move every request off ``instance_id`` until none is left there or ``deadline_s`` passed; returns
+        (moved, failed). Rounds repeat: a request the gateway dispatched just before the instance was marked
+        draining shows up in the next round."""
+        deadline = time.monotonic() + deadline_s
+        moved = failed = 0
+        refused: set[str] = set()  # a move that failed once stays put: its source drain handles it
+        while time.monotonic() < deadline:
+            snapshot = await fetch_snapshot(self.bus, self.subjects, self.settings.snapshot_timeout_s, series_points=0)
+            snapshot = msgspec.structs.replace(snapshot, decode_requests=await self.executor.requests())
+            moves = evacuation_moves(snapshot, instance_id, skip=frozenset(refused))
+            if not moves:
+                break
+            outcomes = await asyncio.gather(*(self._carry_out(m) for m in moves))
+            for outcome in outcomes:
+                if outcome.reply.ok:
+                    moved += 1
+                else:
+                    failed += 1
+                    refused.add(outcome.decision.rid)
+            await asyncio.sleep(0.2)
+        return moved, failed
+
+    async def _admin_evacuate(self, args: dict[str, str]) -> AdminReply:
+        instance_id = require_arg(args, "instance")
+        deadline_s = float(args.get("deadline_s") or 60.0)
+        moved, failed = await self.evacuate(instance_id, deadline_s)
+        return AdminReply(ok=failed == 0, message=f"evacuated {instance_id}: {moved} moved, {failed} failed",
+                          status=self.service_status())
 
     def service_status(self) -> ServiceStatus:
         return ServiceStatus(

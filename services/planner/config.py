@@ -19,6 +19,7 @@ class PlannerSettings(SloPlanSettings, ElectedServiceSettings):
     policy: str = Field("static", description=f"Pool policy: one of {', '.join(sorted(POOL_POLICIES))}.")
     drain_timeout_s: float = Field(60.0, gt=0.0, description="Drain timeout, in seconds, sent with each role command (how long a sidecar waits for its engine to go idle).")
     command_timeout_s: float = Field(150.0, gt=0.0, description="Seconds to wait for a sidecar's answer to a role command (drain plus the switch itself).")
+    drain_by_migration: bool = Field(True, description="When a decode instance flips, ask the migrator to move its running requests to other decode instances (the drain then ends after one re-prefill instead of the longest answer); without a migrator the sidecar just waits.")
     scaling_policy: str = Field("none", description=f"Scaling policy (replica counts, needs a connector): none, {', '.join(sorted(SCALING_POLICIES))}.")
     connector: Literal["none", "local", "kubernetes"] = Field("none", description="Where the scaling policy starts and retires engines: local = engine_sim + sidecar processes on this host; kubernetes = the scale subresource of one workload per role.")
     max_instances: int = Field(8, ge=2, description="GPU budget of the scaling policy: prefill + decode replicas never exceed it.")

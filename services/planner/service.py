@@ -45,6 +45,7 @@ from shared.elected import ElectedService
 from shared.errors import BusTimeout, PoiseError
 from shared.policies import PoolDecision, PoolPolicy, RoleChange, make_pool_policy, make_scaling_policy
 from shared.protocol import (
+    AdminCommand,
     AdminReply,
     ClusterSnapshot,
     PlannerEvent,
@@ -60,6 +61,9 @@ from shared.runtime import AdminEndpoint, AdminHandler, cancel_and_wait, fetch_s
 log = logging.getLogger(__name__)
 
 _SWITCHABLE: tuple[Role, ...] = ("prefill", "decode")
+# The sidecar marks its instance draining when the role command arrives; the gateways see it through an etcd
+# watch. Evacuating only after that keeps new requests from landing there behind the migrator's back.
+EVACUATE_AFTER_S = 0.5
 Source = Literal["policy", "admin"]
 
 
@@ -188,6 +192,9 @@ class PlannerService(ElectedService):
         log.info("role command %s: %s -> %s (%s)", command.command_id[:8], instance_id, new_role, reason or "no reason")
         await self.publish_event("flip_requested", from_role=from_role, **flip)
         t0 = time.monotonic()
+        evacuation = None
+        if self.settings.drain_by_migration and (from_role == "decode" or (from_role is None and new_role == "prefill")):
+            evacuation = asyncio.create_task(self._evacuate(instance_id, drain), name=f"evacuate-{instance_id}")
         try:
             reply = await self.bus.request(self.subjects.worker_command(instance_id), command, RoleCommandReply,
                                             timeout_s=max(self.settings.command_timeout_s, drain + 30.0))
@@ -197,6 +204,8 @@ class PlannerService(ElectedService):
                                      message=f"no answer from the sidecar of {instance_id}: {exc}",
                                      old_role=from_role or new_role, new_role=from_role or new_role)
         took = time.monotonic() - t0
+        if evacuation is not None:
+            await cancel_and_wait([evacuation])
         (log.info if reply.ok else log.warning)("role command %s on %s: %s", command.command_id[:8], instance_id,
                                                 reply.message)
         self.recent.append({"instance": instance_id, "new_role": new_role, "ok": reply.ok, "message": reply.message,
@@ -204,6 +213,18 @@ class PlannerService(ElectedService):
         await self.publish_event("flip_done" if reply.ok else "flip_failed", from_role=from_role,
                                  duration_s=took, message=reply.message, **flip)
         return reply
+
+    async def _evacuate(self, instance_id: str, deadline_s: float) -> None:
+        """Have the migrator move the running requests off a decode instance that is draining for a flip."""
+        await asyncio.sleep(EVACUATE_AFTER_S)
+        try:
+            reply = await self.bus.request(self.subjects.admin("migrator"), AdminCommand(
+                verb="evacuate", args={"instance": instance_id, "deadline_s": f"{deadline_s:g}"}),
+                AdminReply, timeout_s=deadline_s + 10.0)
+        except (BusTimeout, PoiseError) as exc:
+            log.info("no migrator moved the requests off %s (%s): the drain waits for them to finish", instance_id, exc)
+            return
+        log.info("drain of %s by migration: %s", instance_id, reply.message)
 
     async def publish_event(self, kind: PlannerEventKind, **fields: Any) -> None:
         """Publish one :class:`PlannerEvent`; a failed publish is logged, never raised (the flip goes on)."""
