@@ -127,7 +127,7 @@ def create_app(engine: SimEngine) -> FastAPI:
             prompt_tokens=gen.prompt_tokens, max_new_tokens=gen.max_new_tokens, rid=gen.rid,
             ignore_eos=gen.ignore_eos, stream=gen.stream, bootstrap_host=gen.bootstrap_host,
             bootstrap_port=gen.bootstrap_port, bootstrap_room=gen.bootstrap_room, priority=gen.priority,
-            slo=gen.slo, stream_key=gen.stream_key, resume=gen.resume,
+            slo=gen.slo, stream_key=gen.stream_key, resume=gen.resume, predict_length=gen.predict_length,
         )
 
     async def finish_non_stream(req: SimRequest, request: Request) -> None:
@@ -221,7 +221,7 @@ def create_app(engine: SimEngine) -> FastAPI:
                 break
             chunk_usage = P.usage(req.prompt_tokens, len(req.output_ids)) if gen.continuous_usage else None
             yield P.completion_chunk(req.rid, created, gen.model, "".join([token_text(t) for t in new_ids]), finish,
-                                     chunk_usage)
+                                     chunk_usage, engine.due_prediction(req))
         if gen.include_usage:
             yield P.completion_usage_chunk(req.rid, created, gen.model, req.prompt_tokens, len(req.output_ids))
         yield P.DONE
@@ -242,7 +242,8 @@ def create_app(engine: SimEngine) -> FastAPI:
             text = "".join([token_text(t) for t in new_ids])
             if text:
                 chunk_usage = P.usage(req.prompt_tokens, len(req.output_ids)) if gen.continuous_usage else None
-                yield P.chat_chunk(req.rid, created, gen.model, content=text, chunk_usage=chunk_usage)
+                yield P.chat_chunk(req.rid, created, gen.model, content=text, chunk_usage=chunk_usage,
+                                   prediction=engine.due_prediction(req))
             final = finish
         if final is not None:
             yield P.chat_chunk(req.rid, created, gen.model, finish=final)

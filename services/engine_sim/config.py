@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 
 from shared.latency import DEFAULT_PROFILE
 from shared.policies import DECODE_BATCH_POLICIES, PREFILL_POLICIES, Preemption
+from shared.policies.length import LENGTH_PREDICTORS
 from shared.settings import ServiceSettings, settings_config
 
 Mode = Literal["prefill", "decode", "null"]
@@ -80,6 +81,11 @@ class EngineSimSettings(ServiceSettings):
     migration_gbps: float = Field(
         25.0, gt=0, description="Link speed of a decode-to-decode KV copy (poise_resume with a KV source), "
                                 "Gbit/s; ARES' simulator uses 25.")
+    length_predictor: str = Field(
+        "none", description="Remaining-length predictions put on decode streams that ask (poise_predict_length): none, "
+                            "oracle (the truth) or ares-noise (ARES Fig. 7's error, shrinking as tokens are generated); "
+                            "the stand-in for ARES' hidden-state MLP, which engine_sim does not have.")
+    predict_every_tokens: int = Field(20, ge=1, description="Re-predict every this many generated tokens (ARES' k).")
     instance_id: str = Field("engine-sim", description="Name of this engine in logs and /server_info.")
     prefill_policy: str = Field(
         "fcfs",
@@ -111,6 +117,9 @@ class EngineSimSettings(ServiceSettings):
         if self.decode_policy not in DECODE_BATCH_POLICIES:
             raise ValueError(
                 f"unknown decode_policy {self.decode_policy!r}; known: {', '.join(sorted(DECODE_BATCH_POLICIES))}")
+        if self.length_predictor != "none" and self.length_predictor not in LENGTH_PREDICTORS:
+            raise ValueError(f"unknown length_predictor {self.length_predictor!r}; known: none, "
+                             f"{', '.join(sorted(LENGTH_PREDICTORS))}")
         return self
 
     def resolved_bootstrap_port(self) -> int:

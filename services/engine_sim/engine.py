@@ -42,7 +42,8 @@ from services.engine_sim.role_switch import RoleSwitchResult
 from services.engine_sim.tokens import TokenSource, draw_output_length
 from shared.http1 import Http1Pool
 from shared.latency import LatencyModel, LatencyProfile, load_profile
-from shared.policies import make_decode_batch_policy, make_prefill_policy
+from shared.policies import RequestView, make_decode_batch_policy, make_prefill_policy
+from shared.policies.length import LengthPredictor, make_length_predictor
 from shared.policies.prefill_order import MAX_PREFILL_TOKENS
 from shared.protocol.request_resume import RequestResume
 from shared.protocol.request_slo import RequestSlo
@@ -93,6 +94,8 @@ class SimEngine:
         # online estimates, fed by observe() after every pass / step).
         self.prefill_policy = make_prefill_policy(settings.prefill_policy, self.latency)
         self.decode_policy = make_decode_batch_policy(settings.decode_policy, self.latency)
+        self.length_predictor: LengthPredictor | None = (
+            None if settings.length_predictor == "none" else make_length_predictor(settings.length_predictor))
         self.preemption = settings.preemption
         # Prefill planning state (batching.py): the last plan's prompts (an event-driven policy keeps computing
         # them until the next event), whether an event asks for a new plan, when a waiting policy wants to be
@@ -237,6 +240,7 @@ class SimEngine:
         slo: RequestSlo | None = None,
         stream_key: str | None = None,
         resume: RequestResume | None = None,
+        predict_length: bool = False,
     ) -> SimRequest:
         """Queue a request. Raises :class:`EngineRequestError` where SGLang's tokenizer manager would refuse it.
 
@@ -285,6 +289,8 @@ class SimEngine:
         )
         if resume is not None and resume.kv_transfer:
             req.kv_source = (resume.kv_source_url or "", resume.kv_source_rid or "")
+        req.resumed_from, req.stream_key = done, key
+        req.predict_length = predict_length and self.length_predictor is not None
         if slo is not None:
             req.slo_class = slo.slo_class
             req.slo_ttft_s = math.inf if slo.ttft_s is None else slo.ttft_s
@@ -324,6 +330,19 @@ class SimEngine:
                 if disconnected is not None and await disconnected():
                     self.abort(req.rid)
                     return
+
+    def due_prediction(self, req: SimRequest) -> float | None:
+        """The remaining-length prediction to put on the stream now, if one is due (every k-th token)."""
+        if not req.predict_length or self.length_predictor is None:
+            return None
+        generated = req.resumed_from + len(req.output_ids)
+        if generated < req.next_prediction_at or req.finished:
+            return None
+        k = self.settings.predict_every_tokens
+        req.next_prediction_at = (generated // k + 1) * k
+        view = RequestView(rid=req.stream_key, input_tokens=req.prompt_tokens - req.resumed_from,
+                           max_output_tokens=req.resumed_from + req.max_new_tokens)
+        return self.length_predictor.predict_remaining(view, generated, req.resumed_from + req.stop_after)
 
     def running_request(self, rid: str) -> SimRequest | None:
         """The request ``rid`` if it is decoding here (a KV copy can start from it)."""

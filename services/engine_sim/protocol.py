@@ -31,6 +31,7 @@ from typing import Any, Literal
 import orjson
 
 from services.engine_sim.requests import SimRequest
+from shared.protocol.length_prediction import PREDICT_FIELD, PREDICTION_FIELD
 from shared.protocol.request_resume import RESUME_FIELD, RequestResume, parse_request_resume
 from shared.protocol.request_slo import SLO_FIELD, RequestSlo, parse_request_slo
 from shared.tokens import EstimatingCounter, count_chat, count_prompt
@@ -74,6 +75,7 @@ class GenRequest:
     # What the output tokens and length are drawn from: the prompt's content, so the same prompt gets the same
     # answer on any engine (a migrated request continues its own sequence). None: the rid (direct submits).
     stream_key: str | None = None
+    predict_length: bool = False  # poise_predict_length: remaining-length predictions on the stream
 
 
 def content_key(content: Any) -> str:
@@ -195,6 +197,7 @@ def _common(body: dict[str, Any], kind: Kind, model: str, prompt_tokens: int, ma
         slo=_slo(body),
         resume=_resume(body),
         stream_key=content_key(content),
+        predict_length=_bool(body, PREDICT_FIELD),
     )
 
 
@@ -375,7 +378,7 @@ def completion_response(req: SimRequest, model: str, text: str) -> dict[str, Any
 
 
 def completion_chunk(rid: str, created: int, model: str, text: str, finish: dict[str, Any] | None,
-                     chunk_usage: dict[str, Any] | None = None) -> bytes:
+                     chunk_usage: dict[str, Any] | None = None, prediction: float | None = None) -> bytes:
     """CompletionStreamResponse.model_dump_json(): nulls included, sglext dropped; ``chunk_usage`` with
     ``stream_options.continuous_usage_stats``."""
     return b"data: " + orjson.dumps({
@@ -383,6 +386,7 @@ def completion_chunk(rid: str, created: int, model: str, text: str, finish: dict
         "choices": [{"index": 0, "text": text, "logprobs": None,
                      "finish_reason": finish["type"] if finish else None, "matched_stop": matched_stop(finish)}],
         "usage": chunk_usage,
+        **({PREDICTION_FIELD: prediction} if prediction is not None else {}),
     }) + b"\n\n"
 
 
@@ -410,7 +414,8 @@ def chat_response(req: SimRequest, model: str, text: str) -> dict[str, Any]:
 
 
 def chat_chunk(rid: str, created: int, model: str, *, role: str | None = None, content: str | None = None,
-               finish: dict[str, Any] | None = None, chunk_usage: dict[str, Any] | None = None) -> bytes:
+               finish: dict[str, Any] | None = None, chunk_usage: dict[str, Any] | None = None,
+               prediction: float | None = None) -> bytes:
     """build_sse_content (openai/sse_utils.py): delta omits unset role/content but always has reasoning_content;
     ``chunk_usage`` (``stream_options.continuous_usage_stats``) rides on content chunks."""
     delta: dict[str, Any] = {"reasoning_content": None}
@@ -423,6 +428,7 @@ def chat_chunk(rid: str, created: int, model: str, *, role: str | None = None, c
         "choices": [{"index": 0, "delta": delta, "logprobs": None,
                      "finish_reason": finish["type"] if finish else None, "matched_stop": matched_stop(finish)}],
         **({"usage": chunk_usage} if chunk_usage is not None else {}),
+        **({PREDICTION_FIELD: prediction} if prediction is not None else {}),
     }) + b"\n\n"
 
 

@@ -85,6 +85,10 @@ class SimRequest:
     num_retractions: int = 0
     handoff_task: asyncio.Task[None] | None = None  # decode: the KV pull
     kv_source: tuple[str, str] | None = None  # decode, migrated in by KV copy: (source engine URL, its rid)
+    resumed_from: int = 0  # tokens another engine generated before this one took over (poise_resume)
+    stream_key: str = ""  # what the ids and the length are drawn from (the prompt's digest, or the rid)
+    predict_length: bool = False  # put remaining-length predictions on the stream (poise_predict_length)
+    next_prediction_at: int = 0  # generated count (whole answer) at which the next prediction is due
     timer: asyncio.TimerHandle | None = None  # prefill: bootstrap / release timeout
 
     def __post_init__(self) -> None:

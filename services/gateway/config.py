@@ -22,6 +22,7 @@ class GatewaySettings(SloPlanSettings, ControlPlaneSettings):
     request_timeout_s: float = Field(600.0, description="Whole-request deadline in seconds; past it both legs are aborted.")
     first_token_timeout_s: float = Field(120.0, description="Seconds to wait for the first token before the attempt counts as failed (and is retried on another pair).")
     retries: int = Field(1, description="Extra attempts on another prefill/decode pair when a leg fails before the first token.")
+    length_predictions: bool = Field(True, description="Ask engine_sim decode engines for remaining-length predictions on the stream (poise_predict_length; engines started with a length_predictor answer) and offer them to the migrator's policy.")
     max_rescues: int = Field(2, ge=0, description="Times a request whose decode stream breaks mid-answer is resumed on another pair from the tokens already sent (0: end it with an error event).")
     api_keys: list[str] = Field(default_factory=list, description="Accepted bearer API keys (JSON list); empty = no authentication.")
     tokenizer: str | None = Field(None, description="Hugging Face tokenizer name or path (local files only) for counting text prompts; unset = estimate 4 chars/token.")

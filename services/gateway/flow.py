@@ -42,6 +42,7 @@ from services.gateway.resume import NotResumable, resume_body
 from services.gateway.validation import ParsedRequest
 from shared.http1 import Http1Pool
 from shared.policies import DispatchPolicy, Placement, RequestView
+from shared.protocol.length_prediction import PREDICTION_FIELD
 from shared.protocol.request_slo import RequestSlo
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,8 @@ _BACKGROUND: set[asyncio.Task[None]] = set()  # source legs being retired after 
 class RequestFlow:
     def __init__(self, parsed: ParsedRequest, *, cluster: ClusterView, policy: DispatchPolicy, http: Http1Pool,
                  metrics: GatewayMetrics, retries: int, first_token_timeout_s: float,
-                 late_binding: LateBindingQueue | None = None, max_rescues: int = 2) -> None:
+                 late_binding: LateBindingQueue | None = None, max_rescues: int = 2,
+                 predict_length: bool = False) -> None:
         self.parsed = parsed
         self.cluster = cluster
         self.policy = policy
@@ -123,6 +125,9 @@ class RequestFlow:
         self._prompt_tokens: int | None = None  # as the first engine counted them
         self.finished_seen = False  # a finish_reason reached the client: nothing left to move
         self._pending: _PendingMove | None = None
+        self.predict_length = predict_length
+        # The decode engine's latest remaining-length prediction and the token count it was made at.
+        self._prediction: tuple[float, int] | None = None
         options = parsed.body.get("stream_options")
         self._client_continuous_usage = isinstance(options, dict) and bool(options.get("continuous_usage_stats"))
 
@@ -213,7 +218,7 @@ class RequestFlow:
                 rid=f"{self.client_id}-{attempt_no}", endpoint=self.parsed.endpoint,
                 prefill=instances[placement.prefill_id] if placement.prefill_id else None,
                 decode=instances[placement.decode_id], http=self.http, stream=self.parsed.stream,
-                slo=self.request_slo,
+                slo=self.request_slo, predict_length=self.predict_length,
             )
             self.attempt = attempt
             self.outcome.prefill_id, self.outcome.decode_id = placement.prefill_id, placement.decode_id
@@ -286,6 +291,9 @@ class RequestFlow:
             self.delivered_tokens = total
         elif event.text:
             self.delivered_tokens += 1  # an engine without per-chunk usage: one token per chunk, at best
+        prediction = event.data.pop(PREDICTION_FIELD, None)
+        if prediction is not None:
+            self._prediction = (float(prediction), self.delivered_tokens)
         if attempt.base_tokens and not event.text and not event.finish_reason and event.data.get("choices"):
             return False  # a resumed chat stream opens with its own role chunk: the client has one already
         if event.text:
@@ -299,6 +307,14 @@ class RequestFlow:
         return True
 
     # -- moving a running request ----------------------------------------------------------------------
+    def predicted_remaining(self) -> float | None:
+        """The decode engine's last remaining-length prediction, less what was generated since (ARES' rule
+        between two predictions, spec §1.2.6); None when the engine gives none."""
+        if self._prediction is None:
+            return None
+        value, at = self._prediction
+        return max(1.0, value - (self.delivered_tokens - at))
+
     def movable(self) -> str | None:
         """Why the request cannot be moved now (None: it can)."""
         if not self.parsed.stream:
@@ -384,7 +400,8 @@ class RequestFlow:
             return MoveResult(False, str(exc), mechanism, target_id=target.instance_id)
         moves = self.outcome.migrations + self.outcome.rescues + 1
         attempt = Attempt(rid=f"{self.client_id}-m{moves}", endpoint=self.parsed.endpoint, prefill=prefill,
-                          decode=target, http=self.http, stream=True, slo=self.request_slo, base_tokens=n)
+                          decode=target, http=self.http, stream=True, slo=self.request_slo, base_tokens=n,
+                          predict_length=self.predict_length)
         held = [(target.instance_id, self.parsed.input_tokens + self.parsed.max_tokens)]
         if prefill is not None:
             held.append((prefill.instance_id, self.parsed.input_tokens + n))

@@ -28,6 +28,7 @@ import orjson
 
 from shared.http1 import Http1Pool, Response
 from shared.protocol import InstanceInfo
+from shared.protocol.length_prediction import PREDICT_FIELD
 from shared.protocol.request_slo import SLO_FIELD, RequestSlo
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,7 @@ class Attempt:
     # A resumed attempt (migration, rescue) continues after this many tokens the client already has: its
     # engine counts its own tokens from zero, the client's stream does not.
     base_tokens: int = 0
+    predict_length: bool = False  # ask a sim decode engine for remaining-length predictions on the stream
     done_seen: bool = False  # the decode stream ended with [DONE] (not with a broken connection)
 
     def bodies(self, body: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
@@ -116,6 +118,8 @@ class Attempt:
         poise_slo = self.slo().to_body() if self.slo is not None else None
         if poise_slo is not None and self.decode.engine_kind == "sim":
             decode_body[SLO_FIELD] = poise_slo
+        if self.predict_length and self.decode.engine_kind == "sim":
+            decode_body[PREDICT_FIELD] = True
         decode_body["rid"] = self.rid
         decode_body["stream"] = self.stream
         if self.stream:
@@ -134,6 +138,7 @@ class Attempt:
         prefill_body["stream"] = False
         prefill_body.pop("stream_options", None)
         prefill_body.pop(SLO_FIELD, None)
+        prefill_body.pop(PREDICT_FIELD, None)
         if poise_slo is not None and self.prefill.engine_kind == "sim":
             prefill_body[SLO_FIELD] = poise_slo
         return prefill_body, decode_body

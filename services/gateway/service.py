@@ -138,7 +138,8 @@ class GatewayService:
         assert self.http is not None
         flow = RequestFlow(parsed, cluster=self.cluster, policy=self.policy, http=self.http, metrics=self.metrics,
                            retries=self.settings.retries, first_token_timeout_s=self.settings.first_token_timeout_s,
-                           late_binding=self.late_binding, max_rescues=self.settings.max_rescues)
+                           late_binding=self.late_binding, max_rescues=self.settings.max_rescues,
+                           predict_length=self.settings.length_predictions)
         self.flows[flow.client_id] = flow
         return flow
 
@@ -154,7 +155,8 @@ class GatewayService:
             out.append(DecodeRequestInfo(
                 rid=flow.client_id, instance_id=attempt.decode.instance_id, input_tokens=flow.parsed.input_tokens,
                 generated_tokens=flow.delivered_tokens, max_output_tokens=flow.parsed.max_tokens,
-                arrived_unix_s=flow.arrived_unix, slo_tpot_s=slo.tpot_s if slo is not None else None))
+                arrived_unix_s=flow.arrived_unix, slo_tpot_s=slo.tpot_s if slo is not None else None,
+                predicted_remaining_tokens=flow.predicted_remaining()))
         return out
 
     async def _on_requests_query(self, query: GatewayRequestsQuery) -> GatewayRequests:

@@ -30,14 +30,15 @@ def engine_info(instance_id: str, role: str, url: str, bootstrap_port: int | Non
 class SimEngine:
     """An engine_sim process serving ``model`` in ``mode``."""
 
-    def __init__(self, tmp: Path, mode: str, model: str, time_scale: float, bootstrap_timeout_s: float = 5.0) -> None:
+    def __init__(self, tmp: Path, mode: str, model: str, time_scale: float, bootstrap_timeout_s: float = 5.0,
+                 extra_args: tuple[str, ...] = ()) -> None:
         self.port, self.bootstrap_port = free_port(), free_port()
         self.mode = mode
         self.model = model
         self.proc = ManagedProcess(f"engine-{mode}", [
             sys.executable, "-m", "services.engine_sim", "--mode", mode, "--port", str(self.port),
             "--bootstrap-port", str(self.bootstrap_port), "--time-scale", str(time_scale),
-            "--served-model-name", model, "--bootstrap-timeout-s", str(bootstrap_timeout_s),
+            "--served-model-name", model, "--bootstrap-timeout-s", str(bootstrap_timeout_s), *extra_args,
         ], tmp / f"engine-{mode}-{self.port}.log")
 
     @property

@@ -29,6 +29,7 @@ from services.migrator.service import MigratorService
 from shared.bus import Bus
 from shared.devservers import EtcdServer, NatsServer, wait_for_port
 from shared.protocol import AdminCommand, AdminReply, Keys, Subjects
+from shared.protocol.length_prediction import PREDICTION_FIELD
 from shared.protocol.moves import GatewayRequests, GatewayRequestsQuery, MoveCommand, MoveReply
 from shared.registry import Registry
 from shared.settings import load_settings
@@ -74,6 +75,7 @@ async def stream(client: httpx.AsyncClient, url: str, body: dict[str, Any], into
             if not line.startswith("data:") or line == "data: [DONE]":
                 continue
             chunk = orjson.loads(line[5:])
+            assert PREDICTION_FIELD not in chunk  # the engines' predictions are the gateway's, not the client's
             if "error" in chunk:
                 into.errors.append(str(chunk["error"]))
                 continue
@@ -91,9 +93,10 @@ async def stream(client: httpx.AsyncClient, url: str, body: dict[str, Any], into
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SimEngine]]:
     tmp = tmp_path_factory.mktemp("mig-engines")
+    oracle = ("--length-predictor", "oracle")  # remaining-length predictions on the stream: the truth
     started = {"p0": SimEngine(tmp, "prefill", MODEL, TIME_SCALE, bootstrap_timeout_s=10),
-               "d0": SimEngine(tmp, "decode", MODEL, TIME_SCALE, bootstrap_timeout_s=10),
-               "d1": SimEngine(tmp, "decode", MODEL, TIME_SCALE, bootstrap_timeout_s=10)}
+               "d0": SimEngine(tmp, "decode", MODEL, TIME_SCALE, bootstrap_timeout_s=10, extra_args=oracle),
+               "d1": SimEngine(tmp, "decode", MODEL, TIME_SCALE, bootstrap_timeout_s=10, extra_args=oracle)}
     for e in started.values():
         wait_for_port("127.0.0.1", e.port, 30, e.proc.proc)
     yield started
@@ -153,6 +156,10 @@ async def test_moves_over_nats_keep_every_stream_byte_for_byte(nats_server, etcd
                 table = {r.rid: r for r in tables[0].requests}
                 assert set(table) == {s.rid for s in got}
                 assert all(r.generated_tokens >= 10 for r in table.values())
+                # The decode engines' predictions (oracle: the truth) reach the table, decremented per token.
+                ruler = table[got[0].rid or ""]  # ignore_eos: exactly max_tokens tokens
+                assert ruler.predicted_remaining_tokens == 150 - ruler.generated_tokens
+                assert all(r.predicted_remaining_tokens is not None for r in table.values())
                 subject = subjects.gateway_move(tables[0].gateway)
                 replies = await asyncio.gather(*(
                     bus.request(subject, MoveCommand(
