@@ -59,6 +59,10 @@ class StackSettings(ServiceSettings):
     decode_policy: str | None = Field(None, description="Decode batch policy of every engine (shared.policies DECODE_BATCH_POLICIES: continuous, ...); unset = engine_sim's default.")
     preemption: str | None = Field(None, description="Where prefill engines may switch to a more urgent prompt: chunk (SGLang, at chunk boundaries) or operator (FlowPrefill); unset = chunk.")
     chunked_prefill_size: int | None = Field(None, description="Prefill chunk size in tokens of every engine (SGLang --chunked-prefill-size); -1 = no chunking; unset = the profile's.")
+    # -- decode-to-decode migration (ARES; services/migrator, services/gateway/flow.py) ------------------------
+    migration_policy: str = Field("none", description="The migrator's policy (shared.policies MIGRATION_POLICIES: none, ares, llumnix-like, ...).")
+    migration_mechanism: str = Field("recompute", description="How moves are carried out: recompute (re-prefill; works with stock SGLang) or kv-transfer (engine_sim's decode-to-decode KV copy).")
+    length_predictor: str | None = Field(None, description="Remaining-length predictions of the decode engines (engine_sim: oracle or ares-noise; what ARES' policy reads); unset = none, or what the migration policy reads (ares: ares-noise, ares-oracle: oracle).")
     # -- gateway: late binding and SLO classes (services/gateway/late_binding.py, slo.py) ----------------------
     late_binding: bool = Field(False, description="The gateway holds requests and releases them to prefill engines in --late-binding-policy's order (for engines that cannot be patched).")
     late_binding_policy: str = Field("edf", description="Late binding: the prefill policy that orders held requests.")
@@ -103,9 +107,45 @@ class StackSettings(ServiceSettings):
             raise ValueError(f"chunked_prefill_size must be positive, or -1 for no chunking, got {value}")
         return value
 
+    @field_validator("migration_policy")
+    @classmethod
+    def _known_migration_policy(cls, value: str) -> str:
+        from shared.policies.migration import MIGRATION_POLICIES
+
+        if value not in MIGRATION_POLICIES:
+            raise ValueError(f"unknown migration policy {value!r}; known: {', '.join(sorted(MIGRATION_POLICIES))}")
+        return value
+
+    @field_validator("migration_mechanism")
+    @classmethod
+    def _known_mechanism(cls, value: str) -> str:
+        if value not in ("recompute", "kv-transfer"):
+            raise ValueError(f"unknown migration mechanism {value!r}; known: recompute, kv-transfer")
+        return value
+
+    @field_validator("length_predictor")
+    @classmethod
+    def _known_length_predictor(cls, value: str | None) -> str | None:
+        from shared.policies.length import LENGTH_PREDICTORS
+
+        if value is not None and value != "none" and value not in LENGTH_PREDICTORS:
+            raise ValueError(f"unknown length predictor {value!r}; known: none, {', '.join(sorted(LENGTH_PREDICTORS))}")
+        return value
+
+    def engines_length_predictor(self) -> str | None:
+        """What the engines predict with: the setting, or ARES' stand-in when an ARES policy needs predictions."""
+        if self.length_predictor is not None:
+            return self.length_predictor
+        if self.migration_policy == "ares-oracle":
+            return "oracle"
+        return "ares-noise" if self.migration_policy.startswith("ares") else None
+
     def engine_args(self) -> list[str]:
         """engine_sim flags for the scheduling settings that are set (the worker appends them to its engine)."""
         args: list[str] = []
+        predictor = self.engines_length_predictor()
+        if predictor is not None:
+            args += ["--length-predictor", predictor]
         for flag, value in (("--prefill-policy", self.prefill_policy), ("--decode-policy", self.decode_policy),
                             ("--preemption", self.preemption), ("--chunked-prefill-size", self.chunked_prefill_size)):
             if value is not None:
@@ -201,7 +241,8 @@ class Stack:
         # The planner's and the gateway's policies model the engines this stack runs, at the SLO it serves.
         plan = ["--profile", s.profile, "--slo-ttft-s", str(ttft), "--slo-tpot-s", str(tpot)]
         self._spawn("planner", "services.planner", [*common, *plan, "--policy", s.planner_policy, *s.planner_args])
-        self._spawn("migrator", "services.migrator", common)
+        self._spawn("migrator", "services.migrator", [*common, "--policy", s.migration_policy,
+                                                      "--mechanism", s.migration_mechanism])
         self._spawn("gateway", "services.gateway", [*common, *plan, "--dispatch-policy", s.dispatch_policy,
                                                     "--host", s.host, "--port", str(gateway_port),
                                                     *s.gateway_policy_args(), *s.gateway_args])
