@@ -7,22 +7,29 @@ engine_sim processes (one prefill, two decode).
   function of the prompt and the position, whichever engine produces them).
 - A move to a target that fails leaves the request on its source, intact.
 - A decode engine killed mid-answer: its requests are resumed on the other one, nothing lost.
+- A replay of an Azure conversation trace slice with moves forced every 0.2 s (random requests, both
+  mechanisms): again byte for byte against the same replay without moves.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import msgspec
 import orjson
 import pytest
 import pytest_asyncio
 
+from loadgen.replay import build_request_body
+from loadgen.traces import load_trace
 from services.gateway.service import GatewayService
 from services.migrator.config import MigratorSettings
 from services.migrator.service import MigratorService
@@ -245,3 +252,50 @@ async def test_a_decode_engine_killed_mid_answer_loses_no_request(nats_server, e
     finally:
         for e in started.values():
             e.proc.stop()
+
+
+def replay_slice() -> list[tuple[float, dict[str, Any]]]:
+    """(arrival s, body) for 24 Azure conversation requests, arrivals squeezed into ~3 s, outputs of 60-200."""
+    requests = load_trace("azure-conv").requests[:24]
+    t0 = requests[0].arrival_s
+    span = max(requests[-1].arrival_s - t0, 1e-9)
+    out = []
+    for r in requests:
+        clipped = msgspec.structs.replace(r, output_tokens=min(max(r.output_tokens, 60), 200))
+        body = orjson.loads(build_request_body(clipped, model=MODEL, endpoint="completions"))
+        out.append(((r.arrival_s - t0) / span * 3.0, body))
+    return out
+
+
+async def replay(url: str, items: list[tuple[float, dict[str, Any]]], got: list[Stream]) -> None:
+    async with httpx.AsyncClient(timeout=90) as client:
+        start = time.monotonic()
+
+        async def one(at: float, body: dict[str, Any], into: Stream) -> None:
+            await asyncio.sleep(max(0.0, start + at - time.monotonic()))
+            await stream(client, url, body, into)
+
+        await asyncio.gather(*(one(at, b, s) for (at, b), s in zip(items, got, strict=True)))
+
+
+async def test_moves_forced_during_a_trace_replay_change_no_byte(nats_server, etcd_server, registry, engines) -> None:  # type: ignore[no-untyped-def]
+    items = replay_slice()
+    async with gateway(nats_server, etcd_server, registry, engines) as (url, service):
+        want = [Stream() for _ in items]
+        await replay(url, items, want)
+        got = [Stream() for _ in items]
+        task = asyncio.create_task(replay(url, items, got))
+        rng = random.Random(7)
+        moves: list[Any] = []
+        while not task.done():
+            candidates = service.movable_requests()
+            if candidates:
+                pick = rng.choice(candidates)
+                moves.append(await service.move(pick.rid, "d1" if pick.instance_id == "d0" else "d0",
+                                                rng.choice(["recompute", "kv-transfer"])))
+            await asyncio.sleep(0.2)
+        await task
+    ok = [m for m in moves if m.ok]
+    assert len(ok) >= 10, [m.message for m in moves]
+    assert {m.mechanism for m in ok} == {"recompute", "kv-transfer"}
+    assert_same(got, want)
