@@ -355,10 +355,14 @@ def create_app(engine: SimEngine) -> FastAPI:
             body = await optional_body(request)
             new_role = P._str(body, "new_role")
             prepare_only = P._bool(body, "prepare_only")
+            if new_role not in (None, "prefill", "decode", ""):  # PdRoleSwitchReqInput.new_role is a Literal
+                raise P.SchemaError(f"new_role: Input should be 'prefill', 'decode' or '', got {new_role!r}",
+                                    "new_role")
         except P.SchemaError as exc:
             return _schema_error(exc)
         result = await engine.pd_role_switch(new_role, prepare_only)
-        return _json(result.to_dict(), 200 if result.success else 400)
+        # msgspec_to_builtins(PdRoleSwitchReqOutput) also dumps BaseReq's rid and http_worker_ipc (both None).
+        return _json({"rid": None, "http_worker_ipc": None, **result.to_dict()}, 200 if result.success else 400)
 
     @app.post("/pause_generation")
     async def pause_generation(request: Request) -> Response:
@@ -380,15 +384,20 @@ def create_app(engine: SimEngine) -> FastAPI:
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache(request: Request) -> Response:
-        """?timeout= seconds to wait for the engine to drain (SGLang's flush_cache query parameter)."""
+        """?timeout= seconds to wait for the engine to drain (SGLang's flush_cache query parameter, ``ge=0``).
+        Plain-text answers without a content type, as SGLang's ``Response(content=...)``."""
         try:
             wait_s = float(request.query_params.get("timeout", "0"))
+            if not wait_s >= 0.0:
+                raise ValueError(wait_s)
         except ValueError:
-            return _openai_error("timeout: Input should be a valid number", HTTPStatus.BAD_REQUEST.phrase, 400)
-        if await engine.flush_cache(max(0.0, wait_s)):
-            return PlainTextResponse(
+            return _openai_error("timeout: Input should be a number greater than or equal to 0",
+                                 HTTPStatus.BAD_REQUEST.phrase, 400)
+        if await engine.flush_cache(wait_s):
+            return Response(
                 "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
                 "requests, the operation will not be performed.)\n")
-        return PlainTextResponse("Flush cache failed.\n", status_code=400)
+        # SchedulerFlushWrapper: an immediate refusal has no message; a deferred flush that timed out says so.
+        return Response("Timed out waiting for idle state." if wait_s > 0 else "Flush cache failed.\n", status_code=400)
 
     return app

@@ -23,6 +23,7 @@ gateway uses, so both sides agree on a request's size).
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -314,8 +315,9 @@ def error_body(message: str, err_type: str, code: int, param: str | None = None)
 
 
 def stream_error_chunk(message: str, status: int) -> bytes:
-    """create_streaming_error_response: ``{"error": ErrorResponse}`` with the status' name as type."""
-    return b"data: " + orjson.dumps({"error": error_body(message, HTTPStatus(status).name, status)}) + b"\n\n"
+    """create_streaming_error_response: ``{"error": ErrorResponse}`` with the status' name as type, serialized by
+    ``json.dumps`` (its ", " and ": " separators, unlike the other chunks)."""
+    return b"data: " + json.dumps({"error": error_body(message, HTTPStatus(status).name, status)}).encode() + b"\n\n"
 
 
 DONE = b"data: [DONE]\n\n"

@@ -161,7 +161,9 @@ def server_info(eng: SimEngine) -> dict[str, Any]:
         "host": s.host,
         "port": s.port,
         "context_length": s.context_length,
-        "disaggregation_mode": eng.mode,
+        # The top level is the startup configuration: SGLang does not update it on a role switch (runtime
+        # overrides show in internal_states only: sglang/srt/runtime_context.py resolved_server_args_dict).
+        "disaggregation_mode": s.mode,
         "disaggregation_bootstrap_port": s.resolved_bootstrap_port(),
         "disaggregation_transfer_backend": "poise-sim",
         "disaggregation_decode_allocation_policy": "early",
@@ -193,6 +195,7 @@ def server_info(eng: SimEngine) -> dict[str, Any]:
             "paused": eng.paused,
             "max_total_num_tokens": eng.capacity,
             "max_running_requests": eng.max_running,
+            "effective_max_running_requests_per_dp": eng.max_running,  # SGLang's live limit (internal_state.py)
             "num_prefill_preemptions": eng.num_prefill_preemptions,
         }],
         "version": SGLANG_API_VERSION,

@@ -19,8 +19,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if settings.log_level.upper() != "DEBUG":
         logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per /v1/loads poll (4 Hz) is noise
     service = WorkerService(settings)
-    # A retire (admin verb) sets exit_requested: the process then stops exactly as on SIGTERM.
-    return asyncio.run(run_service(service, stop_event=service.exit_requested))
+    # A retire (admin verb) sets exit_requested: the process then stops exactly as on SIGTERM. So does a
+    # supervisor that gave up on a crashing engine, which must not look like a clean exit to whoever runs us.
+    code = asyncio.run(run_service(service, stop_event=service.exit_requested))
+    if service.fatal_error is not None:
+        print(f"worker {settings.instance_id}: {service.fatal_error}", file=sys.stderr)
+        return 1
+    return code
 
 
 if __name__ == "__main__":

@@ -12,7 +12,11 @@ from shared.protocol import Subjects
 from shared.protocol.messages import EngineKind, Role
 from shared.settings import ControlPlaneSettings, settings_config
 
-SGLANG_DEFAULT_BOOTSTRAP_PORT = 8998
+SGLANG_DEFAULT_BOOTSTRAP_PORT = 8998  # sglang/srt/arg_groups/fields/disagg.py:81 (0.5.23)
+# Backends whose KV manager can be rebuilt in the other role: sglang/srt/disaggregation/mooncake/conn.py:258
+# (supports_role_switch = True; mori/conn.py:375 too, not offered here); mooncake_tcp is rewritten to mooncake
+# (arg_groups/pd_disaggregation_hook.py:30).
+ROLE_SWITCH_BACKENDS = ("mooncake", "mooncake_tcp")
 
 
 class WorkerSettings(ControlPlaneSettings):
@@ -38,16 +42,22 @@ class WorkerSettings(ControlPlaneSettings):
     health_timeout_s: float = Field(600.0, gt=0.0, description="Seconds to wait for the engine's /health after (re)start (SGLang loads weights and captures CUDA graphs first).")
     unhealthy_after_s: float = Field(5.0, gt=0.0, description="Seconds of failing /v1/loads after which a running engine is taken out of the registry (it returns when it answers again).")
     restart_backoff_s: float = Field(1.0, gt=0.0, description="First delay, in seconds, before restarting an engine that exited; doubles per consecutive failure.")
-    restart_backoff_max_s: float = Field(30.0, gt=0.0, description="Upper bound of the restart delay, in seconds.")
+    restart_backoff_max_s: float = Field(30.0, gt=0.0, description="Upper bound of the restart delay, in seconds; an engine that ran this long before exiting starts the back-off (and the failure count) over.")
+    restart_max_failures: int = Field(5, ge=0, description="Consecutive engine failures (an exit, or a restart that never became healthy) after which the worker gives up: it deregisters, logs why with the engine log's tail, and exits with status 1. 0 = restart forever.")
     engine_timeout_s: float = Field(5.0, gt=0.0, description="HTTP timeout, in seconds, of each health/load call to the engine.")
     stop_timeout_s: float = Field(15.0, gt=0.0, description="Seconds between SIGTERM and SIGKILL when stopping the engine.")
     log_dir: Path = Field(Path("logs"), description="Directory of the engine's log file (engine-<instance_id>.log).")
     # -- sglang only ---------------------------------------------------------------------------------
     model_path: str | None = Field(None, description="sglang only: --model-path (Hugging Face id or local directory).")
-    tp: int = Field(1, ge=1, description="sglang only: tensor-parallel size (--tp).")
-    transfer_backend: Literal["mooncake", "nixl"] = Field("mooncake", description="sglang only: --disaggregation-transfer-backend (runtime role switch needs mooncake).")
-    ib_device: str | None = Field(None, description="sglang only: --disaggregation-ib-device, e.g. mlx5_0.")
+    tp: int = Field(1, ge=1, description="sglang only: tensor-parallel size (--tp-size).")
+    transfer_backend: Literal["mooncake", "mooncake_tcp", "nixl"] = Field("mooncake", description="sglang only: --disaggregation-transfer-backend. mooncake_tcp is SGLang's Mooncake over TCP (no RDMA, ib_device unused). Runtime role switch needs mooncake or mooncake_tcp.")
+    ib_device: str | None = Field(None, description="sglang only: --disaggregation-ib-device, e.g. mlx5_0 (a comma list or SGLang's per-GPU JSON map also work).")
     mem_fraction_static: float | None = Field(None, gt=0.0, lt=1.0, description="sglang only: --mem-fraction-static (share of GPU memory for weights and KV).")
+    enable_pd_role_switch: bool | None = Field(None, description="sglang only: pass --enable-pd-role-switch to prefill/decode engines, so the planner can flip them. Unset = on for mooncake/mooncake_tcp, off for nixl (SGLang 0.5.23 refuses role switches on nixl).")
+    return_hidden_states: Literal["off", "last", "full"] = Field("off", description="sglang only: let requests ask for hidden states (the ARES length predictor reads the last token's). last = --return-hidden-states-mode last; full = --enable-return-hidden-states (every position); off = neither.")
+    sglang_python: str | None = Field(None, description="sglang only: Python interpreter of the SGLang environment; runs `-m sglang.launch_server` and the version check. Unset = the worker's own interpreter.")
+    sglang_allow_unpinned: bool = Field(False, description="sglang only: launch even when the engine environment's sglang is not a version this worker was checked against (only a warning then).")
+    engine_env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables of the spawned engine (JSON object), e.g. {\"CUDA_VISIBLE_DEVICES\": \"2,3\", \"MOONCAKE_PROTOCOL\": \"tcp\"}.")
     extra_args: list[str] = Field(default_factory=list, description="Extra engine command-line arguments, appended as given (JSON list).")
 
     @field_validator("instance_id")
@@ -68,6 +78,12 @@ class WorkerSettings(ControlPlaneSettings):
                 raise ValueError("engine_url is only for engine_kind=attach (spawned engines use engine_host/engine_port)")
         if self.engine_kind == "sglang" and not self.model_path:
             raise ValueError("engine_kind=sglang needs model_path")
+        if self.enable_pd_role_switch and self.transfer_backend not in ROLE_SWITCH_BACKENDS:
+            raise ValueError(f"enable_pd_role_switch needs transfer_backend {' or '.join(ROLE_SWITCH_BACKENDS)}: SGLang "
+                             f"0.5.23 refuses role switches on {self.transfer_backend} (only Mooncake's KV manager sets "
+                             "supports_role_switch)")
+        if self.ib_device and self.transfer_backend == "mooncake_tcp":
+            raise ValueError("ib_device has no effect with transfer_backend=mooncake_tcp (SGLang clears it: TCP, no RDMA)")
         if self.restart_backoff_max_s < self.restart_backoff_s:
             raise ValueError("restart_backoff_max_s must be >= restart_backoff_s")
         return self
@@ -75,3 +91,10 @@ class WorkerSettings(ControlPlaneSettings):
     @property
     def public_host(self) -> str:
         return self.advertise_host or self.engine_host
+
+    @property
+    def sglang_role_switch(self) -> bool:
+        """Whether a spawned SGLang engine gets ``--enable-pd-role-switch`` (in a PD role)."""
+        if self.enable_pd_role_switch is None:
+            return self.transfer_backend in ROLE_SWITCH_BACKENDS
+        return self.enable_pd_role_switch

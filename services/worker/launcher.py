@@ -3,6 +3,11 @@
 :func:`build_engine_command` turns :class:`WorkerSettings` into argv for engine_sim or SGLang (``None`` for
 ``attach``); it is unit-tested and does no I/O. :class:`EngineProcess` runs that argv as a child in its own
 session with output appended to a log file, and stops it with SIGTERM, then SIGKILL.
+
+SGLang is pinned: :data:`SUPPORTED_SGLANG_VERSIONS` are the versions whose source the command line
+(:data:`SGLANG_OPTIONS`) and the HTTP API Poise uses were checked against. :func:`installed_sglang_version`
+asks the engine's own interpreter which sglang it has (Poise never imports sglang) and
+:func:`check_sglang_version` refuses any other with a clear error.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from pathlib import Path
 from typing import IO
 
 from services.worker.config import SGLANG_DEFAULT_BOOTSTRAP_PORT, WorkerSettings
+from shared.errors import ConfigError
 from shared.protocol.messages import Role
 
 log = logging.getLogger(__name__)
@@ -58,23 +64,118 @@ def _sim_command(s: WorkerSettings, python: str, role: Role) -> list[str]:
     return cmd + list(s.extra_args)
 
 
+#: SGLang versions this launcher (flags) and Poise's engine client (HTTP API) were checked against, from the
+#: wheel's source (sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl); never run on a GPU here.
+SUPPORTED_SGLANG_VERSIONS: tuple[str, ...] = ("0.5.23",)
+
+#: Every ``sglang.launch_server`` option the sglang command line can contain, with where SGLang 0.5.23 defines
+#: it (paths inside the wheel). ``ServerArgs`` registers each annotated field of ``arg_groups/fields/*.py`` as
+#: ``--field-name`` (``arg_groups/arg_utils.py`` add_cli_args_from_dataclass: ``bool`` fields are store_true
+#: flags without a value, ``Literal`` fields take one of their values). tests/contract/fixtures/sglang-0.5.23/
+#: cli_flags.json is generated from the same source, and the unit tests check every emitted option against it.
+#: The parser keeps argparse's allow_abbrev (server_args.py prepare_server_args), so full names only: ``--tp``
+#: works in 0.5.23 only as an abbreviation of ``--tp-size``.
+SGLANG_OPTIONS: dict[str, str] = {
+    "--model-path": "sglang/srt/arg_groups/fields/model.py:51",
+    "--served-model-name": "sglang/srt/arg_groups/fields/serving.py:168",
+    "--host": "sglang/srt/arg_groups/fields/serving.py:65",
+    "--port": "sglang/srt/arg_groups/fields/serving.py:66",
+    "--tp-size": "sglang/srt/arg_groups/fields/parallel.py:45",
+    "--mem-fraction-static": "sglang/srt/arg_groups/fields/schedule.py:27",
+    "--disaggregation-mode": "sglang/srt/arg_groups/fields/disagg.py:55",  # Literal null|prefill|decode
+    "--disaggregation-bootstrap-port": "sglang/srt/arg_groups/fields/disagg.py:81",  # int, default 8998
+    "--disaggregation-transfer-backend": "sglang/srt/arg_groups/fields/disagg.py:65",  # choices.py:122
+    "--disaggregation-ib-device": "sglang/srt/arg_groups/fields/disagg.py:84",
+    "--enable-pd-role-switch": "sglang/srt/arg_groups/fields/disagg.py:121",  # store_true
+    "--enable-metrics": "sglang/srt/arg_groups/fields/observability.py:70",  # store_true
+    "--enable-return-hidden-states": "sglang/srt/arg_groups/fields/exec_.py:112",  # store_true (= mode full)
+    "--return-hidden-states-mode": "sglang/srt/arg_groups/fields/exec_.py:117",  # last|full
+}
+
+
 def _sglang_command(s: WorkerSettings, python: str, role: Role) -> list[str]:
     assert s.model_path is not None  # WorkerSettings guarantees it for sglang
+    python = s.sglang_python or python
+    # ``python -m sglang.launch_server`` still works in 0.5.23 (it warns that ``sglang serve`` is preferred;
+    # sglang/launch_server.py); both parse argv with server_args.prepare_server_args.
     cmd = [python, "-m", "sglang.launch_server", "--model-path", s.model_path]
     if s.model:
         cmd += ["--served-model-name", s.model]
-    cmd += ["--host", s.engine_host, "--port", str(s.engine_port), "--tp", str(s.tp)]
+    cmd += ["--host", s.engine_host, "--port", str(s.engine_port), "--tp-size", str(s.tp)]
     if s.mem_fraction_static is not None:
         cmd += ["--mem-fraction-static", repr(s.mem_fraction_static)]
-    if _pd_mode(role):
+    if _pd_mode(role):  # colocated ("null") is SGLang's default mode: no disaggregation flags
         cmd += ["--disaggregation-mode", role,
                 "--disaggregation-bootstrap-port", str(s.bootstrap_port),
                 "--disaggregation-transfer-backend", s.transfer_backend]
         if s.ib_device:
             cmd += ["--disaggregation-ib-device", s.ib_device]
-        cmd += ["--enable-pd-role-switch"]
+        if s.sglang_role_switch:
+            cmd += ["--enable-pd-role-switch"]
+    if s.return_hidden_states == "full":
+        cmd += ["--enable-return-hidden-states"]
+    elif s.return_hidden_states == "last":
+        cmd += ["--return-hidden-states-mode", "last"]
     cmd += ["--enable-metrics"]
     return cmd + list(s.extra_args)
+
+
+class SglangVersionError(ConfigError):
+    """The engine's environment has no sglang, or one this worker was not checked against."""
+
+
+# importlib.metadata answers without importing sglang (whose __init__ loads transformers and torch: seconds);
+# the import is the fallback for a source checkout without package metadata.
+_VERSION_PROBE = (
+    "import importlib.metadata as m\n"
+    "try:\n"
+    "    print(m.version('sglang'))\n"
+    "except m.PackageNotFoundError:\n"
+    "    import sglang\n"
+    "    print(sglang.__version__)\n"
+)
+
+
+async def installed_sglang_version(python: str, *, env: dict[str, str] | None = None, timeout_s: float = 120.0) -> str:
+    """The sglang version in the environment of ``python`` (run as a child process; never imported here)."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            python, "-c", _VERSION_PROBE, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env={**os.environ, **(env or {})},
+        )
+    except OSError as exc:
+        raise SglangVersionError(f"cannot run the SGLang interpreter {python!r}: {exc}") from exc
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        raise SglangVersionError(f"{python} did not report its sglang version within {timeout_s:.0f}s") from None
+    lines = out.decode(errors="replace").strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        tail = "\n".join(err.decode(errors="replace").strip().splitlines()[-5:])
+        raise SglangVersionError(f"sglang is not importable with {python} (exit {proc.returncode}): {tail or 'no output'}")
+    return lines[-1].strip()
+
+
+def check_sglang_version(version: str, python: str, *, allow_unpinned: bool = False) -> None:
+    """Raise :class:`SglangVersionError` unless ``version`` is pinned (a local ``+cu130`` suffix is ignored)."""
+    if version.split("+", 1)[0] in SUPPORTED_SGLANG_VERSIONS:
+        return
+    message = (f"{python} has sglang {version}, but this worker supports sglang "
+               f"{' / '.join(SUPPORTED_SGLANG_VERSIONS)} only: its launch flags and Poise's use of the HTTP API were "
+               f"checked against that version's source. Install sglang=={SUPPORTED_SGLANG_VERSIONS[-1]} in the "
+               "engine's environment (or point sglang_python at one that has it), or set sglang_allow_unpinned "
+               "to launch anyway")
+    if not allow_unpinned:
+        raise SglangVersionError(message)
+    log.warning("%s (sglang_allow_unpinned is set: launching)", message)
+
+
+def restart_delay(failures: int, first_s: float, max_s: float) -> float:
+    """Back-off before the next restart after ``failures`` consecutive failures (1 = the first): doubles, capped."""
+    return min(first_s * 2 ** max(0, failures - 1), max_s)
 
 
 def resolve_ports(settings: WorkerSettings, free_port: Callable[[str], int]) -> WorkerSettings:

@@ -9,7 +9,12 @@
   sending), wait until ``/v1/loads`` shows it idle, ``POST /pd_role_switch``, re-register in the new role.
   Any failure re-registers the old role as ``ready`` and answers ``ok=false`` with the reason.
 - **supervision**: a spawned engine that exits is deregistered, restarted with exponential back-off (in its
-  current role) and registered again.
+  current role, ``restart_backoff_s`` doubling up to ``restart_backoff_max_s``) and registered again. After
+  ``restart_max_failures`` consecutive failures (exits, or restarts that never became healthy) it gives up:
+  ``fatal_error`` says why (with the engine log's tail) and ``exit_requested`` is set, so the process exits
+  with status 1 and its supervisor (systemd, Kubernetes, ``poise up``) sees it.
+- **sglang**: before anything else the engine environment's sglang version is checked against
+  :data:`~services.worker.launcher.SUPPORTED_SGLANG_VERSIONS` (by running its interpreter, not importing it).
 - **stop**: deregister first (no new traffic), then stop the engine, then close the connections.
 - **retire** (admin verb, what a connector's scale-in sends): mark the instance ``draining``, wait until the
   engine is idle (bounded; on timeout it goes on and says so), deregister, answer, then stop the whole
@@ -25,6 +30,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import sys
 import time
 import uuid
 from typing import Any
@@ -32,7 +38,14 @@ from typing import Any
 import httpx
 
 from services.worker.config import SGLANG_DEFAULT_BOOTSTRAP_PORT, WorkerSettings
-from services.worker.launcher import EngineProcess, build_engine_command, resolve_ports
+from services.worker.launcher import (
+    EngineProcess,
+    build_engine_command,
+    check_sglang_version,
+    installed_sglang_version,
+    resolve_ports,
+    restart_delay,
+)
 from shared.bus import Bus, bus_from_settings
 from shared.devservers import free_port
 from shared.engine_client import EngineClient, EngineLoads, EngineServerInfo
@@ -98,6 +111,9 @@ class WorkerService(AsyncServiceMixin):
         self.role: Role | None = s.role
         self.status: InstanceStatus = "starting"
         self.restarts = 0
+        self.sglang_version: str | None = None  # what the engine environment has (sglang kind)
+        # Set when supervision gave up on the engine; the process then exits with status 1 (see __main__).
+        self.fatal_error: str | None = None
         self.last_loads: EngineLoads | None = None
         self._sample_seq = 0  # the newest engine prefill sample already published
         self.last_error: str | None = None
@@ -138,6 +154,11 @@ class WorkerService(AsyncServiceMixin):
 
     async def start(self) -> None:
         s = self.settings
+        if s.engine_kind == "sglang":  # first: a wrong environment should fail before anything else happens
+            python = s.sglang_python or sys.executable
+            self.sglang_version = await installed_sglang_version(python, env=s.engine_env)
+            check_sglang_version(self.sglang_version, python, allow_unpinned=s.sglang_allow_unpinned)
+            log.info("worker %s: sglang %s at %s", self.instance_id, self.sglang_version, python)
         try:
             self._profile = load_profile(s.profile)
         except ConfigError as exc:
@@ -202,7 +223,7 @@ class WorkerService(AsyncServiceMixin):
         argv = build_engine_command(self.settings, role=self.role)
         assert argv is not None
         log_path = self.settings.log_dir / f"engine-{self.instance_id}.log"
-        self._engine = EngineProcess(argv, log_path)
+        self._engine = EngineProcess(argv, log_path, env=self.settings.engine_env)
         await self._engine.start()
 
     async def _wait_healthy(self) -> None:
@@ -237,9 +258,7 @@ class WorkerService(AsyncServiceMixin):
             self._engine_info = None
         with contextlib.suppress(EngineError):
             self.last_loads = await self._client.loads()
-        reported = self._engine_info.disaggregation_mode if self._engine_info else None
-        if reported is None and self.last_loads is not None:
-            reported = self.last_loads.mode
+        reported = self._live_mode()
         if reported is not None and reported not in _ROLES:
             log.warning("engine reports unknown disaggregation mode %r", reported)
             reported = None
@@ -249,8 +268,28 @@ class WorkerService(AsyncServiceMixin):
                             self.role, reported)
             self.role = reported or self.role or "null"
 
+    def _live_mode(self) -> str | None:
+        """The engine's current PD role: ``/v1/loads`` ``disaggregation.mode`` (the scheduler's own), else
+        ``/server_info`` ``internal_states[].disaggregation_mode``, else its top-level field. In SGLang 0.5.23
+        the top level is the startup config and does not follow a role switch; internal_states carries the
+        runtime overrides (sglang/srt/runtime_context.py:1164-1171, resolved_server_args_dict)."""
+        if self.last_loads is not None and self.last_loads.mode is not None:
+            return self.last_loads.mode
+        info = self._engine_info
+        if info is None:
+            return None
+        for state in info.raw.get("internal_states") or []:
+            if isinstance(state, dict) and isinstance(state.get("disaggregation_mode"), str):
+                return str(state["disaggregation_mode"])
+        return info.disaggregation_mode
+
     async def _supervise(self) -> None:
-        """Restart a spawned engine that exits, with exponential back-off; re-register once it is healthy."""
+        """Restart a spawned engine that exits, with exponential back-off; re-register once it is healthy.
+
+        Failures count consecutively: the exit itself, then each restart that does not become healthy. An
+        engine that ran longer than ``restart_backoff_max_s`` before exiting starts the count over. At
+        ``restart_max_failures`` (unless 0) the worker gives up (:meth:`_give_up`).
+        """
         s = self.settings
         failures = 0
         while True:
@@ -260,19 +299,24 @@ class WorkerService(AsyncServiceMixin):
             code = await engine.wait()
             if self._stop.stopping:
                 return
-            if time.monotonic() - started > s.restart_backoff_max_s:
+            ran_s = time.monotonic() - started
+            if ran_s > s.restart_backoff_max_s:
                 failures = 0  # it ran a good while: start the back-off over
-            log.error("engine of %s exited with code %s; last lines of %s:\n%s", self.instance_id, code,
-                      engine.log_path, engine.tail())
-            self.last_error = f"engine exited with code {code}"
+            failures += 1
+            log.error("engine of %s exited with code %s after %.1fs; last lines of %s:\n%s", self.instance_id, code,
+                      ran_s, engine.log_path, engine.tail())
+            self.last_error = f"engine exited with code {code} after {ran_s:.1f}s"
             self._restarting = True
             async with self._reg_lock:
                 await self._deregister()
             await engine.stop(s.stop_timeout_s)  # closes the log file
             while True:
-                delay = min(s.restart_backoff_s * 2 ** failures, s.restart_backoff_max_s)
-                failures += 1
-                log.info("restarting the engine of %s in %.1fs", self.instance_id, delay)
+                if s.restart_max_failures and failures >= s.restart_max_failures:
+                    self._give_up(failures)
+                    return
+                delay = restart_delay(failures, s.restart_backoff_s, s.restart_backoff_max_s)
+                log.info("restarting the engine of %s in %.1fs (consecutive failures: %d)", self.instance_id, delay,
+                         failures)
                 await asyncio.sleep(delay)
                 try:
                     await self._launch()
@@ -282,6 +326,7 @@ class WorkerService(AsyncServiceMixin):
                         await self._register("ready")
                     break
                 except _RESTART_ERRORS as exc:
+                    failures += 1
                     log.error("restart of %s failed: %s", self.instance_id, exc)
                     self.last_error = f"restart failed: {exc}"
                     if self._engine is not None:
@@ -290,6 +335,15 @@ class WorkerService(AsyncServiceMixin):
             self._restarting = False
             self._failing_since = None
             self._health_deregistered = False
+
+    def _give_up(self, failures: int) -> None:
+        """Stop restarting: record why and ask the process to exit (``__main__`` then returns 1)."""
+        engine = self._engine
+        where = f"; last lines of {engine.log_path}:\n{engine.tail()}" if engine is not None else ""
+        self.fatal_error = (f"engine of {self.instance_id} failed {failures} times in a row (restart_max_failures="
+                            f"{self.settings.restart_max_failures}); giving up. Last error: {self.last_error}{where}")
+        log.critical("%s", self.fatal_error)
+        self.exit_requested.set()
 
     # -- registration ------------------------------------------------------------------------------
     def _instance_info(self, status: InstanceStatus) -> InstanceInfo:
@@ -414,6 +468,9 @@ class WorkerService(AsyncServiceMixin):
             if "null" in (cmd.new_role, old):
                 return reply(False, f"cannot switch {old} -> {cmd.new_role}: runtime role switch is only between "
                                     "prefill and decode")
+            if self.settings.engine_kind == "sglang" and not self.settings.sglang_role_switch:
+                return reply(False, f"cannot switch {old} -> {cmd.new_role}: the engine was launched without "
+                                    f"--enable-pd-role-switch (transfer_backend={self.settings.transfer_backend})")
             if not self._registered or self._restarting or self._stop.stopping:
                 return reply(False, "the engine is not serving (restarting, unhealthy or stopping)")
             timeout_s = min(cmd.drain_timeout_s, self.settings.drain_timeout_s) if cmd.drain_timeout_s > 0 \
@@ -543,7 +600,8 @@ class WorkerService(AsyncServiceMixin):
                 "instance_id": self.instance_id, "role": self.role, "status": self.status,
                 "registered": self._registered, "url": self.url, "engine_pid": self.engine_pid,
                 "restarts": self.restarts, "switching": self._switch_lock.locked() and not self._retiring,
-                "retiring": self._retiring, "last_error": self.last_error,
+                "retiring": self._retiring, "last_error": self.last_error, "fatal_error": self.fatal_error,
+                "sglang_version": self.sglang_version,
                 "running_reqs": loads.num_running_reqs if loads else None,
                 "waiting_reqs": loads.num_waiting_reqs if loads else None,
                 "token_usage": loads.token_usage if loads else None,

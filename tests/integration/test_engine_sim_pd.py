@@ -216,8 +216,9 @@ async def test_role_switch_refused_when_busy_and_done_when_idle(engines: dict[st
         try:
             resp = await client.post(decode + "/pd_role_switch", json={"new_role": "prefill"})
             assert resp.status_code == 400
-            assert resp.json() == {"success": False, "message": "instance is not idle; drain all requests before "
-                                   "switching", "old_role": "decode", "new_role": "prefill", "safe_to_restore": True}
+            assert resp.json() == {"rid": None, "http_worker_ipc": None, "success": False,
+                                   "message": "instance is not idle; drain all requests before switching",
+                                   "old_role": "decode", "new_role": "prefill", "safe_to_restore": True}
             assert (await client.post(decode + "/abort_request", json={"rid": "busy-switch"})).status_code == 200
             rest = [e async for e in events]
             assert rest[-1] == b"[DONE]"
@@ -226,9 +227,10 @@ async def test_role_switch_refused_when_busy_and_done_when_idle(engines: dict[st
         assert (await prefill).status_code == 200
         resp = await client.post(decode + "/pd_role_switch", json={"new_role": "prefill"})
         assert resp.status_code == 200
-        assert resp.json() == {"success": True, "message": "ok", "old_role": "decode", "new_role": "prefill",
-                               "safe_to_restore": False}
-        assert (await client.get(decode + "/server_info")).json()["disaggregation_mode"] == "prefill"
+        assert resp.json() == {"rid": None, "http_worker_ipc": None, "success": True, "message": "ok",
+                               "old_role": "decode", "new_role": "prefill", "safe_to_restore": False}
+        info = (await client.get(decode + "/server_info")).json()  # the top level stays the launch config
+        assert (info["disaggregation_mode"], info["internal_states"][0]["disaggregation_mode"]) == ("decode", "prefill")
         boot = await client.get(f"http://127.0.0.1:{engines['decode'].bootstrap_port}/health")
         assert boot.status_code == 200 and boot.text == "OK"  # the bootstrap server came up with the role
         resp = await client.post(decode + "/pd_role_switch", json={"new_role": "decode"})

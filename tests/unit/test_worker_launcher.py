@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from services.worker.config import WorkerSettings
-from services.worker.launcher import build_engine_command, resolve_ports
+from services.worker.launcher import (
+    SglangVersionError,
+    build_engine_command,
+    check_sglang_version,
+    resolve_ports,
+    restart_delay,
+)
 from shared.errors import ConfigError
 from shared.settings import load_settings, parse_settings
 
@@ -40,13 +46,56 @@ def test_role_override_relaunches_in_the_current_role() -> None:
 @pytest.mark.parametrize("role", ["prefill", "decode"])
 def test_sglang_pd_command(role: str) -> None:
     s = _settings(engine_kind="sglang", role=role, model_path="/models/llama", model="llama", tp=2,
-                  transfer_backend="nixl", ib_device="mlx5_0", mem_fraction_static=0.85, extra_args=["--log-level", "info"])
+                  transfer_backend="mooncake", ib_device="mlx5_0", mem_fraction_static=0.85,
+                  extra_args=["--log-level", "info"])
     cmd = build_engine_command(s, python="py")
     assert cmd == ["py", "-m", "sglang.launch_server", "--model-path", "/models/llama", "--served-model-name", "llama",
-                   "--host", "127.0.0.1", "--port", "31000", "--tp", "2", "--mem-fraction-static", "0.85",
+                   "--host", "127.0.0.1", "--port", "31000", "--tp-size", "2", "--mem-fraction-static", "0.85",
                    "--disaggregation-mode", role, "--disaggregation-bootstrap-port", "9000",
-                   "--disaggregation-transfer-backend", "nixl", "--disaggregation-ib-device", "mlx5_0",
+                   "--disaggregation-transfer-backend", "mooncake", "--disaggregation-ib-device", "mlx5_0",
                    "--enable-pd-role-switch", "--enable-metrics", "--log-level", "info"]
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+@pytest.mark.parametrize("role", ["prefill", "decode", "null"])
+@pytest.mark.parametrize("backend", ["mooncake", "mooncake_tcp", "nixl"])
+def test_sglang_command_per_role_backend_and_tp(role: str, backend: str, tp: int) -> None:
+    cmd = build_engine_command(_settings(engine_kind="sglang", role=role, model_path="m", tp=tp,
+                                         transfer_backend=backend), python="py")
+    assert cmd is not None
+    assert cmd[:5] == ["py", "-m", "sglang.launch_server", "--model-path", "m"]
+    assert cmd[cmd.index("--tp-size") + 1] == str(tp) and "--tp" not in cmd
+    assert cmd[-1] == "--enable-metrics"
+    if role == "null":  # colocated: SGLang's default mode, no disaggregation options at all
+        assert not [a for a in cmd if a.startswith("--disaggregation")] and "--enable-pd-role-switch" not in cmd
+        return
+    assert cmd[cmd.index("--disaggregation-mode") + 1] == role
+    assert cmd[cmd.index("--disaggregation-transfer-backend") + 1] == backend
+    assert cmd[cmd.index("--disaggregation-bootstrap-port") + 1] == "9000"
+    # Runtime role switch only where SGLang 0.5.23 supports it (Mooncake's KV manager).
+    assert ("--enable-pd-role-switch" in cmd) == (backend != "nixl")
+
+
+def test_sglang_python_and_hidden_states() -> None:
+    base = {"engine_kind": "sglang", "role": "decode", "model_path": "m"}
+    cmd = build_engine_command(_settings(**base, sglang_python="/opt/sglang/bin/python"), python="py")
+    assert cmd is not None and cmd[0] == "/opt/sglang/bin/python"
+    assert "--enable-return-hidden-states" not in cmd and "--return-hidden-states-mode" not in cmd
+    cmd = build_engine_command(_settings(**base, return_hidden_states="full"), python="py")
+    assert cmd is not None and "--enable-return-hidden-states" in cmd and "--return-hidden-states-mode" not in cmd
+    cmd = build_engine_command(_settings(**base, return_hidden_states="last"), python="py")
+    assert cmd is not None and cmd[cmd.index("--return-hidden-states-mode") + 1] == "last"
+    assert "--enable-return-hidden-states" not in cmd
+
+
+def test_role_switch_can_be_turned_off_but_not_forced_on_nixl() -> None:
+    cmd = build_engine_command(_settings(engine_kind="sglang", model_path="m", enable_pd_role_switch=False),
+                               python="py")
+    assert cmd is not None and "--enable-pd-role-switch" not in cmd
+    with pytest.raises(ConfigError, match="enable_pd_role_switch needs transfer_backend"):
+        _settings(engine_kind="sglang", model_path="m", transfer_backend="nixl", enable_pd_role_switch=True)
+    with pytest.raises(ConfigError, match="mooncake_tcp"):
+        _settings(engine_kind="sglang", model_path="m", transfer_backend="mooncake_tcp", ib_device="mlx5_0")
 
 
 def test_sglang_colocated_has_no_disaggregation_flags() -> None:
@@ -54,6 +103,19 @@ def test_sglang_colocated_has_no_disaggregation_flags() -> None:
     assert cmd is not None
     assert not [a for a in cmd if a.startswith("--disaggregation")] and "--enable-pd-role-switch" not in cmd
     assert "--enable-metrics" in cmd and "--mem-fraction-static" not in cmd and "--served-model-name" not in cmd
+
+
+def test_sglang_version_pin() -> None:
+    check_sglang_version("0.5.23", "py")
+    check_sglang_version("0.5.23+cu130", "py")  # a local build tag does not change the source
+    with pytest.raises(SglangVersionError, match=r"py has sglang 0\.5\.22, but this worker supports sglang 0\.5\.23"):
+        check_sglang_version("0.5.22", "py")
+    check_sglang_version("0.6.0", "py", allow_unpinned=True)  # only a warning
+
+
+def test_restart_delay_doubles_up_to_the_cap() -> None:
+    assert [restart_delay(n, 1.0, 30.0) for n in range(1, 8)] == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+    assert restart_delay(1, 0.2, 0.5) == 0.2 and restart_delay(3, 0.2, 0.5) == 0.5
 
 
 def test_attach_launches_nothing() -> None:
@@ -84,6 +146,7 @@ def test_resolve_ports() -> None:
     ({"engine_url": "http://x:1"}, "only for engine_kind=attach"),
     ({"instance_id": "p.0"}, "subject token"),
     ({"restart_backoff_s": 5.0, "restart_backoff_max_s": 1.0}, "restart_backoff_max_s"),
+    ({"restart_max_failures": -1}, "restart_max_failures"),
 ])
 def test_settings_rules(overrides: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
@@ -93,6 +156,8 @@ def test_settings_rules(overrides: dict[str, object], message: str) -> None:
 def test_flags_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("POISE_WORKER_LOAD_INTERVAL_S", "0.5")
     s = parse_settings(WorkerSettings, ["--instance-id", "d1", "--role", "decode", "--engine-port", "1234",
-                                        "--extra-args", '["--a", "b"]', "--namespace", "ns1"])
+                                        "--extra-args", '["--a", "b"]', "--namespace", "ns1",
+                                        "--engine-env", '{"CUDA_VISIBLE_DEVICES": "2,3"}', "--no-enable-pd-role-switch"])
     assert (s.instance_id, s.role, s.engine_port, s.load_interval_s, s.extra_args, s.namespace) == \
         ("d1", "decode", 1234, 0.5, ["--a", "b"], "ns1")
+    assert s.engine_env == {"CUDA_VISIBLE_DEVICES": "2,3"} and s.enable_pd_role_switch is False
