@@ -3,10 +3,12 @@
 A mix is one choice per policy interface in ``shared.policies``: the instances' initial roles, dispatch,
 and optionally a scaling policy (replica counts), a pool policy (role flips), a migration policy, how the
 engines schedule inside themselves (:class:`EngineSpec`: prefill policy, preemption granularity, chunk size,
-decode batch policy), the gateway's late-binding prefill queue, and a length predictor. The baselines here
-are the systems the papers compare against. ``--prefill-policy``, ``--preemption``, ``--chunk``,
-``--decode-policy``, ``--late-binding``, ``--migration`` and ``--length-predictor`` override one part of
-any mix.
+decode batch policy), the gateway's late-binding prefill queue, a length predictor and how migrations
+move a request (``migration_mechanism``). The baselines here are the systems the papers compare against.
+``--prefill-policy``, ``--preemption``, ``--chunk``, ``--decode-policy``, ``--late-binding``,
+``--migration``, ``--migration-mechanism`` and ``--length-predictor`` override one part of any mix. A
+migration policy that prefers a length predictor (ARES: ``ares-noise``; ARES-Oracle: ``oracle``) gets it
+unless ``--length-predictor`` names another.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from shared.policies import (
     make_length_predictor,
     make_migration_policy,
 )
+from shared.policies.migration_cost import DEFAULT_MECHANISM, MIGRATION_MECHANISMS, make_migration_mechanism
 from shared.protocol.messages import Role
 
 
@@ -58,6 +61,7 @@ class PolicyMix:
     engine: EngineSpec = field(default_factory=EngineSpec)
     late_binding: tuple[str, int] | None = None  # the gateway's late-binding queue: (prefill policy, depth)
     length: LengthPredictor = field(default_factory=MaxTokens)
+    migration_mechanism: str = DEFAULT_MECHANISM  # shared.policies.migration_cost: how a migrated request moves
     max_instances: int | None = None  # the GPU budget; None = len(roles)
     # SLO-aware policies need the engines' latency model and the SLO, which the simulator knows: it calls
     # ``bind(model, ctx)`` and replaces the fields it returns (e.g. ``{"dispatch": ArrowDispatch(...)}``).
@@ -175,12 +179,25 @@ MIXES: dict[str, Callable[[int, str | None], PolicyMix]] = {
 }
 
 
+def _bind_migration(bind: Callable[[LatencyModel, PolicyContext], dict[str, Any]] | None, migration: str,
+                    mechanism: str) -> Callable[[LatencyModel, PolicyContext], dict[str, Any]]:
+    """The mix's own binding, plus the migration policy built for the engines' model and the mechanism the
+    simulator moves requests with (ARES' cost filter must price what the simulator charges)."""
+    def bound(model: LatencyModel, ctx: PolicyContext) -> dict[str, Any]:
+        out = bind(model, ctx) if bind is not None else {}
+        out["migration"] = make_migration_policy(migration, model, make_migration_mechanism(mechanism, model))
+        return out
+    return bound
+
+
 def make_mix(name: str, instances: int, split: str | None = None, *, prefill_policy: str | None = None,
              preemption: str | None = None, chunk_tokens: int | None = None, decode_policy: str | None = None,
              late_binding: str | None = None, late_binding_depth: int = 2, migration: str | None = None,
-             length_predictor: str | None = None) -> PolicyMix:
+             length_predictor: str | None = None, migration_mechanism: str | None = None,
+             kv_report: str | None = None) -> PolicyMix:
     """Build the mix ``name``; the keyword arguments replace one policy of it by its registry name
-    (``late_binding``: a prefill policy name for the gateway's queue, or ``"none"``)."""
+    (``late_binding``: a prefill policy name for the gateway's queue, or ``"none"``; ``kv_report``: what decode
+    engines report as KV use, ``reserved`` or ``current``, see ``loadgen.sim.instance``)."""
     if instances < 1:
         raise ValueError("--instances must be at least 1")
     try:
@@ -203,6 +220,10 @@ def make_mix(name: str, instances: int, split: str | None = None, *, prefill_pol
         engine = dataclasses.replace(engine, preemption=preemption)  # type: ignore[arg-type]
     if chunk_tokens is not None:
         engine = dataclasses.replace(engine, chunk_tokens=chunk_tokens)
+    if kv_report is not None:
+        if kv_report not in ("reserved", "current"):
+            raise ValueError(f"unknown kv report {kv_report!r}; known: current, reserved")
+        engine = dataclasses.replace(engine, kv_report=kv_report)  # type: ignore[arg-type]
     if engine != mix.engine:
         changes["engine"] = engine
         notes.append(engine.describe())
@@ -213,8 +234,18 @@ def make_mix(name: str, instances: int, split: str | None = None, *, prefill_pol
                 raise ValueError("--late-binding-depth must be at least 1")
         changes["late_binding"] = None if late_binding == "none" else (late_binding, late_binding_depth)
         notes.append(f"late binding {late_binding}" + ("" if late_binding == "none" else f" (depth {late_binding_depth})"))
+    if migration_mechanism is not None:
+        lookup(MIGRATION_MECHANISMS, migration_mechanism, "migration mechanism")
+        changes["migration_mechanism"] = migration_mechanism
+        notes.append(f"migration mechanism {migration_mechanism}")
     if migration is not None:
         changes["migration"] = None if migration == "none" else make_migration_policy(migration)
+        if migration != "none":
+            changes["bind"] = _bind_migration(mix.bind, migration,
+                                              migration_mechanism or mix.migration_mechanism)
+            preferred = getattr(changes["migration"], "preferred_length_predictor", None)
+            if length_predictor is None and preferred is not None:
+                length_predictor = preferred
     if length_predictor is not None:
         changes["length"] = make_length_predictor(length_predictor)
     for key in ("migration", "length"):

@@ -8,7 +8,9 @@ Costs of those operations (see :class:`SimCosts`):
   scheduler) before it serves in the new role;
 - a **start** takes ``start_s`` (process start, weights load, CUDA graphs) before the instance is ready;
   a **stop** drains first. GPU-seconds count from the start decision to the moment the instance stopped;
-- a **migration** pauses the request for the copy of its KV (``kv_transfer_time_s`` of its context).
+- a **migration** pauses the request for the migration mechanism's time for its context (a KV copy at
+  25 Gbps by default, or a recompute; ``shared.policies.migration_cost``); a move the target has no room
+  for is refused and the request stays where it is.
 
 With ``late_binding`` the cluster stands in for the gateway's late-binding prefill queue
 (``shared.policies.late_binding``): arrivals are held and released, in the prefill policy's order, to prefill
@@ -27,9 +29,11 @@ import msgspec
 
 from loadgen.sim.events import PRIORITY_STEP_END, EventQueue
 from loadgen.sim.instance import EngineSpec, SimInstance, SimRequest
+from loadgen.sim.prediction import PredictionCadence
 from shared.latency import LatencyModel
-from shared.policies import DispatchPolicy, EngineView, LengthPredictor, MigrationDecision, Placement, RequestView
+from shared.policies import DispatchPolicy, EngineView, MigrationDecision, Placement, RequestView
 from shared.policies.late_binding import LateBinding
+from shared.policies.migration_cost import KvTransfer, MigrationMechanism
 from shared.policies.scaling import pick_retiree
 from shared.protocol.messages import (
     ClusterSnapshot,
@@ -68,8 +72,10 @@ class SimCluster:
     def __init__(self, roles: list[Role], model: LatencyModel, policy: DispatchPolicy, queue: EventQueue,
                  first_token_delay: Callable[[int], float] = lambda i: 0.0, *,
                  engine: EngineSpec | None = None, late_binding: LateBinding | None = None,
-                 costs: SimCosts | None = None, max_instances: int | None = None, handshake_s: float = 0.0) -> None:
+                 costs: SimCosts | None = None, max_instances: int | None = None, handshake_s: float = 0.0,
+                 mechanism: MigrationMechanism | None = None) -> None:
         self.queue = queue
+        self.mechanism = mechanism or KvTransfer(model)
         self.model = model
         self.policy = policy
         self.first_token_delay = first_token_delay
@@ -163,6 +169,7 @@ class SimCluster:
         prefill.pending_tokens += req.input_tokens
         prefill.pending_sq += req.input_tokens * req.input_tokens
         decode.pending_tokens += req.kv_tokens
+        decode.pending_prompt_tokens += req.input_tokens
         decode.enqueue_reserve(req)
         return prefill.instance_id
 
@@ -195,7 +202,7 @@ class SimCluster:
         inst = SimInstance(f"{_ID_PREFIX[role]}{number}", role, self.model, self.queue, self._finished,
                            self.first_token_delay, engine=self.engine, on_prefill_done=self._prefill_done,
                            on_drained=self._drained, status="ready" if status == "ready" else "starting",
-                           handshake_s=self.handshake_s)
+                           handshake_s=self.handshake_s, migration_s=self.mechanism.seconds)
         inst.on_prefill_step = self._prefill_hook
         self.instances[inst.instance_id] = inst
         self.live.append(inst)
@@ -347,9 +354,9 @@ class SimCluster:
                 ts_unix_s=now, num_running_reqs=len(inst.running) + len(inst.prefilling),
                 num_waiting_reqs=len(inst.waiting) + len(inst.reserve_queue) + len(inst.ready),
                 num_waiting_uncached_tokens=inst.pending_tokens if inst.role == "prefill" else 0,
-                num_used_tokens=inst.used_kv, max_total_num_tokens=inst.kv_capacity,
+                num_used_tokens=inst.reported_kv, max_total_num_tokens=inst.kv_capacity,
                 num_running_tokens=sum(r.input_tokens + r.generated for r in inst.running),
-                token_usage=inst.used_kv / inst.kv_capacity,
+                token_usage=inst.reported_kv / inst.kv_capacity,
                 gen_throughput_tps=len(inst.running) / inst.step_ewma_s if inst.running and inst.step_ewma_s else 0.0,
                 prefill_queue_reqs=len(inst.waiting) if inst.role == "prefill" else 0,
                 decode_queue_reqs=len(inst.reserve_queue) + len(inst.ready) if inst.role == "decode" else 0,
@@ -360,19 +367,28 @@ class SimCluster:
                 out.append(InstanceLoad(info=info, load=load, load_age_s=0.0))
         return out
 
-    def decode_requests(self, predictor: LengthPredictor) -> list[DecodeRequestInfo]:
+    def decode_requests(self, cadence: PredictionCadence) -> list[DecodeRequestInfo]:
+        """Running decode requests with their predicted remaining tokens; a migrating one is listed once, on
+        its target, marked ``migrating``."""
         out = []
         for inst in self.live:
             if inst.role != "decode":
                 continue
             for req in inst.running:
-                view = RequestView(rid=req.rid, input_tokens=req.input_tokens, max_output_tokens=req.output_tokens)
-                out.append(DecodeRequestInfo(
-                    rid=req.rid, instance_id=inst.instance_id, input_tokens=req.input_tokens,
-                    generated_tokens=req.generated, max_output_tokens=req.output_tokens, arrived_unix_s=req.arrival_s,
-                    slo_tpot_s=req.slo_tpot_s if req.slo_tpot_s != float("inf") else None,
-                    predicted_remaining_tokens=predictor.predict_remaining(view, req.generated)))
+                if req.migrate_to is None:
+                    out.append(self._request_info(req, inst, cadence))
+            for req in inst.incoming:
+                out.append(self._request_info(req, inst, cadence))
         return out
+
+    def _request_info(self, req: SimRequest, inst: SimInstance, cadence: PredictionCadence) -> DecodeRequestInfo:
+        source = req.migrate_from
+        return DecodeRequestInfo(
+            rid=req.rid, instance_id=inst.instance_id, input_tokens=req.input_tokens,
+            generated_tokens=req.generated, max_output_tokens=req.output_tokens, arrived_unix_s=req.arrival_s,
+            slo_tpot_s=req.slo_tpot_s if req.slo_tpot_s != float("inf") else None,
+            predicted_remaining_tokens=cadence.remaining(req), migrating=source is not None,
+            migration_source_id=source.instance_id if source is not None else None)
 
 
 def lifecycle_json(lifecycle: Lifecycle) -> dict[str, object]:

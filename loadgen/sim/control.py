@@ -8,7 +8,10 @@ policy whose interval is due for a decision on a :class:`ClusterSnapshot` built 
 - the pool policy (role flips): the cluster drains and switches instances;
 - the migration policy: the cluster moves decode requests.
 
-Finished requests become the gateway's ``RequestEvent`` and feed the series and the length predictor.
+Finished requests become the gateway's ``RequestEvent`` and feed the series and the length predictor;
+running decode requests carry the length predictor's estimate, re-made every ``prediction_interval_tokens``
+(``loadgen.sim.prediction``). Each tick also records how far apart the decode instances are (the variance
+of their token loads and of their step times, ARES Fig. 13), reported as ``config.decode_balance``.
 Static mixes have none of these policies and run without the loop, at no cost.
 """
 
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 from loadgen.sim.cluster import SimCluster
 from loadgen.sim.events import PRIORITY_ARRIVAL, EventQueue
 from loadgen.sim.instance import SimRequest
+from loadgen.sim.prediction import DEFAULT_INTERVAL_TOKENS, PredictionCadence
 from shared.policies import LengthPredictor, MigrationPolicy, PoolPolicy, ScalingPolicy, ScalingTarget
 from shared.protocol.messages import ClusterSnapshot, RequestEvent, SeriesPoint
 from shared.series import SeriesBuilder
@@ -30,6 +34,29 @@ class ControlParams:
     tick_s: float = 1.0  # load sampling and decision granularity (the live sidecars report at ~4 Hz)
     series_interval_s: float = 5.0  # the monitor's default
     series_length: int = 720
+    prediction_interval_tokens: int = DEFAULT_INTERVAL_TOKENS  # ARES k: re-predict every k decode steps
+
+
+@dataclass
+class DecodeBalance:
+    """Per tick: (t, variance of the decode instances' token loads in tokens^2, of their step times in ms^2),
+    and the largest token load any decode instance held."""
+
+    series: list[tuple[float, float, float]]
+    max_token_load: float = 0.0
+
+    def summary(self) -> dict[str, object]:
+        n = len(self.series)
+        return {"mean_token_load_var": sum(v for _, v, _ in self.series) / n if n else None,
+                "mean_step_ms_var": sum(v for _, _, v in self.series) / n if n else None,
+                "max_token_load": self.max_token_load, "series": [list(p) for p in self.series]}
+
+
+def _variance(values: list[float]) -> float:
+    if not values:
+        return 0.0
+    mean = sum(values) / len(values)
+    return sum((v - mean) ** 2 for v in values) / len(values)
 
 
 class ControlLoop:
@@ -41,6 +68,8 @@ class ControlLoop:
         self.profile_name = profile_name
         self.scaling, self.pools, self.migration, self.length = scaling, pools, migration, length
         self.params = params or ControlParams()
+        self.cadence = PredictionCadence(length, self.params.prediction_interval_tokens)
+        self.balance = DecodeBalance(series=[])
         self.series: deque[SeriesPoint] = deque(maxlen=self.params.series_length)
         self._builder = SeriesBuilder(0.0)
         self._next_roll = self.params.series_interval_s
@@ -67,9 +96,18 @@ class ControlLoop:
     def _tick(self) -> None:
         now = self.queue.now_s
         loads = self.cluster.instance_loads(self.profile_name)
+        tokens: list[float] = []
+        steps_ms: list[float] = []
         for inst in loads:
             if inst.load is not None:
                 self._builder.add_load(inst.load)
+                if inst.info.role == "decode" and inst.info.status == "ready":
+                    tokens.append(float(inst.load.num_running_tokens or 0))
+                    if inst.load.gen_throughput_tps > 0:
+                        steps_ms.append(1e3 * inst.load.num_running_reqs / inst.load.gen_throughput_tps)
+        if tokens:
+            self.balance.series.append((now, _variance(tokens), _variance(steps_ms)))
+            self.balance.max_token_load = max(self.balance.max_token_load, max(tokens))
         if now >= self._next_roll:
             self.series.append(self._builder.roll(now))
             self._next_roll = now + self.params.series_interval_s
@@ -81,7 +119,7 @@ class ControlLoop:
             if snapshot is None:
                 wants = migration_due and self.migration is not None and self.migration.needs_requests
                 snapshot = ClusterSnapshot(ts_unix_s=now, instances=loads, series=list(self.series),
-                                           decode_requests=self.cluster.decode_requests(self.length) if wants else [])
+                                           decode_requests=self.cluster.decode_requests(self.cadence) if wants else [])
             return snapshot
 
         if self.scaling is not None and self._is_due("scaling"):

@@ -18,10 +18,15 @@ What is modelled, per role (times from :class:`shared.latency.LatencyModel`, as 
 
 Lifecycle (driven by :class:`loadgen.sim.cluster.SimCluster`): ``starting`` → ``ready``; ``draining``
 (takes no new requests, finishes what it has) → ``switching`` (the role switch's cost) → ``ready`` in the new
-role, or → ``stopped``. A decode request can be migrated out (stop-and-copy of its KV, see ``migrate_out``).
+role, or → ``stopped``. A decode request can be migrated out (see ``migrate_out``): it stalls for the
+migration mechanism's time (``shared.policies.migration_cost``: a KV copy or a recompute) while the other
+requests of both instances keep decoding.
 
 Simplifications, written down so results are read right: KV for the whole output is reserved up front (no
-retraction) and transfers do not contend for bandwidth. The serving path's own delay before the first token
+retraction) and transfers do not contend for bandwidth. What a decode engine *reports* as its KV use is that
+reservation by default, so a KV-balancing dispatcher sees every request's final size (exact, since the
+trace's max_tokens is its output length); with ``EngineSpec.kv_report = "current"`` it reports the tokens
+its requests hold so far (prompt + generated), as SGLang does and as ARES' baseline balances on. The serving path's own delay before the first token
 (HTTP legs, bootstrap handshake) is a per-request draw calibrated on the live stack (``overhead.py``).
 """
 
@@ -51,10 +56,13 @@ class EngineSpec:
     decode_policy: str = "continuous"
     preemption: Preemption = "chunk"
     chunk_tokens: int | None = None  # None: the profile's chunked_prefill_size; <= 0: prompts are not chunked
+    kv_report: Literal["reserved", "current"] = "reserved"  # decode KV use as reported (see the module doc)
 
     def describe(self) -> str:
         chunk = "profile" if self.chunk_tokens is None else ("off" if self.chunk_tokens <= 0 else str(self.chunk_tokens))
-        return f"prefill {self.prefill_policy} ({self.preemption} preemption, chunk {chunk}), decode {self.decode_policy}"
+        kv = "" if self.kv_report == "reserved" else ", reports current KV"
+        return (f"prefill {self.prefill_policy} ({self.preemption} preemption, chunk {chunk}), "
+                f"decode {self.decode_policy}{kv}")
 
 
 @dataclass
@@ -86,7 +94,10 @@ class SimRequest:
     prefill: SimInstance | None = None
     decode: SimInstance | None = None
     migrate_to: SimInstance | None = None  # set while a migration waits for the current step to end
+    migrate_from: SimInstance | None = None  # set from the migration decision until it joined the target
     migrations: int = 0
+    predicted: float = 0.0  # the length predictor's latest output (remaining tokens) ...
+    predicted_at: int = -1  # ... made at this many generated tokens (loadgen.sim.prediction)
 
     @property
     def kv_tokens(self) -> int:
@@ -101,7 +112,7 @@ class SimInstance:
                  on_finish: Callable[[SimRequest], None], first_token_delay: Callable[[int], float] = lambda i: 0.0,
                  *, engine: EngineSpec | None = None, on_prefill_done: Callable[[SimInstance], None] | None = None,
                  on_drained: Callable[[SimInstance], None] | None = None, status: SimStatus = "ready",
-                 handshake_s: float = 0.0) -> None:
+                 handshake_s: float = 0.0, migration_s: Callable[[int], float] | None = None) -> None:
         p = model.profile
         self.instance_id = instance_id
         self.role: Role = role
@@ -113,6 +124,8 @@ class SimInstance:
         self.on_prefill_done = on_prefill_done  # a prompt left this prefill instance (late binding listens)
         self.first_token_delay = first_token_delay
         self.handshake_s = handshake_s  # decode claims the bootstrap room -> the prefill may start (HTTP hop)
+        # A migrating request's stall for its context tokens (the migration mechanism; default: a KV copy).
+        self.migration_s = migration_s or model.kv_transfer_time_s
         self.engine = engine or EngineSpec()
         self.prefill_policy = make_prefill_policy(self.engine.prefill_policy, model)
         self.decode_batch = make_decode_batch_policy(self.engine.decode_policy, model)
@@ -130,9 +143,12 @@ class SimInstance:
         self.reserve_queue: deque[SimRequest] = deque()  # decode: waiting for KV
         self.ready: deque[SimRequest] = deque()  # decode/null: KV in place, waiting for a batch slot
         self.running: list[SimRequest] = []  # decode/null: in the decode batch
+        self.incoming: list[SimRequest] = []  # decode: migrating here (KV reserved), not yet in the batch
         self.assigned = 0  # requests dispatched (or migrated) here and not done here
         self.pending_tokens = 0  # prefill: prompt tokens not computed yet; decode: KV not reserved yet
         self.pending_sq = 0  # prefill: sum of squared prompt lengths of prompts not done yet
+        self.pending_prompt_tokens = 0  # decode: the prompt part of pending_tokens
+        self.unwritten_kv = 0  # decode: reserved KV of output tokens not generated yet (used_kv - current use)
         self.step_ewma_s: float | None = None  # decode/null: recent decode step time (the token interval)
         self.on_prefill_step: Callable[[SimInstance, list[tuple[SimRequest, int]], float], None] | None = None
         self.steps = 0
@@ -147,13 +163,24 @@ class SimInstance:
         self._retry_at: float | None = None
 
     # -- what the dispatcher sees ------------------------------------------------------------------
+    @property
+    def reports_current_kv(self) -> bool:
+        return self.engine.kv_report == "current" and self.role == "decode"
+
+    @property
+    def reported_kv(self) -> int:
+        """KV use as the engine reports it (see the module doc)."""
+        return self.used_kv - self.unwritten_kv if self.reports_current_kv else self.used_kv
+
     def view(self) -> EngineView:
+        current = self.reports_current_kv
         return EngineView(
             instance_id=self.instance_id, role=self.role, status="ready" if self.status == "ready" else "draining",
             kv_capacity_tokens=self.kv_capacity, max_running_requests=self.max_running,
             running_reqs=len(self.running) + len(self.prefilling),
-            waiting_reqs=len(self.waiting) + len(self.reserve_queue) + len(self.ready), used_tokens=self.used_kv,
-            load_age_s=0.0, inflight_reqs=self.assigned, inflight_tokens=self.pending_tokens,
+            waiting_reqs=len(self.waiting) + len(self.reserve_queue) + len(self.ready), used_tokens=self.reported_kv,
+            load_age_s=0.0, inflight_reqs=self.assigned,
+            inflight_tokens=self.pending_prompt_tokens if current else self.pending_tokens,
             inflight_tokens_sq=self.pending_sq, token_interval_s=self.step_ewma_s if self.running else None,
         )
 
@@ -221,7 +248,9 @@ class SimInstance:
         while self.reserve_queue and self.used_kv + self.reserve_queue[0].kv_tokens <= self.kv_capacity:
             req = self.reserve_queue.popleft()
             self.used_kv += req.kv_tokens
+            self.unwritten_kv += req.output_tokens
             self.pending_tokens -= req.kv_tokens
+            self.pending_prompt_tokens -= req.input_tokens
             assert req.prefill is not None
             claimed.setdefault(req.prefill, []).append(req)
         for prefill, reqs in claimed.items():
@@ -243,11 +272,13 @@ class SimInstance:
 
     # -- migration (decode → decode) ---------------------------------------------------------------
     def migrate_out(self, req: SimRequest, target: SimInstance) -> bool:
-        """Move a running request's KV to ``target`` (stop-and-copy); False when it cannot move now.
+        """Move a running request to ``target``; False when it cannot move now (the target has no room for its
+        KV, is not a ready decode instance, or the request is not running here or already moving).
 
-        The target reserves the request's KV at once; the request leaves the batch at the end of the
-        current step (at once when the instance is idle), pauses for the copy of its context, and then
-        joins the target's batch. The source frees its KV when the copy is done.
+        The target reserves the request's KV at once and lists it as incoming; the request leaves the batch
+        at the end of the current step (at once when the instance is idle), stalls for ``migration_s`` of its
+        context (the mechanism: a KV copy or a recompute), and then joins the target's batch. The source
+        frees its KV when the move is done; its other requests decode on meanwhile.
         """
         if req.decode is not self or req not in self.running or req.migrate_to is not None:
             return False
@@ -255,7 +286,9 @@ class SimInstance:
             return False
         target.used_kv += req.kv_tokens
         target.assigned += 1
+        target.incoming.append(req)
         req.migrate_to = target
+        req.migrate_from = self
         if not self.busy:
             self._detach_migrating(req)
         return True
@@ -269,11 +302,17 @@ class SimInstance:
         req.migrations += 1
         req.decode = target
 
+        unwritten = req.output_tokens - req.generated  # no tokens come while it moves
+        target.unwritten_kv += unwritten
+
         def copied() -> None:
+            target.incoming.remove(req)
+            req.migrate_from = None
+            self.unwritten_kv -= unwritten
             self.release(req.kv_tokens)
             target.transfer_done(req)
 
-        delay = self.model.kv_transfer_time_s(req.input_tokens + req.generated)
+        delay = self.migration_s(req.input_tokens + req.generated)
         self.queue.at(self.queue.now_s + delay, PRIORITY_TRANSFER_DONE, copied)
 
     # -- steps -------------------------------------------------------------------------------------
@@ -367,6 +406,8 @@ class SimInstance:
                 continue
             req.first_token_s = now
             req.generated = 1
+            if self.role == "decode":
+                self.unwritten_kv -= 1
             if req.generated >= req.output_tokens:
                 self._finish(req)
             else:
@@ -415,14 +456,17 @@ class SimInstance:
         self.busy = False
         self._cut_at = None
         if self.role in ("decode", "null"):
+            self.unwritten_kv -= len(self._batch) if self.role == "decode" else 0
             for req in self._batch:
                 req.generated += 1
                 if req.generated >= req.output_tokens:
                     self.running.remove(req)
-                    if req.migrate_to is not None:  # finished before it could move: give the room back
-                        req.migrate_to.used_kv -= req.kv_tokens
-                        req.migrate_to.assigned -= 1
-                        req.migrate_to = None
+                    target = req.migrate_to
+                    if target is not None:  # finished before it could move: give the room back
+                        req.migrate_to = req.migrate_from = None
+                        target.assigned -= 1
+                        target.incoming.remove(req)
+                        target.release(req.kv_tokens)
                     self._finish(req)
                 elif req.migrate_to is not None:
                     self._detach_migrating(req)

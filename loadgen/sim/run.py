@@ -22,6 +22,7 @@ from loadgen.workload import Workload
 from shared.latency import LatencyModel
 from shared.policies import PolicyContext, make_prefill_policy
 from shared.policies.late_binding import LateBinding
+from shared.policies.migration_cost import make_migration_mechanism
 
 
 def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, *, rate_scale: float = 1.0,
@@ -41,7 +42,8 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
     if mix.late_binding is not None:
         late = LateBinding(make_prefill_policy(mix.late_binding[0], model), depth=mix.late_binding[1])
     cluster = SimCluster(mix.roles, model, mix.dispatch, queue, first_token_delay, engine=mix.engine, late_binding=late,
-                         costs=costs, max_instances=budget, handshake_s=first_token_delay.handshake_s)
+                         costs=costs, max_instances=budget, handshake_s=first_token_delay.handshake_s,
+                         mechanism=make_migration_mechanism(mix.migration_mechanism, model))
     scaled = workload.scale_rate(rate_scale)
     if slo_classes is not None:
         scaled = Workload(name=scaled.name, requests=[
@@ -74,7 +76,8 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
         "simulated": True, "trace": workload.name, "policy": mix.name, "description": mix.description,
         "roles": mix.roles, "profile": model.profile.name,
         "policies": {"dispatch": mix.dispatch.name, "scaling": getattr(mix.scaling, "name", None), "pools": getattr(mix.pools, "name", None),
-                     "migration": getattr(mix.migration, "name", None), "prefill": mix.engine.prefill_policy,
+                     "migration": getattr(mix.migration, "name", None), "migration_mechanism": mix.migration_mechanism,
+                     "prefill": mix.engine.prefill_policy,
                      "preemption": mix.engine.preemption, "chunk_tokens": mix.engine.chunk_tokens,
                      "decode_batch": mix.engine.decode_policy, "length": mix.length.name,
                      "late_binding": list(mix.late_binding) if mix.late_binding else None},
@@ -86,6 +89,7 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
         "slo_classes": slo_classes.specs if slo_classes is not None else [],
         "lifecycle": lifecycle_json(cluster.lifecycle),
         "decisions": [list(d) for d in loop.decisions] if loop is not None else [],
+        "decode_balance": loop.balance.summary() if loop is not None else None,
     }
     return ReplayResult(records=records, summary=summarize(records, slo, makespan, slo_classes), wall_s=makespan,
                         started_at=datetime.now(UTC).isoformat(), config=config)

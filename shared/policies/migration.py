@@ -1,8 +1,10 @@
-"""Migration policies: which running decode requests to move to another decode instance (ARES, later).
+"""Migration policies: which running decode requests to move to another decode instance.
 
 A policy is pure: ``select(snapshot, now_s)`` reads a :class:`ClusterSnapshot` and returns the moves to make
 now (an empty list: none). The migrator carries them out (recompute migration on SGLang: re-prefill the
-prompt plus the generated tokens on the target, then abort the source; the gateway stitches the stream).
+prompt plus the generated tokens on the target, then abort the source; the gateway stitches the stream);
+what a move costs is ``shared.policies.migration_cost``. Policies: ``none``, ``kv-balance`` (below), and
+ARES with its ablations ``ares``, ``ares-oracle``, ``llumnix-like`` (``shared.policies.ares``).
 
 Imports nothing from asyncio, nats, aetcd, httpx or fastapi.
 """
@@ -14,17 +16,15 @@ from typing import Protocol
 
 import msgspec
 
+from shared.latency import LatencyModel
+from shared.policies.ares import AresMigration, AresMode, AresParams
 from shared.policies.context import lookup
+from shared.policies.migration_cost import MigrationMechanism
+from shared.policies.migration_decision import MigrationDecision
 from shared.protocol.messages import ClusterSnapshot
 
-
-class MigrationDecision(msgspec.Struct, frozen=True, kw_only=True):
-    """Move request ``rid`` from decode instance ``source_id`` to ``target_id``."""
-
-    rid: str
-    source_id: str
-    target_id: str
-    reason: str  # human-readable, for logs and ``poise admin status``
+__all__ = ["MIGRATION_POLICIES", "KvBalance", "MigrationDecision", "MigrationPolicy", "NoMigration",
+           "make_migration_policy"]
 
 
 class MigrationPolicy(Protocol):
@@ -103,11 +103,32 @@ class KvBalance:
         return moves
 
 
-MIGRATION_POLICIES: dict[str, Callable[[], MigrationPolicy]] = {
-    NoMigration.name: NoMigration,
-    KvBalance.name: KvBalance,
+MigrationFactory = Callable[[LatencyModel | None, MigrationMechanism | None], MigrationPolicy]
+"""Builds a policy from the engines' latency model and the migration mechanism, where the caller has them
+(the simulator does; the live migrator passes neither and ARES then reads each instance's profile)."""
+
+
+def _plain(cls: Callable[[], MigrationPolicy]) -> MigrationFactory:
+    def build(model: LatencyModel | None, mechanism: MigrationMechanism | None) -> MigrationPolicy:
+        return cls()
+    return build
+
+
+def _ares(mode: AresMode) -> MigrationFactory:
+    def build(model: LatencyModel | None, mechanism: MigrationMechanism | None) -> MigrationPolicy:
+        return AresMigration(AresParams(mode=mode), model, mechanism)
+    return build
+
+
+MIGRATION_POLICIES: dict[str, MigrationFactory] = {
+    NoMigration.name: _plain(NoMigration),
+    KvBalance.name: _plain(KvBalance),
+    "ares": _ares("predicted"),
+    "ares-oracle": _ares("oracle"),
+    "llumnix-like": _ares("current_only"),
 }
 
 
-def make_migration_policy(name: str) -> MigrationPolicy:
-    return lookup(MIGRATION_POLICIES, name, "migration policy")()
+def make_migration_policy(name: str, model: LatencyModel | None = None,
+                          mechanism: MigrationMechanism | None = None) -> MigrationPolicy:
+    return lookup(MIGRATION_POLICIES, name, "migration policy")(model, mechanism)

@@ -126,6 +126,11 @@ class DecodeRequestInfo(msgspec.Struct, frozen=True, kw_only=True):
     arrived_unix_s: float
     slo_tpot_s: float | None = None
     predicted_remaining_tokens: float | None = None  # from the length predictor; None when there is none
+    # A migration of this request is under way: it is listed on its target (``instance_id``), which already
+    # holds its KV, and ``migration_source_id`` names the instance it leaves. It takes no decode steps until
+    # the move is done. Policies count it on the target and do not move it again.
+    migrating: bool = False
+    migration_source_id: str | None = None
 
 
 class ClusterSnapshot(msgspec.Struct, frozen=True, kw_only=True):

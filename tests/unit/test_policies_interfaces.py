@@ -137,7 +137,7 @@ def test_decode_batch_and_length_predictors() -> None:
     assert mean.predict_remaining(view, 50) == 150  # mean 200 less 50 generated
     assert mean.predict_remaining(view, 250) == 200  # outlived the mean: one mean more
     assert mean.predict_remaining(view, 450) == 50  # capped by max_tokens
-    with pytest.raises(ValueError, match="known: historical-mean, max-tokens"):
+    with pytest.raises(ValueError, match="known: ares-noise, historical-mean, max-tokens, oracle"):
         make_length_predictor("ares")
 
 

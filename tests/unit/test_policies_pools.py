@@ -52,7 +52,7 @@ def test_no_migration_never_moves(n_prefill: int, n_decode: int, running: int) -
 
 def test_registries_and_notes() -> None:
     assert set(POOL_POLICIES) == {"static", "arrow", "dopd", "poise"}
-    assert set(MIGRATION_POLICIES) == {"none", "kv-balance"}
+    assert set(MIGRATION_POLICIES) == {"none", "kv-balance", "ares", "ares-oracle", "llumnix-like"}
     ctx = PolicyContext(ttft_slo_s=2.0, tpot_slo_s=0.15, max_instances=8)
     model = LatencyModel(load_profile())
     pool = make_pool_policy("static", model, ctx)
@@ -62,8 +62,8 @@ def test_registries_and_notes() -> None:
     assert make_pool_policy("poise", model, ctx).name == "poise"
     with pytest.raises(ValueError, match="known: arrow, dopd, poise, static"):
         make_pool_policy("llumnix", model, ctx)
-    with pytest.raises(ValueError, match="known: kv-balance, none"):
-        make_migration_policy("ares")
+    with pytest.raises(ValueError, match="known: ares, ares-oracle, kv-balance, llumnix-like, none"):
+        make_migration_policy("nope")
 
 
 def test_decisions_are_plain_values() -> None:
