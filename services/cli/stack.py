@@ -241,7 +241,7 @@ class Stack:
         # The planner's and the gateway's policies model the engines this stack runs, at the SLO it serves.
         plan = ["--profile", s.profile, "--slo-ttft-s", str(ttft), "--slo-tpot-s", str(tpot)]
         self._spawn("planner", "services.planner", [*common, *plan, "--policy", s.planner_policy, *s.planner_args])
-        self._spawn("migrator", "services.migrator", [*common, "--policy", s.migration_policy,
+        self._spawn("migrator", "services.migrator", [*common, *plan, "--policy", s.migration_policy,
                                                       "--mechanism", s.migration_mechanism])
         self._spawn("gateway", "services.gateway", [*common, *plan, "--dispatch-policy", s.dispatch_policy,
                                                     "--host", s.host, "--port", str(gateway_port),

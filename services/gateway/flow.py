@@ -125,6 +125,7 @@ class RequestFlow:
         self._prompt_tokens: int | None = None  # as the first engine counted them
         self.finished_seen = False  # a finish_reason reached the client: nothing left to move
         self._pending: _PendingMove | None = None
+        self.moving: tuple[str, str] | None = None  # (source, target) while a move is pending or under way
         self.predict_length = predict_length
         # The decode engine's latest remaining-length prediction and the token count it was made at.
         self._prediction: tuple[float, int] | None = None
@@ -257,8 +258,11 @@ class RequestFlow:
             assert attempt is not None
             if self._pending is not None:
                 pending, self._pending = self._pending, None
-                result = await self._move(pending.target_id, pending.mechanism) if not self.finished_seen else \
-                    MoveResult(False, "the request already finished")
+                try:
+                    result = await self._move(pending.target_id, pending.mechanism) if not self.finished_seen else \
+                        MoveResult(False, "the request already finished")
+                finally:
+                    self.moving = None
                 if not pending.done.done():
                     pending.done.set_result(result)
                 continue
@@ -332,6 +336,8 @@ class RequestFlow:
         if mechanism not in MECHANISMS:
             raise ValueError(f"unknown migration mechanism {mechanism!r}; known: {', '.join(MECHANISMS)}")
         self._pending = _PendingMove(target_id, mechanism)
+        if self.attempt is not None:
+            self.moving = (self.attempt.decode.instance_id, target_id)
         return self._pending.done
 
     async def _rescue(self, failure: LegFailed) -> bool:
@@ -491,6 +497,7 @@ class RequestFlow:
         if self._pending is not None and not self._pending.done.done():
             self._pending.done.set_result(MoveResult(False, "the request ended before it could move"))
         self._pending = None
+        self.moving = None
         attempt, self.attempt = self.attempt, None
         if attempt is not None and not attempt.finished and self.outcome.status == "ok":
             self.outcome.status = "aborted"

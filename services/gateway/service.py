@@ -145,18 +145,25 @@ class GatewayService:
 
     # -- moves (the migrator's side) -------------------------------------------------------------------
     def movable_requests(self) -> list[DecodeRequestInfo]:
-        """The streaming requests that have a token and no finish yet: what a migration policy chooses among."""
+        """The streaming requests that have a token and no finish yet: what a migration policy chooses among.
+        A request being moved is listed on its target with ``migrating`` set (policies count it there and
+        leave both instances alone until the move is over)."""
         out = []
         for flow in self.flows.values():
             attempt = flow.attempt
-            if attempt is None or flow.movable() is not None:
+            if attempt is None:
+                continue
+            moving = flow.moving
+            if moving is None and flow.movable() is not None:
                 continue
             slo = flow.parsed.slo
             out.append(DecodeRequestInfo(
-                rid=flow.client_id, instance_id=attempt.decode.instance_id, input_tokens=flow.parsed.input_tokens,
-                generated_tokens=flow.delivered_tokens, max_output_tokens=flow.parsed.max_tokens,
-                arrived_unix_s=flow.arrived_unix, slo_tpot_s=slo.tpot_s if slo is not None else None,
-                predicted_remaining_tokens=flow.predicted_remaining()))
+                rid=flow.client_id, instance_id=moving[1] if moving else attempt.decode.instance_id,
+                input_tokens=flow.parsed.input_tokens, generated_tokens=flow.delivered_tokens,
+                max_output_tokens=flow.parsed.max_tokens, arrived_unix_s=flow.arrived_unix,
+                slo_tpot_s=slo.tpot_s if slo is not None else None,
+                predicted_remaining_tokens=flow.predicted_remaining(),
+                migrating=moving is not None, migration_source_id=moving[0] if moving else None))
         return out
 
     async def _on_requests_query(self, query: GatewayRequestsQuery) -> GatewayRequests:

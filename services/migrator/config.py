@@ -8,11 +8,14 @@ from pydantic import Field, field_validator
 
 from shared.elected import ElectedServiceSettings
 from shared.policies.migration import MIGRATION_POLICIES
-from shared.settings import settings_config
+from shared.settings import SloPlanSettings, settings_config
 
 
-class MigratorSettings(ElectedServiceSettings):
-    """Leader-elected loop: cluster snapshot -> migration policy -> decode-to-decode moves."""
+class MigratorSettings(SloPlanSettings, ElectedServiceSettings):
+    """Leader-elected loop: cluster snapshot -> migration policy -> decode-to-decode moves.
+
+    ``profile`` is the engines' latency model: ARES' cost filter prices a move with it (a re-prefill of the
+    context for ``recompute``, the KV copy for ``kv-transfer``)."""
 
     model_config = settings_config("POISE_MIGRATOR_")
 

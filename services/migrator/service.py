@@ -27,6 +27,7 @@ from services.migrator.executor import MoveExecutor, MoveOutcome
 from shared.elected import ElectedService
 from shared.policies.evacuation import evacuation_moves
 from shared.policies.migration import MigrationDecision, MigrationPolicy, make_migration_policy
+from shared.policies.migration_cost import make_migration_mechanism
 from shared.protocol import AdminReply, ServiceStatus
 from shared.runtime import AdminEndpoint, fetch_snapshot, require_arg
 
@@ -42,7 +43,10 @@ class MigratorService(ElectedService):
     def __init__(self, settings: MigratorSettings, *, policy: MigrationPolicy | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         super().__init__(settings)
-        self.policy = policy or make_migration_policy(settings.policy)
+        if policy is None:
+            model = settings.latency_model()
+            policy = make_migration_policy(settings.policy, model, make_migration_mechanism(settings.mechanism, model))
+        self.policy = policy
         self._clock = clock
         self._executor: MoveExecutor | None = None
         self._moves: set[asyncio.Task[Any]] = set()
