@@ -71,6 +71,11 @@ class MonitorCollector(Collector):
             if value is not None:
                 yield GaugeMetricFamily(name, doc, value=value)
 
+        for name, attr, doc in (("poise_mean_input_tokens", "mean_input_tokens", "Mean prompt tokens of the requests finished in the last closed interval."),
+                                ("poise_mean_output_tokens", "mean_output_tokens", "Mean output tokens of the requests finished in the last closed interval.")):
+            yield GaugeMetricFamily(name, doc, value=getattr(last, attr) if last else 0.0)
+        yield from _planner_metrics(m)
+
         c = m.counters
         requests = CounterMetricFamily("poise_requests", "Finished requests reported by gateways, by status.", labels=["status"])
         for status, n in sorted(c.requests_by_status.items()):
@@ -79,6 +84,27 @@ class MonitorCollector(Collector):
         yield CounterMetricFamily("poise_request_input_tokens", "Prompt tokens of finished requests.", value=c.input_tokens)
         yield CounterMetricFamily("poise_request_output_tokens", "Generated tokens of finished requests.", value=c.output_tokens)
         yield CounterMetricFamily("poise_load_reports", "Load reports received from sidecars.", value=c.load_reports)
+
+
+def _planner_metrics(m: MonitorService) -> Iterator[Metric]:
+    """What the planner's events say: flips, its target split and DOPD's forecast (the planner has no HTTP
+    server; the monitor already listens to everything on NATS)."""
+    p = m.planner
+    flips = CounterMetricFamily("poise_planner_flips", "Role flips the planner finished, by new role and outcome.",
+                                labels=["to_role", "outcome"])
+    for (role, outcome), n in sorted(p.flips.items()):
+        flips.add_metric([role, outcome], n)
+    yield flips
+    target = GaugeMetricFamily("poise_planner_target_instances", "Instances per role the pool policy wants.",
+                               labels=["role"])
+    for role, n in sorted(p.target.items()):
+        target.add_metric([role], n)
+    yield target
+    forecast = GaugeMetricFamily("poise_planner_forecast", "DOPD's latest forecast for the next interval: rate_rps, "
+                                 "isl, osl, concurrency, and the P:D ratio it computed.", labels=["quantity"])
+    for quantity, value in sorted(p.forecast.items()):
+        forecast.add_metric([quantity], value)
+    yield forecast
 
 
 def build_registry(monitor: MonitorService) -> CollectorRegistry:

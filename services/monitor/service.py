@@ -33,6 +33,7 @@ from shared.protocol import (
     InstanceLoad,
     Keys,
     LoadReport,
+    PlannerEvent,
     RequestEvent,
     RequestEventBatch,
     SeriesPoint,
@@ -41,7 +42,7 @@ from shared.protocol import (
     SnapshotRequest,
     Subjects,
 )
-from shared.registry import InstanceWatcher, Registry
+from shared.registry import InstanceWatcher, Registry, registry_from_settings
 from shared.runtime import (
     AdminEndpoint,
     AsyncServiceMixin,
@@ -70,6 +71,27 @@ class Counters:
     events: int = 0
 
 
+@dataclass
+class PlannerView:
+    """What the planner last said it did and predicted (its events), for the dashboards: flips by role and
+    outcome, the target split, and DOPD's forecast next to the series the monitor measures."""
+
+    flips: dict[tuple[str, str], int] = field(default_factory=dict)  # (to_role, done|failed) -> count
+    target: dict[str, int] = field(default_factory=dict)  # role -> instances the policy wants
+    forecast: dict[str, float] = field(default_factory=dict)  # rate_rps, isl, osl, concurrency, ratio
+
+    def on_event(self, event: PlannerEvent) -> None:
+        if event.kind in ("flip_done", "flip_failed"):
+            key = (event.to_role or "unknown", "done" if event.kind == "flip_done" else "failed")
+            self.flips[key] = self.flips.get(key, 0) + 1
+        elif event.kind == "resize_requested" and event.target_prefill is not None:
+            self.target = {"prefill": event.target_prefill, "decode": event.target_decode or 0}
+        elif event.kind == "forecast":
+            values = {"rate_rps": event.forecast_rate_rps, "isl": event.forecast_isl, "osl": event.forecast_osl,
+                      "concurrency": event.forecast_concurrency, "ratio": event.forecast_ratio}
+            self.forecast = {k: v for k, v in values.items() if v is not None}
+
+
 class MonitorService(AsyncServiceMixin):
     """See the module docstring."""
 
@@ -85,6 +107,7 @@ class MonitorService(AsyncServiceMixin):
         self.series: deque[SeriesPoint] = deque(maxlen=settings.series_length)
         self.builder = SeriesBuilder(wall_clock())
         self.counters = Counters()
+        self.planner = PlannerView()
         self._replica_id = replica_id()
         self._uptime = Uptime()
         self._bus: Bus | None = None
@@ -106,13 +129,14 @@ class MonitorService(AsyncServiceMixin):
         s = self.settings
         self._bus = bus_from_settings(s, name="poise-monitor")
         await self._bus.connect()
-        self._registry = Registry(s.etcd_url, self.keys)
+        self._registry = registry_from_settings(s, self.keys)
         await self._registry.connect()
         self._watcher = InstanceWatcher(self._registry, on_change=self._on_instances)
         await self._watcher.start()
         self.builder = SeriesBuilder(self._wall())
         self._subs.append(await self._bus.subscribe(self.subjects.load_all(), LoadReport, self._on_load))
         self._subs.append(await self._bus.subscribe(self.subjects.request_events(), RequestEventBatch, self._on_events))
+        self._subs.append(await self._bus.subscribe(self.subjects.planner_events(), PlannerEvent, self._on_planner_event))
         self._subs.append(await self._bus.serve(
             self.subjects.monitor_snapshot(), SnapshotRequest, self._on_snapshot_request,
             error_reply=lambda m: SnapshotReply(ok=False, message=m), queue=SNAPSHOT_QUEUE,
@@ -152,6 +176,9 @@ class MonitorService(AsyncServiceMixin):
         self._loads[report.instance_id] = (report, time.monotonic())
         self.builder.add_load(report)
         self.counters.load_reports += 1
+
+    async def _on_planner_event(self, event: PlannerEvent, subject: str) -> None:
+        self.planner.on_event(event)
 
     async def _on_events(self, batch: RequestEventBatch, subject: str) -> None:
         for event in batch.events:

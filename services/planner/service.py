@@ -40,7 +40,7 @@ import msgspec
 from services.planner.config import PlannerSettings
 from services.planner.decider import Decider
 from services.planner.resizer import Resizer, build_connector
-from services.planner.views import policy_view, pool_rows, split_reason, target_prefill
+from services.planner.views import last_split, policy_view, pool_rows, split_reason, target_prefill
 from shared.elected import ElectedService
 from shared.errors import BusTimeout, PoiseError
 from shared.policies import PoolDecision, PoolPolicy, RoleChange, make_pool_policy, make_scaling_policy
@@ -86,6 +86,7 @@ class PlannerService(ElectedService):
         self.pause: PlannerPause | None = None  # this replica's latest reading of the etcd pause record
         self.policy_state: dict[str, Any] = policy_view(self.policy)  # refreshed after each decision
         self._last_target: int | None = None
+        self._last_split: Any = None  # the DOPD evaluation last published as a forecast event
         self.resizer: Resizer | None = None  # built on the first tick (the connector needs the bus)
         self._known_ids: set[str] = set()
 
@@ -150,7 +151,14 @@ class PlannerService(ElectedService):
         return decision.next_decision_at_s - now_s if decision.next_decision_at_s is not None else policy_interval
 
     async def _note_target(self, snapshot: ClusterSnapshot) -> None:
-        """Publish ``resize_requested`` when the policy's target prefill count moved."""
+        """Publish ``forecast`` when DOPD evaluated a new forecast, ``resize_requested`` when the policy's
+        target prefill count moved."""
+        split = last_split(self.policy)
+        if split is not None and split is not self._last_split:
+            self._last_split = split
+            await self.publish_event("forecast", source="policy", forecast_rate_rps=split.rate_rps,
+                                     forecast_isl=split.isl, forecast_osl=split.osl,
+                                     forecast_concurrency=split.concurrency, forecast_ratio=split.ratio)
         target = target_prefill(self.policy)
         if target is None or target == self._last_target:
             return

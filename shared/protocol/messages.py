@@ -179,8 +179,10 @@ class RoleCommandReply(msgspec.Struct, frozen=True, kw_only=True):
     new_role: Role
 
 
-PlannerEventKind = Literal["flip_requested", "flip_done", "flip_failed", "paused", "resumed", "resize_requested"]
-"""What a :class:`PlannerEvent` reports; ``resize_requested`` = the pool policy's target split moved."""
+PlannerEventKind = Literal["flip_requested", "flip_done", "flip_failed", "paused", "resumed", "resize_requested",
+                           "forecast"]
+"""What a :class:`PlannerEvent` reports; ``resize_requested`` = the pool policy's target split moved;
+``forecast`` = DOPD evaluated its model on a new forecast (the ``forecast_*`` fields)."""
 
 
 class PlannerEvent(msgspec.Struct, frozen=True, kw_only=True):
@@ -206,6 +208,12 @@ class PlannerEvent(msgspec.Struct, frozen=True, kw_only=True):
     message: str = ""  # the sidecar's answer (done/failed)
     target_prefill: int | None = None  # resize_requested: the policy's wanted prefill count
     target_decode: int | None = None
+    # forecast: what DOPD's ARIMA forecasters predicted for the next interval, and the ratio it computed
+    forecast_rate_rps: float | None = None
+    forecast_isl: float | None = None
+    forecast_osl: float | None = None
+    forecast_concurrency: float | None = None
+    forecast_ratio: float | None = None
 
 
 class PlannerPause(msgspec.Struct, frozen=True, kw_only=True):

@@ -29,6 +29,7 @@ from shared.protocol import (
     InstanceInfo,
     Keys,
     LoadReport,
+    PlannerEvent,
     RequestEvent,
     RequestEventBatch,
     RoleCommand,
@@ -84,7 +85,17 @@ async def test_monitor_snapshot_series_and_metrics(nats_server: NatsServer, etcd
             status="ok" if i else "error") for i in range(4)]
         await bus.publish(subjects.request_events(), RequestEventBatch(gateway="g", events=events[:1]))
         await bus.publish(subjects.request_events(), RequestEventBatch(gateway="g", events=events[1:]))
-        await _until(lambda: monitor.counters.load_reports == 2 and monitor.counters.events == 4)
+        # The planner's events become the dashboards' flips, target split and forecast.
+        for event in (PlannerEvent(kind="flip_done", ts_unix_s=time.time(), replica_id="a", to_role="decode"),
+                      PlannerEvent(kind="flip_failed", ts_unix_s=time.time(), replica_id="a", to_role="prefill"),
+                      PlannerEvent(kind="resize_requested", ts_unix_s=time.time(), replica_id="a", target_prefill=3,
+                                   target_decode=5),
+                      PlannerEvent(kind="forecast", ts_unix_s=time.time(), replica_id="a", forecast_rate_rps=4.5,
+                                   forecast_isl=1020.0, forecast_osl=250.0, forecast_concurrency=12.0,
+                                   forecast_ratio=0.6)):
+            await bus.publish(subjects.planner_events(), event)
+        await _until(lambda: monitor.counters.load_reports == 2 and monitor.counters.events == 4
+                     and bool(monitor.planner.forecast))
         monitor.roll()
 
         reply = await bus.request(subjects.monitor_snapshot(), SnapshotRequest(series_points=10), SnapshotReply)
@@ -112,6 +123,12 @@ async def test_monitor_snapshot_series_and_metrics(nats_server: NatsServer, etcd
             assert 'poise_cluster_instances{role="prefill"} 1.0' in text
             assert 'poise_requests_total{status="ok"} 3.0' in text
             assert "poise_arrival_rate_rps" in text and "ghost" not in text
+            assert 'poise_planner_flips_total{outcome="done",to_role="decode"} 1.0' in text
+            assert 'poise_planner_flips_total{outcome="failed",to_role="prefill"} 1.0' in text
+            assert 'poise_planner_target_instances{role="decode"} 5.0' in text
+            assert 'poise_planner_forecast{quantity="rate_rps"} 4.5' in text
+            assert 'poise_planner_forecast{quantity="ratio"} 0.6' in text
+            assert "poise_mean_input_tokens 100.0" in text
             assert (await http.get(f"http://127.0.0.1:{port}/healthz")).json()["instances"] == 1
 
         await registration.deregister()
