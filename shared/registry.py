@@ -12,14 +12,17 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from urllib.parse import urlparse
+from typing import Any
+from urllib.parse import unquote, urlparse
 
 import aetcd
 import aetcd.exceptions
 import grpc
+from aetcd import rpc, watcher
 
 from shared.errors import PoiseError, ProtocolError
 from shared.protocol import InstanceInfo, Keys, PlannerPause, decode, encode
+from shared.security import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -27,20 +30,153 @@ log = logging.getLogger(__name__)
 ETCD_ERRORS: tuple[type[BaseException], ...] = (aetcd.exceptions.ClientError, grpc.RpcError, OSError, asyncio.TimeoutError)
 
 
-def _host_port(url: str) -> tuple[str, int]:
+def _parse_url(url: str) -> tuple[str, int, str | None, str | None]:
+    """host, port, and the user and password of ``http://user:password@host:port`` (None when absent)."""
     parsed = urlparse(url if "://" in url else f"http://{url}")
-    return parsed.hostname or "127.0.0.1", parsed.port or 2379
+    return (parsed.hostname or "127.0.0.1", parsed.port or 2379, unquote(parsed.username) if parsed.username else None,
+            unquote(parsed.password) if parsed.password else None)
+
+
+def _refused(exc: BaseException) -> bool:
+    """etcd turned the credentials down, or wants some: retrying will not help."""
+    text = str(exc)
+    return any(m in text for m in ("authentication failed", "user name is empty", "permission denied",
+                                   "invalid user ID or password"))
+
+
+class _TokenAuth:
+    """Puts the current etcd auth token on every call, and logs in again when etcd no longer knows it.
+
+    aetcd logs in once, at connect. etcd forgets its tokens when it restarts (simple tokens) or when they
+    expire (5 minutes unused, or a JWT's TTL); a call then fails UNAUTHENTICATED. Here such a unary call
+    logs in again and is retried once; a stream (watch, lease keep-alive) gets the newest token when it starts.
+    """
+
+    def __init__(self, user: str, password: str, timeout_s: float | None) -> None:
+        self._user = user
+        self._password = password
+        self._timeout_s = timeout_s
+        self.token: str | None = None
+        self.stub: rpc.AuthStub | None = None
+        self._lock = asyncio.Lock()
+
+    def interceptors(self) -> list[grpc.aio.ClientInterceptor]:
+        # grpc.aio files an interceptor under the first kind it is an instance of: one object per kind.
+        return [_UnaryUnary(self), _UnaryStream(self), _StreamUnary(self), _StreamStream(self)]
+
+    async def login(self, stale: str | None = None) -> None:
+        async with self._lock:
+            if self.token is not None and self.token != stale:
+                return  # another call logged in meanwhile
+            assert self.stub is not None
+            reply = await self.stub.Authenticate(rpc.AuthenticateRequest(name=self._user, password=self._password),
+                                                 timeout=self._timeout_s)
+            self.token = reply.token
+
+    @staticmethod
+    def is_login(details: grpc.aio.ClientCallDetails) -> bool:
+        method = details.method.decode() if isinstance(details.method, bytes) else str(details.method)
+        return method.endswith("/Authenticate")
+
+    def with_token(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        if self.token is None or self.is_login(details):
+            return details
+        metadata = tuple((k, v) for k, v in (details.metadata or ()) if k != "token") + (("token", self.token),)
+        return details._replace(metadata=metadata)  # type: ignore[attr-defined, no-any-return]
+
+    async def unary_unary(self, continuation: Any, details: grpc.aio.ClientCallDetails, request: Any) -> Any:
+        token = self.token
+        call = await continuation(self.with_token(details), request)
+        if self.is_login(details):
+            return call
+        try:
+            return await call
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAUTHENTICATED:
+                raise
+            log.info("etcd auth token no longer valid (%s); logging in again", exc.details())
+        await self.login(stale=token)
+        return await (await continuation(self.with_token(details), request))
+
+
+class _UnaryUnary(grpc.aio.UnaryUnaryClientInterceptor):
+    def __init__(self, auth: _TokenAuth) -> None:
+        self._auth = auth
+
+    async def intercept_unary_unary(self, continuation: Any, details: grpc.aio.ClientCallDetails, request: Any) -> Any:
+        return await self._auth.unary_unary(continuation, details, request)
+
+
+class _UnaryStream(grpc.aio.UnaryStreamClientInterceptor):
+    def __init__(self, auth: _TokenAuth) -> None:
+        self._auth = auth
+
+    async def intercept_unary_stream(self, continuation: Any, details: grpc.aio.ClientCallDetails, request: Any) -> Any:
+        return await continuation(self._auth.with_token(details), request)
+
+
+class _StreamUnary(grpc.aio.StreamUnaryClientInterceptor):
+    def __init__(self, auth: _TokenAuth) -> None:
+        self._auth = auth
+
+    async def intercept_stream_unary(self, continuation: Any, details: grpc.aio.ClientCallDetails, requests: Any) -> Any:
+        return await continuation(self._auth.with_token(details), requests)
+
+
+class _StreamStream(grpc.aio.StreamStreamClientInterceptor):
+    def __init__(self, auth: _TokenAuth) -> None:
+        self._auth = auth
+
+    async def intercept_stream_stream(self, continuation: Any, details: grpc.aio.ClientCallDetails, requests: Any) -> Any:
+        return await continuation(self._auth.with_token(details), requests)
+
+
+class _AuthClient(aetcd.Client):
+    """An aetcd client that logs in with a user and password and keeps its token fresh (:class:`_TokenAuth`)."""
+
+    def __init__(self, *, host: str, port: int, username: str, password: str, timeout: int) -> None:
+        super().__init__(host=host, port=port, timeout=timeout)  # no credentials: aetcd must not log in itself
+        self._auth = _TokenAuth(username, password, timeout)
+
+    async def connect(self) -> None:  # aetcd.Client.connect, with the interceptor on the channel
+        if self._connected.is_set():
+            return
+        if self._is_connecting:  # type: ignore[has-type]
+            await asyncio.wait_for(self._connected.wait(), self._connect_wait_timeout)
+            return
+        try:
+            self._is_connecting = True
+            self.channel = grpc.aio.insecure_channel(f"{self._host}:{self._port}", options=list(self._options.items()),
+                                                     interceptors=self._auth.interceptors())
+            self._auth.stub = rpc.AuthStub(self.channel)
+            try:
+                await self._auth.login()
+            except grpc.aio.AioRpcError as exc:
+                aetcd.exceptions._handle_exception(exc)
+            self.kvstub = rpc.KVStub(self.channel)
+            self.clusterstub = rpc.ClusterStub(self.channel)
+            self.leasestub = rpc.LeaseStub(self.channel)
+            self.maintenancestub = rpc.MaintenanceStub(self.channel)
+            self._watcher = watcher.Watcher(rpc.WatchStub(self.channel), timeout=self._timeout)
+            self._connected.set()
+        finally:
+            self._is_connecting = False
 
 
 class Registry:
-    """One etcd client of one process, plus the key layout of its namespace."""
+    """One etcd client of one process, plus the key layout of its namespace.
+
+    With a user (``user``/``password``, or in the URL: ``http://user:password@host:port``) it logs in to etcd
+    and logs in again whenever etcd has forgotten its token.
+    """
 
     def __init__(self, url: str, keys: Keys, *, user: str | None = None, password: str | None = None,
                  connect_timeout_s: float = 30.0) -> None:
         self.keys = keys
-        self._url = url
-        self._user = user
-        self._password = password
+        self._host, self._port, url_user, url_password = _parse_url(url)
+        self._url = redact_url(url)
+        self._user = user or url_user
+        self._password = password if user else url_password
         self._connect_timeout_s = connect_timeout_s
         self._client: aetcd.Client | None = None
 
@@ -50,20 +186,29 @@ class Registry:
             raise PoiseError("registry is not connected")
         return self._client
 
+    def _new_client(self) -> aetcd.Client:
+        if self._user:
+            return _AuthClient(host=self._host, port=self._port, username=self._user, password=self._password or "",
+                               timeout=5)
+        return aetcd.Client(host=self._host, port=self._port, timeout=5)
+
     async def connect(self) -> None:
-        host, port = _host_port(self._url)
         deadline = time.monotonic() + self._connect_timeout_s
         delay = 0.05
         while True:
-            client = aetcd.Client(host=host, port=port, username=self._user, password=self._password, timeout=5)
+            client = self._new_client()
             try:
                 await client.connect()
                 await client.status()  # connect() is lazy about the server being there
+                await client.get(self.keys.planner_paused().encode())  # may we read our namespace?
                 self._client = client
                 return
             except ETCD_ERRORS as exc:
                 with contextlib.suppress(*ETCD_ERRORS):
                     await client.close()
+                who = f" as {self._user!r}" if self._user else " without credentials"
+                if _refused(exc):
+                    raise PoiseError(f"etcd at {self._url} refused access{who}: {exc}") from exc
                 if time.monotonic() >= deadline:
                     raise PoiseError(f"cannot connect to etcd at {self._url}: {exc}") from exc
                 await asyncio.sleep(delay)
@@ -111,6 +256,11 @@ class Registry:
             await self.client.delete(key)
         else:
             await self.client.put(key, encode(pause))
+
+
+def registry_from_settings(settings: Any, keys: Keys) -> Registry:
+    """A :class:`Registry` for a :class:`shared.settings.ControlPlaneSettings` (its etcd URL and credentials)."""
+    return Registry(settings.etcd_url, keys, user=settings.etcd_user, password=settings.etcd_password)
 
 
 def _decode_instance(key: bytes, value: bytes) -> InstanceInfo | None:

@@ -178,8 +178,10 @@ class AdminEndpoint:
     and the error's text.
     """
 
-    def __init__(self, bus: Bus, subjects: Subjects, service: str, status: Callable[[], ServiceStatus]) -> None:
-        self.subject = subjects.admin(service)
+    def __init__(self, bus: Bus, subjects: Subjects, service: str, status: Callable[[], ServiceStatus], *,
+                 subject: str | None = None) -> None:
+        # ``subject``: serve another subject the same way (a service's control subject, for other services)
+        self.subject = subject or subjects.admin(service)
         self._bus = bus
         self._status = status
         self._verbs: dict[str, _Verb] = {}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from typing import Any
 
@@ -23,7 +24,7 @@ import msgspec
 
 from services.cli import admin_planner
 from services.cli.admin_planner import table
-from services.cli.stack import read_current_stack
+from services.cli.stack import current_admin_credentials, read_current_stack
 from shared.bus import Bus
 from shared.errors import BusTimeout, PoiseError
 from shared.protocol import AdminCommand, AdminReply, ClusterSnapshot, SnapshotReply, SnapshotRequest, Subjects
@@ -37,8 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--nats-url", default=current.get("nats_url", "nats://127.0.0.1:4222"),
                    help="NATS URL (default: the stack `poise up` started here)")
     p.add_argument("--namespace", default=current.get("namespace", "default"))
-    p.add_argument("--user", default=None, help="NATS user (admin)")
-    p.add_argument("--password", default=None)
+    p.add_argument("--user", default=None,
+                   help="NATS user (default: the admin user of the stack `poise up` started here, when --nats-url is its)")
+    p.add_argument("--password", default=None, help="NATS password (or env POISE_ADMIN_NATS_PASSWORD)")
     p.add_argument("--timeout-s", type=float, default=2.0)
     sub = p.add_subparsers(dest="verb", required=True)
     status = sub.add_parser("status", help="instances, roles, loads and service status")
@@ -132,7 +134,10 @@ async def _status(bus: Bus, subjects: Subjects, timeout_s: float) -> tuple[Clust
 
 
 async def _main(args: argparse.Namespace) -> int:
-    bus = Bus(args.nats_url, name="poise-admin", user=args.user, password=args.password, connect_timeout_s=3)
+    user, password = args.user, args.password or os.environ.get("POISE_ADMIN_NATS_PASSWORD")
+    if user is None:
+        user, password = current_admin_credentials(args.nats_url) or (None, None)
+    bus = Bus(args.nats_url, name="poise-admin", user=user, password=password, connect_timeout_s=3)
     await bus.connect()
     subjects = Subjects(args.namespace)
     try:

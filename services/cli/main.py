@@ -6,6 +6,9 @@
     poise admin   talk to the services over NATS (status, pools, flip, planner pause|resume, events)
     poise sim     replay a trace against a policy mix in virtual time (no processes, seconds of wall time)
     poise sim goodput   compare the goodput of policy mixes on a trace (table + plots)
+    poise predictor collect|train   ARES length predictor: record SmolLM2 hidden states, train the MLP
+    poise profile --engine URL   measure a running engine (TTFT vs input length, decode step vs batch and
+                  context) and fit a latency profile
 
 Every subcommand takes ``--help``; flags mirror the ``POISE_*`` environment variables.
 """
@@ -103,11 +106,12 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def first_token_probe(gateway_url: str, model: str, timeout_s: float = 30.0) -> float:
+def first_token_probe(gateway_url: str, model: str, timeout_s: float = 30.0, api_key: str | None = None) -> float:
     """Send one small streaming request and return seconds until its first token."""
     body = {"model": model, "prompt": "Hello", "max_tokens": 4, "stream": True}
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     t0 = time.monotonic()
-    with httpx.Client(timeout=timeout_s, trust_env=False) as client, \
+    with httpx.Client(timeout=timeout_s, trust_env=False, headers=headers) as client, \
             client.stream("POST", gateway_url + "/v1/completions", json=body) as resp:
         if resp.status_code != 200:
             raise PoiseError(f"probe request failed: {resp.status_code} {resp.read()[:200]!r}")
@@ -127,7 +131,7 @@ def start_stack(settings: StackSettings) -> Stack:
     stack = Stack(settings, progress=_print)
     stack.start()
     try:
-        probe = first_token_probe(stack.gateway_url, settings.model)
+        probe = first_token_probe(stack.gateway_url, settings.model, api_key=stack.api_key)
     except BaseException:
         stack.stop()
         raise
@@ -142,7 +146,8 @@ def cmd_up(argv: list[str]) -> int:
     except KeyboardInterrupt:
         return 130
     try:
-        _print(f"try: curl -s {stack.gateway_url}/v1/completions -H 'content-type: application/json' "
+        auth = f"-H 'authorization: Bearer {stack.api_key}' " if stack.api_key else ""
+        _print(f"try: curl -s {stack.gateway_url}/v1/completions -H 'content-type: application/json' {auth}"
                f"-d '{{\"model\": \"{settings.model}\", \"prompt\": \"Hello\", \"max_tokens\": 8}}'")
         _print("     poise admin status      (Ctrl-C stops the stack)")
         while True:
@@ -210,8 +215,10 @@ class _SimFields(ReplaySettings):
     decode_policy: str | None = Field(None, description="Override the engines' decode batch policy: continuous or kairos-slack.")
     late_binding: str | None = Field(None, description="Hold prompts in the gateway and release them in this prefill policy's order (or none).")
     late_binding_depth: int = Field(2, ge=1, description="Late binding: prompts a prefill engine may hold unprefilled.")
-    migration: str | None = Field(None, description="Override the mix's migration policy: none or kv-balance.")
-    length_predictor: str | None = Field(None, description="Override the mix's length predictor: max-tokens or historical-mean.")
+    migration: str | None = Field(None, description="Override the mix's migration policy: none, kv-balance, llumnix-like, ares or ares-oracle.")
+    length_predictor: str | None = Field(None, description="Override the mix's length predictor: max-tokens, historical-mean, oracle or ares-noise.")
+    migration_mechanism: str | None = Field(None, description="How the simulator moves a migrated request: kv-transfer (KV copy at 25 Gbit/s, default) or recompute.")
+    kv_report: str | None = Field(None, description="What simulated decode engines report as KV use: reserved (prompt + whole output, default) or current (prompt + generated; ARES' baseline).")
     replica_start_s: float = Field(30.0, ge=0.0, description="Seconds a replica the scaling mixes start takes to become ready.")
 
     def mix_builder(self, name: str) -> Callable[[], PolicyMix]:
@@ -221,7 +228,8 @@ class _SimFields(ReplaySettings):
         build = functools.partial(make_mix, name, self.instances, self.split, prefill_policy=self.prefill_policy,
                                   preemption=self.preemption, chunk_tokens=self.chunk, decode_policy=self.decode_policy,
                                   late_binding=self.late_binding, late_binding_depth=self.late_binding_depth,
-                                  migration=self.migration, length_predictor=self.length_predictor)
+                                  migration=self.migration, length_predictor=self.length_predictor,
+                                  migration_mechanism=self.migration_mechanism, kv_report=self.kv_report)
         try:
             build()
         except ValueError as exc:
@@ -335,7 +343,20 @@ def cmd_admin(argv: list[str]) -> int:
     return admin_main(argv)
 
 
-COMMANDS = {"up": cmd_up, "run": cmd_run, "bench": cmd_bench, "admin": cmd_admin, "sim": cmd_sim}
+def cmd_predictor(argv: list[str]) -> int:
+    from services.predictor.cli import main as predictor_main
+
+    return predictor_main(argv)
+
+
+def cmd_profile(argv: list[str]) -> int:
+    from services.profiler.cli import cmd_profile as profile_main
+
+    return profile_main(argv)
+
+
+COMMANDS = {"up": cmd_up, "run": cmd_run, "bench": cmd_bench, "admin": cmd_admin, "sim": cmd_sim,
+            "predictor": cmd_predictor, "profile": cmd_profile}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,6 +17,7 @@ from loadgen.report import format_table, write_report
 from loadgen.slo import SLO, SLOClasses, slo_for
 from loadgen.traces import load_trace
 from loadgen.workload import Workload
+from services.cli.stack import current_api_key
 from shared.settings import ServiceSettings
 
 
@@ -31,7 +32,7 @@ class ReplaySettings(ServiceSettings):
     endpoint: str = Field("completions", description="completions (token-id prompts, exact lengths) or chat (text prompts).")
     out_dir: Path | None = Field(None, description="Report directory (default .poise/results/<run>-<timestamp>).")
     timeout_s: float = Field(600.0, description="Per-request timeout in seconds.")
-    api_key: str | None = Field(None, description="Bearer API key for the gateway.")
+    api_key: str | None = Field(None, description="Bearer API key for the gateway (default: the key of the stack `poise up` started here, when it is that stack's gateway).")
 
 
 def select_workload(settings: ReplaySettings) -> Workload:
@@ -56,7 +57,8 @@ def run_replay(settings: ReplaySettings, *, gateway_url: str, model: str, title:
           file=sys.stderr)
     result = asyncio.run(replay(
         workload, gateway_url, model=model, endpoint=settings.endpoint, rate_scale=settings.rate_scale,  # type: ignore[arg-type]
-        slo=slo, slo_classes=slo_classes, timeout_s=settings.timeout_s, api_key=settings.api_key,
+        slo=slo, slo_classes=slo_classes, timeout_s=settings.timeout_s,
+        api_key=settings.api_key or current_api_key(gateway_url),  # `poise up`'s key, for its own gateway
         progress=print_progress,
     ))
     out = settings.out_dir or Path(".poise") / "results" / f"{label}-{time.strftime('%Y%m%d-%H%M%S')}"

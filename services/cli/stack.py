@@ -5,11 +5,16 @@ Processes start in dependency order and stop in reverse: workers first (they der
 engines), then the gateway and the control plane, then etcd and NATS. Every process logs to
 ``<run dir>/logs/<name>.log``. A ``stack.json`` in the run dir (and ``.poise/current.json``) tells
 ``poise admin`` and ``poise bench`` where the stack is.
+
+With ``auth`` (the default) every process runs as its own NATS user (permissions: shared/protocol/permissions.py),
+etcd's auth is on and the gateway wants an API key; the credentials are made per run (``credentials.json`` in
+the run dir, mode 0600) and each process gets only its own, in its environment (README.md, "Security").
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -22,10 +27,17 @@ from loadgen.slo import slo_for
 from shared.devservers import EtcdServer, ManagedProcess, NatsServer, free_port
 from shared.errors import PoiseError
 from shared.latency import DEFAULT_PROFILE, load_profile
+from shared.protocol import Subjects
+from shared.protocol.permissions import user_permissions, worker_user
+from shared.security import Credentials, EtcdAuth, NatsUser
 from shared.settings import ServiceSettings, settings_config
 
 STATE_DIR = Path(".poise")
 DEFAULT_SLO_TRACE = "azure-conv"  # Arrow Table 1's Azure conversation SLO (2 s TTFT, 0.15 s TPOT): `poise up`'s default
+ENV_PREFIX = {"services.monitor": "POISE_MONITOR_", "services.planner": "POISE_PLANNER_",
+              "services.migrator": "POISE_MIGRATOR_", "services.gateway": "POISE_GATEWAY_",
+              "services.worker": "POISE_WORKER_"}
+ROLE_PREFIX = {"prefill": "p", "decode": "d", "null": "c"}  # instance ids: p0, d1, c0 (as the local connector's)
 
 
 class StackSettings(ServiceSettings):
@@ -69,6 +81,10 @@ class StackSettings(ServiceSettings):
     late_binding_depth: int = Field(2, ge=1, description="Late binding: prompts a prefill engine may hold unprefilled.")
     gateway_slo_class: list[str] = Field(default_factory=list, description="An SLO class NAME=TTFT_S:TPOT_S requests may name (body field slo_class); repeatable; passed to the gateway as --slo-class.")
     gateway_slo_preset: str | None = Field(None, description="The gateway's SLO classes from a preset (tasks-flowprefill: FlowPrefill Table 2; interactive-batch), built on the planning SLO.")
+    # -- security (README.md, "Security") -------------------------------------------------------------------
+    auth: bool = Field(True, description="NATS users with per-service permissions, etcd authentication and a gateway API key, with credentials made for this run (<run dir>/credentials.json); --no-auth turns all three off (debugging).")
+    api_key: str | None = Field(None, description="The gateway's API key (clients send 'Authorization: Bearer <key>'; poise run's replay does); unset = a random one with auth on (in stack.json), none with --no-auth.")
+    spare_worker_ids: int = Field(16, ge=0, description="With auth and the planner's local connector: NATS users made for this many more engine ids per role, for the engines the connector starts.")
 
     @field_validator("planner_policy", "dispatch_policy", "prefill_policy", "late_binding_policy", "decode_policy")
     @classmethod
@@ -203,6 +219,8 @@ class Stack:
         self.etcd: EtcdServer | None = None
         self.gateway_url = ""
         self.monitor_url = ""
+        self.credentials: Credentials | None = None  # with auth on
+        self.api_key: str | None = settings.api_key  # the gateway's; a random one is made at start with auth on
         load_profile(settings.profile)  # fail now, not in four engine logs
 
     def _say(self, message: str) -> None:
@@ -210,12 +228,51 @@ class Stack:
 
     def _common(self) -> list[str]:
         assert self.nats is not None and self.etcd is not None
-        return ["--namespace", self.settings.namespace, "--nats-url", self.nats.url, "--etcd-url", self.etcd.url]
+        return ["--namespace", self.settings.namespace, "--nats-url", self.nats.plain_url,
+                "--etcd-url", self.etcd.plain_url]
 
-    def _spawn(self, name: str, module: str, args: list[str]) -> ManagedProcess:
-        proc = ManagedProcess(name, [sys.executable, "-m", module, *args], self.run_dir / "logs" / f"{name}.log")
+    def _spawn(self, name: str, module: str, args: list[str], *, nats_user: str | None = None,
+               env: dict[str, str] | None = None) -> ManagedProcess:
+        """Start ``python -m module args``; with auth on, its credentials go in its environment (flags show in ps)."""
+        extra = dict(env or {})
+        if self.credentials is not None and nats_user is not None:
+            prefix, c = ENV_PREFIX[module], self.credentials
+            extra |= {prefix + "NATS_USER": nats_user, prefix + "NATS_PASSWORD": c.nats_password(nats_user),
+                      prefix + "ETCD_USER": c.etcd_user or "", prefix + "ETCD_PASSWORD": c.etcd_password or ""}
+        proc = ManagedProcess(name, [sys.executable, "-m", module, *args], self.run_dir / "logs" / f"{name}.log",
+                              env={**os.environ, **extra} if extra else None)
         self.processes.append(proc)
         return proc
+
+    def _instance_ids(self) -> list[tuple[str, str]]:
+        """(instance id, role) of every engine this stack starts."""
+        s = self.settings
+        roles = ["prefill"] * s.prefill + ["decode"] * s.decode + ["null"] * s.colocated
+        counters = {"prefill": 0, "decode": 0, "null": 0}
+        ids = []
+        for role in roles:
+            ids.append((f"{ROLE_PREFIX[role]}{counters[role]}", role))
+            counters[role] += 1
+        return ids
+
+    def _spare_ids(self) -> list[str]:
+        """The ids the planner's local connector gives the engines it starts (after ours, per role)."""
+        s = self.settings
+        counts = {"prefill": s.prefill, "decode": s.decode, "null": s.colocated}
+        return [f"{ROLE_PREFIX[role]}{n + k}" for role, n in counts.items() for k in range(s.spare_worker_ids)]
+
+    def _make_credentials(self) -> list[NatsUser]:
+        """Credentials for this run (written 0600 to the run dir) and the nats-server users they give."""
+        s = self.settings
+        spares = self._spare_ids() if planner_uses_local_connector(s.planner_args) else []
+        ids = [i for i, _ in self._instance_ids()] + spares
+        permissions = user_permissions(Subjects(s.namespace), ids)
+        self.credentials = creds = Credentials.generate(permissions, api_key=s.api_key)
+        self.api_key = creds.api_key
+        creds.write(self.run_dir / "credentials.json")
+        if spares:  # what the planner's local connector hands the workers it starts: nothing else
+            creds.subset(worker_user(i) for i in spares).write(self.run_dir / "worker-credentials.json")
+        return [NatsUser(user, creds.nats[user], p) for user, p in permissions.items()]
 
     def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -227,37 +284,45 @@ class Stack:
 
     def _start(self) -> None:
         s = self.settings
-        self.nats = NatsServer(self.run_dir, host=s.host, port=s.nats_port or None)
-        self._say(f"nats-server up at {self.nats.url}")
-        self.etcd = EtcdServer(self.run_dir, host=s.host, port=s.etcd_port or None)
-        self._say(f"etcd up at {self.etcd.url}")
+        users = self._make_credentials() if s.auth else []
+        self.nats = NatsServer(self.run_dir, host=s.host, port=s.nats_port or None, users=users,
+                               client_user="admin" if users else None)
+        self._say(f"nats-server up at {self.nats.plain_url}")
+        self.etcd = EtcdServer(self.run_dir, host=s.host, port=s.etcd_port or None,
+                               auth=EtcdAuth.of(self.credentials) if self.credentials else None)
+        self._say(f"etcd up at {self.etcd.plain_url}")
+        if self.credentials is not None:
+            self._say(f"auth on: a NATS user per service and engine, etcd auth, gateway API key "
+                      f"(credentials in {self.run_dir / 'credentials.json'})")
         common = self._common()
         monitor_port = s.monitor_port or self._free_port()
         gateway_port = s.gateway_port or self._free_port()
         self.monitor_url = f"http://{s.host}:{monitor_port}"
         self.gateway_url = f"http://{s.host}:{gateway_port}"
-        self._spawn("monitor", "services.monitor", [*common, "--http-host", s.host, "--http-port", str(monitor_port)])
+        self._spawn("monitor", "services.monitor", [*common, "--http-host", s.host, "--http-port", str(monitor_port)],
+                    nats_user="monitor")
         ttft, tpot = s.planning_slo()
         # The planner's and the gateway's policies model the engines this stack runs, at the SLO it serves.
         plan = ["--profile", s.profile, "--slo-ttft-s", str(ttft), "--slo-tpot-s", str(tpot)]
-        self._spawn("planner", "services.planner", [*common, *plan, "--policy", s.planner_policy, *s.planner_args])
+        spares = self.run_dir / "worker-credentials.json"
+        self._spawn("planner", "services.planner", [*common, *plan, "--policy", s.planner_policy, *s.planner_args],
+                    nats_user="planner",
+                    env={"POISE_PLANNER_WORKER_CREDENTIALS_FILE": str(spares)} if spares.exists() else None)
         self._spawn("migrator", "services.migrator", [*common, *plan, "--policy", s.migration_policy,
-                                                      "--mechanism", s.migration_mechanism])
+                                                      "--mechanism", s.migration_mechanism], nats_user="migrator")
         self._spawn("gateway", "services.gateway", [*common, *plan, "--dispatch-policy", s.dispatch_policy,
                                                     "--host", s.host, "--port", str(gateway_port),
-                                                    *s.gateway_policy_args(), *s.gateway_args])
+                                                    *s.gateway_policy_args(), *s.gateway_args],
+                    nats_user="gateway",
+                    env={"POISE_GATEWAY_API_KEYS": json.dumps([self.api_key])} if self.api_key else None)
         self._say(f"planner policy {s.planner_policy}, dispatch {s.dispatch_policy}, planning for TTFT {ttft:g}s / "
                   f"TPOT {tpot:g}s")
         engine_args = s.engine_args()
         if engine_args or s.late_binding:
             late = f"late binding {s.late_binding_policy} depth {s.late_binding_depth}" if s.late_binding else "no late binding"
             self._say(f"engines: {' '.join(engine_args) or 'default scheduling'}; gateway: {late}")
-        roles = ["prefill"] * s.prefill + ["decode"] * s.decode + ["null"] * s.colocated
-        counters = {"prefill": 0, "decode": 0, "null": 0}
-        for role in roles:
-            short = {"prefill": "p", "decode": "d", "null": "c"}[role]
-            instance_id = f"{short}{counters[role]}"
-            counters[role] += 1
+        engines = self._instance_ids()
+        for instance_id, role in engines:
             engine_port = self._free_port()
             self.engines[instance_id] = f"http://{s.host}:{engine_port}"
             args = [*common, "--instance-id", instance_id, "--role", role, "--engine-kind", "sim",
@@ -268,9 +333,9 @@ class Stack:
                 args += ["--bootstrap-port", str(self._free_port())]
             if engine_args:  # every engine, whatever its role: a flip keeps the engine's settings
                 args += ["--extra-args", json.dumps(engine_args)]
-            self._spawn(f"worker-{instance_id}", "services.worker", args)
-        self._say(f"started {len(self.processes)} processes; waiting for {len(roles)} engines to register")
-        self._wait_ready(len(roles))
+            self._spawn(f"worker-{instance_id}", "services.worker", args, nats_user=worker_user(instance_id))
+        self._say(f"started {len(self.processes)} processes; waiting for {len(engines)} engines to register")
+        self._wait_ready(len(engines))
         self._write_state()
         self._say(f"stack ready: gateway {self.gateway_url}  (logs in {self.run_dir / 'logs'})")
 
@@ -311,15 +376,18 @@ class Stack:
 
     def _write_state(self) -> None:
         assert self.nats is not None and self.etcd is not None
-        state = {"gateway_url": self.gateway_url, "monitor_url": self.monitor_url, "nats_url": self.nats.url,
-                 "etcd_url": self.etcd.url, "namespace": self.settings.namespace, "model": self.settings.model,
+        state = {"gateway_url": self.gateway_url, "monitor_url": self.monitor_url, "nats_url": self.nats.plain_url,
+                 "etcd_url": self.etcd.plain_url, "namespace": self.settings.namespace, "model": self.settings.model,
                  "run_dir": str(self.run_dir), "engines": self.engines,
                  "planner_policy": self.settings.planner_policy, "dispatch_policy": self.settings.dispatch_policy,
-                 "engine_args": self.settings.engine_args(), "gateway_policy_args": self.settings.gateway_policy_args()}
+                 "engine_args": self.settings.engine_args(), "gateway_policy_args": self.settings.gateway_policy_args(),
+                 # What `poise admin` and `poise bench` log in with (these files are readable by this user only).
+                 "auth": self.credentials is not None, "api_key": self.api_key,
+                 "credentials_file": str((self.run_dir / "credentials.json").resolve()) if self.credentials else None}
         text = json.dumps(state, indent=2)
-        (self.run_dir / "stack.json").write_text(text)
+        _write_private(self.run_dir / "stack.json", text)
         STATE_DIR.mkdir(exist_ok=True)
-        (STATE_DIR / "current.json").write_text(text)
+        _write_private(STATE_DIR / "current.json", text)
 
     def check_alive(self) -> list[str]:
         """Processes that died. A worker that exited 0 retired on purpose (the planner scaled it in): not dead."""
@@ -350,6 +418,47 @@ class Stack:
             except (OSError, ValueError):
                 pass
         self._say("stack stopped")
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` readable by this user only (the state names the API key)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o600)
+
+
+def planner_uses_local_connector(planner_args: list[str]) -> bool:
+    """Whether the planner will start engines itself (``--connector local``, or POISE_PLANNER_CONNECTOR=local)."""
+    for i, arg in enumerate(planner_args):
+        if arg == "--connector" and i + 1 < len(planner_args):
+            return planner_args[i + 1] == "local"
+        if arg.startswith("--connector="):
+            return arg.split("=", 1)[1] == "local"
+    return os.environ.get("POISE_PLANNER_CONNECTOR") == "local"
+
+
+def current_admin_credentials(nats_url: str | None = None) -> tuple[str, str] | None:
+    """The admin NATS user and password of the stack `poise up` started here (None: none, or auth off).
+
+    With ``nats_url``, only when that is the stack's NATS (another server never gets this password)."""
+    current = read_current_stack() or {}
+    path = current.get("credentials_file")
+    if not path or (nats_url is not None and nats_url != current.get("nats_url")):
+        return None
+    try:
+        return "admin", Credentials.read(Path(path)).nats_password("admin")
+    except PoiseError:
+        return None
+
+
+def current_api_key(gateway_url: str) -> str | None:
+    """The API key of the stack `poise up` started here, when ``gateway_url`` is its gateway."""
+    current = read_current_stack() or {}
+    if str(current.get("gateway_url", "")).rstrip("/") != gateway_url.rstrip("/"):
+        return None
+    key = current.get("api_key")
+    return key if isinstance(key, str) and key else None
 
 
 def read_current_stack() -> dict[str, str] | None:

@@ -34,7 +34,7 @@ from shared.protocol import (
     Subjects,
 )
 from shared.protocol.moves import GatewayRequests, GatewayRequestsQuery, MoveCommand, MoveReply
-from shared.registry import InstanceWatcher, Registry
+from shared.registry import InstanceWatcher, Registry, registry_from_settings
 from shared.runtime import AdminEndpoint, replica_id
 from shared.tokens import TokenCounter, make_counter
 
@@ -95,7 +95,7 @@ class GatewayService:
                              error_reply=lambda m: GatewayRequests(gateway=self.move_token, requests=[]))
         await self.bus.serve(self.subjects.gateway_move(self.move_token), MoveCommand, self._on_move,
                              error_reply=lambda m: MoveReply(ok=False, message=m), concurrent=True)
-        self.registry = Registry(s.etcd_url, self.keys)
+        self.registry = registry_from_settings(s, self.keys)
         await self.registry.connect()
         self._watcher = InstanceWatcher(self.registry, on_change=self._on_instances)
         await self._watcher.start()

@@ -71,6 +71,11 @@ class MigratorService(ElectedService):
         admin.register("evacuate", self._admin_evacuate,
                        "evacuate instance=<decode instance> [deadline_s=<s>]: move all its running requests away")
 
+    def register_control_verbs(self, control: AdminEndpoint) -> None:
+        # The planner's drain by migration (services/planner/service.py) asks here, not on the admin subject.
+        control.register("evacuate", self._admin_evacuate,
+                         "evacuate instance=<decode instance> [deadline_s=<s>]: move all its running requests away")
+
     async def before_stop(self) -> None:
         for task in list(self._moves):
             task.cancel()

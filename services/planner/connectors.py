@@ -35,13 +35,14 @@ from typing import IO, Any, Literal, Protocol
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.worker.sidecar import worker_admin_service
 from shared.bus import Bus
 from shared.devservers import free_port
 from shared.errors import BusTimeout, PoiseError
 from shared.latency import DEFAULT_PROFILE
 from shared.protocol import AdminCommand, AdminReply, Subjects
 from shared.protocol.messages import Role
+from shared.protocol.permissions import worker_user
+from shared.security import Credentials, without_secrets
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ async def request_retire(bus: Bus, subjects: Subjects, instance_id: str, drain_t
     """
     command = AdminCommand(verb="retire", args={"drain_timeout_s": f"{drain_timeout_s:g}"})
     try:
-        reply = await bus.request(subjects.admin(worker_admin_service(instance_id)), command, AdminReply,
+        reply = await bus.request(subjects.worker_control(instance_id), command, AdminReply,
                                   timeout_s=drain_timeout_s + reply_margin_s)
     except BusTimeout as exc:
         log.warning("retire of %s: %s", instance_id, exc)
@@ -157,6 +158,13 @@ class LocalConnectorSettings(_BusSettings):
     """How :class:`LocalConnector` launches workers: the flags ``poise up`` gives its engine_sim workers."""
 
     etcd_url: str = Field(default="http://127.0.0.1:2379", description="etcd URL the workers register in.")
+    etcd_user: str | None = Field(default=None, description="etcd user the workers log in as (without worker_credentials_file).")
+    etcd_password: str | None = Field(default=None, description="etcd password for etcd_user.")
+    worker_credentials_file: Path | None = Field(
+        default=None,
+        description="JSON credentials (shared.security.Credentials) with one NATS user per worker id this connector "
+                    "may start (worker-<id>) and the etcd user; `poise up` writes one. Unset = the workers get the "
+                    "connector's own NATS and etcd credentials.")
     profile: str = Field(default=DEFAULT_PROFILE, description="Latency profile of the simulated engines (name/path).")
     model: str = Field(default="meta-llama/Llama-3.1-8B-Instruct", description="Served model name.")
     time_scale: float = Field(default=1.0, ge=0.0, description="engine_sim compute time multiplier (0 = free compute).")
@@ -239,11 +247,27 @@ class LocalConnector:
                 "--engine-host", s.host, "--engine-port", str(self._free_port()), "--profile", s.profile,
                 "--model", s.model, "--time-scale", str(s.time_scale), "--seed", str(s.seed + len(self._issued)),
                 "--log-dir", str(s.log_dir)]
-        if s.nats_user:
-            argv += ["--nats-user", s.nats_user, "--nats-password", s.nats_password or ""]
         if role != "null":  # decode engines get one too: a flip to prefill needs it
             argv += ["--bootstrap-port", str(self._free_port())]
         return argv + list(s.worker_args)
+
+    def _env(self, instance_id: str) -> dict[str, str]:
+        """The worker's environment: ours without secrets, plus its own credentials (env, not flags: ps shows flags)."""
+        s = self.settings
+        env = {**without_secrets(dict(os.environ)), "PYTHONUNBUFFERED": "1"}
+        nats_user, nats_password, etcd_user, etcd_password = s.nats_user, s.nats_password, s.etcd_user, s.etcd_password
+        if s.worker_credentials_file is not None:
+            creds = Credentials.read(s.worker_credentials_file)
+            nats_user = worker_user(instance_id)
+            if nats_user not in creds.nats:
+                raise ConnectorError(f"{s.worker_credentials_file} has no NATS user for worker {instance_id} "
+                                     f"({nats_user}); `poise up` makes users for --spare-worker-ids more engines per role")
+            nats_password, etcd_user, etcd_password = creds.nats[nats_user], creds.etcd_user, creds.etcd_password
+        for name, value in (("NATS_USER", nats_user), ("NATS_PASSWORD", nats_password), ("ETCD_USER", etcd_user),
+                            ("ETCD_PASSWORD", etcd_password)):
+            if value:
+                env[f"POISE_WORKER_{name}"] = value
+        return env
 
     async def start(self, role: Role) -> str:
         if self._closing:
@@ -252,12 +276,13 @@ class LocalConnector:
         instance_id = next_instance_id(role, {*self._existing_ids(), *self._issued})
         self._issued.add(instance_id)
         argv = self._argv(instance_id, role)
+        env = self._env(instance_id)
         log_path = self.settings.log_dir / f"worker-{instance_id}.log"
         log_file = await asyncio.to_thread(_open_log, log_path, argv)
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=asyncio.subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env=env,
                 start_new_session=True,  # a Ctrl-C in the planner's terminal must not skip the worker's drain
             )
         except OSError as exc:

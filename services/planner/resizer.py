@@ -143,6 +143,8 @@ def build_connector(settings: PlannerSettings, bus: Bus, existing_ids: Callable[
                               "nats_user": settings.nats_user, "nats_password": settings.nats_password}
     if settings.connector == "local":
         local = LocalConnectorSettings(**{"profile": settings.profile, **common, "etcd_url": settings.etcd_url,
+                                          "etcd_user": settings.etcd_user, "etcd_password": settings.etcd_password,
+                                          "worker_credentials_file": settings.worker_credentials_file,
                                           **settings.connector_settings})
         return LocalConnector(local, bus=bus, existing_ids=existing_ids)
     if settings.connector == "kubernetes":

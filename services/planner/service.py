@@ -226,7 +226,7 @@ class PlannerService(ElectedService):
         """Have the migrator move the running requests off a decode instance that is draining for a flip."""
         await asyncio.sleep(EVACUATE_AFTER_S)
         try:
-            reply = await self.bus.request(self.subjects.admin("migrator"), AdminCommand(
+            reply = await self.bus.request(self.subjects.control("migrator"), AdminCommand(
                 verb="evacuate", args={"instance": instance_id, "deadline_s": f"{deadline_s:g}"}),
                 AdminReply, timeout_s=deadline_s + 10.0)
         except (BusTimeout, PoiseError) as exc:

@@ -25,6 +25,7 @@ from typing import IO
 from services.worker.config import SGLANG_DEFAULT_BOOTSTRAP_PORT, WorkerSettings
 from shared.errors import ConfigError
 from shared.protocol.messages import Role
+from shared.security import without_secrets
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +221,7 @@ class EngineProcess:
 
     async def start(self) -> None:
         self._log = self._open_log()  # a local file append: not worth a thread
-        env = {**os.environ, **(self._env or {}), "PYTHONUNBUFFERED": "1"}
+        env = {**without_secrets(dict(os.environ)), **(self._env or {}), "PYTHONUNBUFFERED": "1"}  # no NATS/etcd passwords
         self._proc = await asyncio.create_subprocess_exec(
             *self.argv, stdin=asyncio.subprocess.DEVNULL, stdout=self._log, stderr=asyncio.subprocess.STDOUT,
             env=env, start_new_session=True,

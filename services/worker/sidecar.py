@@ -62,7 +62,7 @@ from shared.protocol import (
     Subjects,
 )
 from shared.protocol.messages import InstanceStatus, Role
-from shared.registry import ETCD_ERRORS, InstanceRegistration, Registry
+from shared.registry import ETCD_ERRORS, InstanceRegistration, Registry, registry_from_settings
 from shared.runtime import AdminEndpoint, AsyncServiceMixin, StopOnce, Uptime, cancel_and_wait, replica_id, require_arg
 
 log = logging.getLogger(__name__)
@@ -125,6 +125,7 @@ class WorkerService(AsyncServiceMixin):
         self._http: httpx.AsyncClient | None = None
         self._client: EngineClient | None = None
         self._admin: AdminEndpoint | None = None
+        self._control: AdminEndpoint | None = None
         self._command_sub: Any = None
         self._engine: EngineProcess | None = None
         self._engine_info: EngineServerInfo | None = None
@@ -167,7 +168,7 @@ class WorkerService(AsyncServiceMixin):
             log.warning("no latency profile for capacity fallbacks: %s", exc)
         self._bus = bus_from_settings(s, name=f"poise-worker-{self.instance_id}")
         await self._bus.connect()
-        self._registry = Registry(s.etcd_url, self.keys)
+        self._registry = registry_from_settings(s, self.keys)
         await self._registry.connect()
         self._registration = InstanceRegistration(self._registry, ttl_s=s.lease_ttl_s)
         self._http = httpx.AsyncClient(timeout=s.engine_timeout_s, trust_env=False)  # no proxies to engines
@@ -188,6 +189,11 @@ class WorkerService(AsyncServiceMixin):
         self._admin.register("set-role", self._admin_set_role, "set-role role=prefill|decode [drain_timeout_s=<s>]")
         self._admin.register("retire", self._admin_retire, "retire [drain_timeout_s=<s>]: drain, deregister, exit")
         await self._admin.start()
+        # The planner's connector retires engines here: the admin subject is the operator's only.
+        self._control = AdminEndpoint(self._bus, self.subjects, worker_admin_service(self.instance_id),
+                                      self.service_status, subject=self.subjects.worker_control(self.instance_id))
+        self._control.register("retire", self._admin_retire, "retire [drain_timeout_s=<s>]: drain, deregister, exit")
+        await self._control.start()
         self._tasks.append(asyncio.create_task(self._load_loop(), name=f"loads-{self.instance_id}"))
         if self._engine is not None:
             self._tasks.append(asyncio.create_task(self._supervise(), name=f"supervise-{self.instance_id}"))
@@ -199,8 +205,9 @@ class WorkerService(AsyncServiceMixin):
     async def _stop_once(self) -> None:
         await cancel_and_wait(self._tasks)
         self._tasks.clear()
-        if self._admin is not None:
-            await self._admin.stop()
+        for endpoint in (self._admin, self._control):
+            if endpoint is not None:
+                await endpoint.stop()
         if self._command_sub is not None:
             with contextlib.suppress(Exception):
                 await self._command_sub.unsubscribe()

@@ -61,5 +61,39 @@ class Subjects:
         return f"{self._root}.monitor.snapshot"
 
     def admin(self, service: str) -> str:
-        """:class:`AdminCommand` to a service (``status`` and service-specific verbs)."""
+        """:class:`AdminCommand` from an operator (``poise admin``) to a service (``status`` and its verbs).
+
+        Only the admin NATS user may publish here (:mod:`shared.protocol.permissions`); one service asks another
+        on :meth:`control` / :meth:`worker_control` instead.
+        """
         return f"{self._root}.admin.{_token(service, 'service')}"
+
+    # -- service-to-service commands (not the operator's admin subjects) --------------------------------
+    def worker_control(self, instance_id: str) -> str:
+        """:class:`AdminCommand` from the planner's connector to one sidecar (``retire``); :class:`AdminReply`."""
+        return f"{self._root}.worker.{_token(instance_id, 'instance id')}.control"
+
+    def control(self, service: str) -> str:
+        """:class:`AdminCommand` from another service (the planner's ``evacuate`` to the migrator); :class:`AdminReply`."""
+        return f"{self._root}.control.{_token(service, 'service')}"
+
+    # -- wildcards: subscriptions and NATS permissions (shared/protocol/permissions.py) ------------------
+    def everything(self) -> str:
+        """Every subject of this namespace."""
+        return f"{self._root}.>"
+
+    def worker_command_all(self) -> str:
+        return f"{self._root}.worker.*.cmd"
+
+    def worker_control_all(self) -> str:
+        return f"{self._root}.worker.*.control"
+
+    def gateway_move_all(self) -> str:
+        return f"{self._root}.gateway.*.move"
+
+    def admin_all(self) -> str:
+        return f"{self._root}.admin.*"
+
+
+REPLY_INBOXES = "_INBOX.>"
+"""Where replies to requests arrive: nats-py's default inbox prefix (``Bus.request`` and ``Bus.gather``)."""

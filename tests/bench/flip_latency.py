@@ -181,7 +181,7 @@ async def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
         w1 = trace.slice(args.start_s, args.policy_s)
         print(f"policy phase: {len(w1.requests)} requests, planner policy {stack.settings.planner_policy}", file=sys.stderr)
         t1 = time.monotonic()
-        r1 = await replay(w1, stack.gateway_url, model=model, slo=slo, keep_token_times=False)
+        r1 = await replay(w1, stack.gateway_url, model=model, slo=slo, keep_token_times=False, api_key=stack.api_key)
         status = (await ask(bus, subjects, "status")).status
         assert status is not None
         policy_flips = [e for t, e in events if t >= t1 and e.kind in ("flip_done", "flip_failed") and e.source == "policy"]
@@ -194,7 +194,7 @@ async def run(stack: Stack, args: argparse.Namespace) -> dict[str, Any]:
         print(f"flip phase: {len(w2.requests)} requests, a flip every {args.every_s:g}s", file=sys.stderr)
         start = time.monotonic()
         r2, flips = await asyncio.gather(
-            replay(w2, stack.gateway_url, model=model, slo=slo, keep_token_times=False),
+            replay(w2, stack.gateway_url, model=model, slo=slo, keep_token_times=False, api_key=stack.api_key),
             flipper(bus, subjects, watch, events, start, start + args.flip_s - 2.0, args.every_s, args.first_at_s))
         await ask(bus, subjects, "resume")
     finally:

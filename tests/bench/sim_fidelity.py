@@ -99,7 +99,8 @@ def simulate_mix(workload: Workload, model: LatencyModel, slo: SLO, rate: float 
 
 
 def _replay(stack: Stack, workload: Workload, slo: SLO, rate: float = 1.0) -> ReplayResult:
-    return asyncio.run(replay(workload, stack.gateway_url, model=stack.settings.model, slo=slo, rate_scale=rate))
+    return asyncio.run(replay(workload, stack.gateway_url, model=stack.settings.model, slo=slo, rate_scale=rate,
+                              api_key=stack.api_key))
 
 
 def calibrate(stack: Stack, model: LatencyModel) -> None:

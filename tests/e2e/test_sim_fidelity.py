@@ -64,9 +64,9 @@ def test_live_stack_and_simulator_agree_on_a_short_slice(tmp_path: Path) -> None
     stack.start()
     try:
         calibration_live = asyncio.run(replay(calibration, stack.gateway_url, model=settings.model, slo=slo,
-                                              timeout_s=120))
+                                              timeout_s=120, api_key=stack.api_key))
         live = asyncio.run(replay(workload, stack.gateway_url, model=settings.model, slo=slo, rate_scale=RATE_SCALE,
-                                  timeout_s=120)).summary
+                                  timeout_s=120, api_key=stack.api_key)).summary
     finally:
         stack.stop()
     # This host's serving-path delay, measured on the calibration slice (what overhead.py holds for the VM it

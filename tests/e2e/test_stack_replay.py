@@ -1,6 +1,7 @@
 """End to end: the whole stack as processes (real NATS, etcd, gateway, control plane, 2P+2D engine_sim),
 a slice of the real Azure conversation trace replayed through it, and the report checked against the
-per-request records."""
+per-request records. Auth is on, as `poise up` has it: every process runs as its own NATS user, etcd wants a
+login, the gateway an API key."""
 
 from __future__ import annotations
 
@@ -35,12 +36,18 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     s.stop()
 
 
+def _auth(stack: Stack) -> dict[str, str]:
+    assert stack.api_key
+    return {"Authorization": f"Bearer {stack.api_key}"}
+
+
 def test_trace_replay_completes_every_request(stack: Stack, tmp_path: Path) -> None:
     workload = load_trace("azure-conv").slice(0.0, None, 200)
     slo = slo_for("azure-conv")
 
     async def go():  # type: ignore[no-untyped-def]
-        return await replay(workload, stack.gateway_url, model=MODEL, rate_scale=2.0, slo=slo, timeout_s=120)
+        return await replay(workload, stack.gateway_url, model=MODEL, rate_scale=2.0, slo=slo, timeout_s=120,
+                            api_key=stack.api_key)
 
     result = asyncio.run(go())
     records = result.records
@@ -67,7 +74,7 @@ def test_trace_replay_completes_every_request(stack: Stack, tmp_path: Path) -> N
 
 def test_malformed_requests_do_not_disturb_others(stack: Stack) -> None:
     async def go() -> tuple[list[int], list[httpx.Response]]:
-        async with httpx.AsyncClient(timeout=60, trust_env=False) as client:
+        async with httpx.AsyncClient(timeout=60, trust_env=False, headers=_auth(stack)) as client:
             url = stack.gateway_url + "/v1/completions"
             good = [client.post(url, json={"model": MODEL, "prompt": list(range(50 + i)), "max_tokens": 20,
                                            "ignore_eos": True}) for i in range(6)]
@@ -90,7 +97,7 @@ def test_malformed_requests_do_not_disturb_others(stack: Stack) -> None:
 
 def test_chat_stream_and_non_stream(stack: Stack) -> None:
     url = stack.gateway_url + "/v1/chat/completions"
-    with httpx.Client(timeout=60, trust_env=False) as client:
+    with httpx.Client(timeout=60, trust_env=False, headers=_auth(stack)) as client:
         body = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 12, "ignore_eos": True}
         r = client.post(url, json=body)
         assert r.status_code == 200, r.text
@@ -147,7 +154,7 @@ def test_admin_set_role_flips_an_engine_and_back(stack: Stack) -> None:
     assert flipped.returncode == 0, flipped.stdout + flipped.stderr
     assert roles()["d1"] == "prefill"
     # The flipped engine now serves prefill legs: requests still complete with 3 prefill + 1 decode.
-    with httpx.Client(timeout=60, trust_env=False) as client:
+    with httpx.Client(timeout=60, trust_env=False, headers=_auth(stack)) as client:
         for i in range(4):
             r = client.post(stack.gateway_url + "/v1/completions",
                             json={"model": MODEL, "prompt": list(range(30 + i)), "max_tokens": 5, "ignore_eos": True})
@@ -166,3 +173,30 @@ def test_gateway_and_monitor_export_prometheus_metrics(stack: Stack) -> None:
     assert "poise_gateway_tpot_seconds_bucket" in gateway
     assert 'poise_instance_running_reqs{instance="p0",role="prefill"}' in monitor
 
+
+
+def test_the_stack_runs_with_auth_on(stack: Stack) -> None:
+    """The gateway wants the key; credentials are private; NATS and etcd refuse strangers."""
+    with httpx.Client(timeout=30, trust_env=False) as client:
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+        assert client.post(stack.gateway_url + "/v1/completions", json=body).status_code == 401
+        assert client.post(stack.gateway_url + "/v1/completions", json=body,
+                           headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert client.get(stack.gateway_url + "/health").status_code == 200  # health needs no key
+    for name in ("credentials.json", "stack.json"):
+        assert (stack.run_dir / name).stat().st_mode & 0o777 == 0o600
+    assert stack.nats is not None and stack.etcd is not None
+    conf = (stack.run_dir / "nats-auth.conf").read_text()
+    assert '"worker-p0"' in conf and "allow_responses" in conf
+    out = subprocess.run([sys.executable, "-m", "services.cli", "admin", "--nats-url", stack.nats.plain_url,
+                          "--user", "gateway", "--password", "wrong", "status"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "refused" in out.stderr
+
+
+def test_no_process_was_refused_a_publish_or_subscribe(stack: Stack) -> None:
+    """After everything above (replay, bench, flips with drain by migration, admin): the permission matrix let
+    every process do its job; nats-server refuses quietly, so the logs are where a missing permission shows."""
+    logs = {p.name: p.log_path.read_text(errors="replace") for p in stack.processes}
+    refused = {name: [line for line in text.splitlines() if "permissions violation" in line][:3]
+               for name, text in logs.items() if "permissions violation" in text}
+    assert refused == {}

@@ -353,7 +353,7 @@ def _k8s_settings(server: EmbeddedHttpServer, token: Path, ns: str, nats_url: st
 
 
 async def _fake_sidecars(bus: Bus, ns: str, ids: list[str], refuse: set[str] | None = None) -> list[tuple[str, AdminCommand]]:
-    """Answer the retire verb on the given sidecars' admin subjects (real NATS), recording what came."""
+    """Answer the retire verb on the given sidecars' control subjects (real NATS), recording what came."""
     seen: list[tuple[str, AdminCommand]] = []
     for instance_id in ids:
         async def handler(cmd: AdminCommand, instance_id: str = instance_id) -> AdminReply:
@@ -362,7 +362,7 @@ async def _fake_sidecars(bus: Bus, ns: str, ids: list[str], refuse: set[str] | N
                 return AdminReply(ok=False, message="retire refused: a role switch is in progress")
             return AdminReply(ok=True, message="drained in 0.01s; deregistered; stopping")
 
-        await bus.serve(Subjects(ns).admin(worker_admin_service(instance_id)), AdminCommand, handler,
+        await bus.serve(Subjects(ns).worker_control(instance_id), AdminCommand, handler,
                         error_reply=lambda m: AdminReply(ok=False, message=m))
     return seen
 
