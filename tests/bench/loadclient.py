@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 
@@ -61,21 +63,29 @@ async def open_loop(url: str, body: dict[str, object], *, rate_rps: float, durat
             else:
                 phase.errors += 1
 
-        tasks = []
-        start = time.monotonic()
-        t = 0.0
-        while t < duration_s:
-            t += rng.expovariate(rate_rps)
-            delay = start + t - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(start + t)))
-            phase.sent += 1
-        _, pending = await asyncio.wait(tasks, timeout=max(0.0, start + duration_s + grace_s - time.monotonic()))
-        for task in pending:
-            task.cancel()
-        phase.errors += len(pending)
-        phase.wall_s = time.monotonic() - start
+        await poisson_arrivals(one, phase, rate_rps=rate_rps, duration_s=duration_s, grace_s=grace_s, rng=rng)
     finally:
         await client.aclose()
     return phase
+
+
+async def poisson_arrivals(one: Callable[[float], Coroutine[Any, Any, None]], phase: Any, *, rate_rps: float, duration_s: float,
+                           grace_s: float, rng: random.Random) -> None:
+    """Call ``one(scheduled_time)`` at Poisson arrivals for ``duration_s`` (open loop: never waits for answers),
+    then give the stragglers ``grace_s``; a request still running then counts as an error. ``phase`` gets
+    ``sent``, ``errors`` and ``wall_s``."""
+    tasks: list[asyncio.Task[None]] = []
+    start = time.monotonic()
+    t = 0.0
+    while t < duration_s:
+        t += rng.expovariate(rate_rps)
+        delay = start + t - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(start + t)))
+        phase.sent += 1
+    _, pending = await asyncio.wait(tasks, timeout=max(0.0, start + duration_s + grace_s - time.monotonic()))
+    for task in pending:
+        task.cancel()
+    phase.errors += len(pending)
+    phase.wall_s = time.monotonic() - start

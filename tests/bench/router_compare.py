@@ -50,7 +50,7 @@ import orjson
 from shared.devservers import EtcdServer, ManagedProcess, NatsServer, free_port
 from shared.http1 import Http1Pool
 from shared.latency import DEFAULT_PROFILE
-from tests.bench.loadclient import Phase, open_loop
+from tests.bench.loadclient import Phase, open_loop, poisson_arrivals
 from tests.bench.run import _stats
 
 OUT = Path("tests/bench/results")
@@ -389,21 +389,7 @@ async def open_loop_pd(pairs: list[tuple[Engine, Engine]], body: dict[str, Any],
             else:
                 phase.errors += 1
 
-        tasks = []
-        start = time.monotonic()
-        t = 0.0
-        while t < duration_s:
-            t += rng.expovariate(rate_rps)
-            delay = start + t - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(start + t)))
-            phase.sent += 1
-        _, pending = await asyncio.wait(tasks, timeout=max(0.0, start + duration_s + grace_s - time.monotonic()))
-        for task in pending:
-            task.cancel()
-        phase.errors += len(pending)
-        phase.wall_s = time.monotonic() - start
+        await poisson_arrivals(one, phase, rate_rps=rate_rps, duration_s=duration_s, grace_s=grace_s, rng=rng)
     finally:
         await client.aclose()
     return phase
