@@ -7,7 +7,8 @@ import asyncio
 import contextlib
 import sys
 import time
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import uvicorn
@@ -15,8 +16,8 @@ import uvicorn
 from services.gateway.app import create_app
 from services.gateway.config import GatewaySettings
 from services.gateway.service import GatewayService
-from shared.devservers import EtcdServer, ManagedProcess, NatsServer, free_port
-from shared.protocol import InstanceInfo
+from shared.devservers import EtcdServer, ManagedProcess, NatsServer, free_port, wait_for_port
+from shared.protocol import InstanceInfo, Keys
 from shared.registry import InstanceRegistration, Registry
 
 
@@ -74,3 +75,25 @@ async def register(registry: Registry, *infos: InstanceInfo) -> list[InstanceReg
         await reg.register(info)
         regs.append(reg)
     return regs
+
+
+def serving(engines: dict[str, SimEngine]) -> Iterator[dict[str, SimEngine]]:
+    """A fixture's body: wait until every engine listens, hand them over, stop them afterwards."""
+    try:
+        for e in engines.values():
+            wait_for_port("127.0.0.1", e.port, 30, e.proc.proc)
+        yield engines
+    finally:
+        for e in engines.values():
+            e.proc.stop()
+
+
+@contextlib.asynccontextmanager
+async def fresh_registry(etcd_server: EtcdServer) -> AsyncIterator[Registry]:
+    """A registry client on a namespace of its own (tests sharing one etcd never see each other's instances)."""
+    reg = Registry(etcd_server.url, Keys(f"t{uuid.uuid4().hex[:8]}"))
+    await reg.connect()
+    try:
+        yield reg
+    finally:
+        await reg.close()

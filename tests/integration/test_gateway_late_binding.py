@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import re
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -22,10 +21,9 @@ import pytest
 import pytest_asyncio
 
 from services.gateway.service import GatewayService
-from shared.devservers import EtcdServer, NatsServer, wait_for_port
-from shared.protocol import Keys
+from shared.devservers import EtcdServer, NatsServer
 from shared.registry import Registry
-from tests.integration.gateway_harness import SimEngine, register, run_gateway
+from tests.integration.gateway_harness import SimEngine, fresh_registry, register, run_gateway, serving
 from tests.integration.waiting import until
 
 MODEL = "lb-model"
@@ -46,19 +44,13 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SimE
     tmp = tmp_path_factory.mktemp("lb-engines")
     started = {"prefill": SimEngine(tmp, "prefill", MODEL, TIME_SCALE, bootstrap_timeout_s=10),
                "decode": SimEngine(tmp, "decode", MODEL, TIME_SCALE, bootstrap_timeout_s=10)}
-    for e in started.values():
-        wait_for_port("127.0.0.1", e.port, 30, e.proc.proc)
-    yield started
-    for e in started.values():
-        e.proc.stop()
+    yield from serving(started)
 
 
 @pytest_asyncio.fixture
 async def registry(etcd_server: EtcdServer) -> AsyncIterator[Registry]:
-    reg = Registry(etcd_server.url, Keys(f"t{uuid.uuid4().hex[:8]}"))
-    await reg.connect()
-    yield reg
-    await reg.close()
+    async with fresh_registry(etcd_server) as reg:
+        yield reg
 
 
 def gateway(nats_server: NatsServer, etcd_server: EtcdServer,

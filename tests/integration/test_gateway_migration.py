@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import random
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,12 +34,12 @@ from services.migrator.config import MigratorSettings
 from services.migrator.service import MigratorService
 from shared.bus import Bus
 from shared.devservers import EtcdServer, NatsServer, wait_for_port
-from shared.protocol import AdminCommand, AdminReply, Keys, Subjects
+from shared.protocol import AdminCommand, AdminReply, Subjects
 from shared.protocol.length_prediction import PREDICTION_FIELD
 from shared.protocol.moves import GatewayRequests, GatewayRequestsQuery, MoveCommand, MoveReply
 from shared.registry import Registry
 from shared.settings import load_settings
-from tests.integration.gateway_harness import SimEngine, engine_info, register, run_gateway
+from tests.integration.gateway_harness import SimEngine, engine_info, fresh_registry, register, run_gateway, serving
 from tests.integration.waiting import until
 
 MODEL = "mig-model"
@@ -104,19 +103,13 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SimE
     started = {"p0": SimEngine(tmp, "prefill", MODEL, TIME_SCALE, bootstrap_timeout_s=10),
                "d0": SimEngine(tmp, "decode", MODEL, TIME_SCALE, bootstrap_timeout_s=10, extra_args=oracle),
                "d1": SimEngine(tmp, "decode", MODEL, TIME_SCALE, bootstrap_timeout_s=10, extra_args=oracle)}
-    for e in started.values():
-        wait_for_port("127.0.0.1", e.port, 30, e.proc.proc)
-    yield started
-    for e in started.values():
-        e.proc.stop()
+    yield from serving(started)
 
 
 @pytest_asyncio.fixture
 async def registry(etcd_server: EtcdServer) -> AsyncIterator[Registry]:
-    reg = Registry(etcd_server.url, Keys(f"t{uuid.uuid4().hex[:8]}"))
-    await reg.connect()
-    yield reg
-    await reg.close()
+    async with fresh_registry(etcd_server) as reg:
+        yield reg
 
 
 @contextlib.asynccontextmanager
