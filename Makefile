@@ -43,7 +43,8 @@ test-fast: setup
 
 ## Benchmarks: gateway overhead and throughput, start-up time, simulator speed and fidelity, goodput of every
 ## mix, DOPD vs Dynamo, forecast latency, flips under traffic, FlowPrefill/late binding, Kairos, the ARES length
-## predictor on SmolLM2 (CPU), ARES rescheduling in the simulator. Results go to tests/bench/results/ (~65 min).
+## predictor on SmolLM2 (CPU), ARES rescheduling in the simulator, the latency model against the committed H100
+## timings (tests/bench/gpu/llama_forward.py runs on a GPU machine, by hand). Results: tests/bench/results/ (~65 min).
 bench: setup predictor-setup
 	$(PY) -m tests.bench.run $(ARGS)
 	$(PY) -m tests.bench.sim_speed
@@ -57,6 +58,7 @@ bench: setup predictor-setup
 	$(PY) -m tests.bench.length_batching
 	$(PY) -m tests.bench.predictor
 	$(PY) -m tests.bench.ares
+	$(PY) -m tests.bench.gpu_latency_check
 
 ## GPU nodes from one inventory (deploy/README.md): `make deploy INVENTORY=my.yaml DRY_RUN=1` prints the plan and
 ## writes the files (.poise/deploy/<name>/, or DEPLOY_OUT) without applying; without DRY_RUN it applies over ssh.
