@@ -30,6 +30,7 @@ from shared.latency.model import PROFILES_DIR
 
 RESULTS = Path(__file__).with_name("results") / "gpu"
 RAW = RESULTS / "llama_forward_h100.json"
+ARES_RAW = RESULTS / "ares_overhead_h100.json"  # tests/bench/gpu/ares_overhead.py
 FITTED_NAME = "llama-3.1-8b-h100-torch"
 OPERATORS = ("qkv_proj", "attn", "o_proj", "gate_up_proj", "down_proj")
 GRAPH_UP_TO = 8192  # prompts this short are read from the CUDA-graph replays (no Python launch gaps)
@@ -171,9 +172,30 @@ def report(raw: dict[str, Any], shipped: LatencyProfile, fitted: LatencyProfile,
     return "\n".join(lines) + "\n"
 
 
+def ares_section(ares: dict[str, Any], raw: dict[str, Any]) -> str:
+    """ARES' predictor next to the decode step it rides on: its share of decode time at k = 1 and 20."""
+    lines = ["", "## ARES' length predictor next to a decode step", "",
+             f"`tests/bench/gpu/ares_overhead.py` on one {ares['device']}: the MLP (services/predictor/model.py, "
+             "widths from the hidden size) on B bf16 hidden states on the GPU, results copied to the host, "
+             f"median of {ares['runs']} runs; decode step: the shortest context timed at that batch above. ARES "
+             "reports 0.38% of decode time at k = 20.", "",
+             "| hidden size | batch | predictor us | decode step ms | share at k = 1 | share at k = 20 |",
+             "|---|---|---|---|---|---|"]
+    for r in ares["rows"]:
+        contexts = [d for d in raw["decode"] if d["batch"] == r["batch"]]
+        if not contexts:
+            continue
+        step = min(contexts, key=lambda d: d["context"])
+        share = r["median_s"] / step["graph_step_s"]
+        lines.append(f"| {r['hidden']} | {r['batch']} | {r['median_s'] * 1e6:.0f} | {ms(step['graph_step_s'])} | "
+                     f"{share * 100:.2f}% | {share / 20 * 100:.3f}% |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--raw", type=Path, default=RAW)
+    ap.add_argument("--ares-raw", type=Path, default=ARES_RAW)
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder for the report (.md, .png)")
     ap.add_argument("--profile-out", type=Path, default=PROFILES_DIR / f"{FITTED_NAME}.json")
     args = ap.parse_args(argv)
@@ -185,7 +207,10 @@ def main(argv: list[str]) -> int:
     save_profile(fitted, args.profile_out)
     args.out.mkdir(parents=True, exist_ok=True)
     command = "python -m tests.bench.gpu_latency_check " + " ".join(argv)
-    (args.out / "latency_check.md").write_text(report(raw, shipped, fitted, pf, df, command.strip()))
+    text = report(raw, shipped, fitted, pf, df, command.strip())
+    if args.ares_raw.is_file():
+        text += ares_section(json.loads(args.ares_raw.read_text()), raw)
+    (args.out / "latency_check.md").write_text(text)
     write_plot(args.out / "latency_check.png", title=f"Llama-3.1-8B shapes on one {raw['device']} (eager torch)",
                prefill_samples=ps, prefill_fit=pf, chunk=None, decode_samples=ds, decode_fit=df)
     print(f"wrote {args.profile_out}, {args.out / 'latency_check.md'} and .png")

@@ -71,3 +71,14 @@ def test_latency_check_fits_the_committed_h100_run(tmp_path: Path) -> None:
     assert fit_decode(check.decode_samples(raw)).stats.r2 > 0.99
     assert "## Packing" in (tmp_path / "latency_check.md").read_text()
     assert (tmp_path / "latency_check.png").stat().st_size > 10_000
+
+
+def test_ares_overhead_script_runs(tmp_path: Path) -> None:
+    from tests.bench.gpu import ares_overhead
+
+    out = tmp_path / "ares.json"
+    assert ares_overhead.main(["--cpu", "--runs", "1", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["hidden"], r["batch"]) for r in rows} == {(h, b) for h in ares_overhead.HIDDEN_SIZES
+                                                         for b in ares_overhead.BATCHES}
+    assert all(r["median_s"] > 0 for r in rows)
