@@ -25,6 +25,7 @@ from loadgen.sim.events import PRIORITY_ARRIVAL, EventQueue
 from loadgen.sim.instance import SimRequest
 from loadgen.sim.prediction import DEFAULT_INTERVAL_TOKENS, PredictionCadence
 from shared.policies import LengthPredictor, MigrationPolicy, PoolPolicy, ScalingPolicy, ScalingTarget
+from shared.policies.dopd import Split, forecast_split
 from shared.protocol.messages import ClusterSnapshot, RequestEvent, SeriesPoint
 from shared.series import SeriesBuilder
 
@@ -75,6 +76,9 @@ class ControlLoop:
         self._next_roll = self.params.series_interval_s
         self._due = {"scaling": 0.0, "pools": 0.0, "migration": 0.0}
         self.decisions: list[tuple[float, str, str]] = []  # (t, kind, reason), for the report
+        self._relayed: Split | None = None  # the DOPD forecast last handed to the engines' prefill policies
+        self._relayed_to = 0  # how many instances existed then
+        self.relayed_isl: list[tuple[float, float]] = []  # (t, forecast ISL) as handed to the engines, for the report
         cluster.on_finish = self._finished
 
     def start(self) -> None:
@@ -135,12 +139,26 @@ class ControlLoop:
                 engine = self.cluster.instances.get(change.instance_id)
                 if engine is not None and self.cluster.flip(engine, change.new_role):
                     self.decisions.append((now, "flip", f"{change.instance_id} -> {change.new_role}: {change.reason}"))
+        self._relay_forecast()
         if self.migration is not None and migration_due:
             self._due["migration"] = now + self.migration.interval_s
             for move in self.migration.select(snap(), now):
                 self.cluster.migrate(move)
         if len(self.cluster.finished) < self.total:
             self.queue.at(now + self.params.tick_s, PRIORITY_ARRIVAL, self._tick)
+
+    def _relay_forecast(self) -> None:
+        """DOPD's newest ISL forecast to every engine prefill policy that batches by it (``dopd-length``), as
+        the live sidecars relay the planner's forecast events; new instances get it when they appear."""
+        split = forecast_split(self.pools) or forecast_split(self.scaling)
+        if split is None or (split is self._relayed and len(self.cluster.instances) == self._relayed_to):
+            return
+        self._relayed, self._relayed_to = split, len(self.cluster.instances)
+        self.relayed_isl.append((self.queue.now_s, split.isl))
+        for inst in self.cluster.instances.values():
+            setter = getattr(inst.prefill_policy, "set_forecast_isl", None)
+            if setter is not None:
+                setter(split.isl)
 
     def _is_due(self, kind: str) -> bool:
         return self.queue.now_s >= self._due[kind]

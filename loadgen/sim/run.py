@@ -90,6 +90,7 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
         "lifecycle": lifecycle_json(cluster.lifecycle),
         "decisions": [list(d) for d in loop.decisions] if loop is not None else [],
         "decode_balance": loop.balance.summary() if loop is not None else None,
+        "engine_forecast_isl": [list(x) for x in loop.relayed_isl] if loop is not None else [],
     }
     return ReplayResult(records=records, summary=summarize(records, slo, makespan, slo_classes), wall_s=makespan,
                         started_at=datetime.now(UTC).isoformat(), config=config)

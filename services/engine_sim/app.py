@@ -30,6 +30,7 @@ from services.engine_sim.engine import SGLANG_API_VERSION, EngineRequestError, S
 from services.engine_sim.requests import SimRequest
 from services.engine_sim.tokens import detokenize, token_text
 from services.engine_sim.transfer import KV_EXPORT_PATH
+from shared.protocol.engine_forecast import FORECAST_PATH
 
 log = logging.getLogger(__name__)
 
@@ -347,6 +348,31 @@ def create_app(engine: SimEngine) -> FastAPI:
             return _openai_error(f"no decoding request {rid!r} here", "NotFoundError", 404)
         return _json({"rid": rid, "context_tokens": req.context_tokens, "generated": req.generated,
                       "kv_bytes": engine.latency.kv_bytes(req.context_tokens)})
+
+    def forecast_state() -> dict[str, Any]:
+        policy = engine.prefill_policy
+        return {"isl": getattr(policy, "forecast_isl", None), "policy": policy.name,
+                "applies": hasattr(policy, "set_forecast_isl")}
+
+    @app.get(FORECAST_PATH)
+    async def get_forecast() -> Response:
+        return _json(forecast_state())
+
+    @app.post(FORECAST_PATH)
+    async def set_forecast(request: Request) -> Response:
+        """The planner's ISL forecast for DOPD's length-aware batching (shared/protocol/engine_forecast.py)."""
+        try:
+            body = await optional_body(request)
+        except P.SchemaError as exc:
+            return _schema_error(exc)
+        isl = body.get("isl")
+        if isl is not None and (isinstance(isl, bool) or not isinstance(isl, int | float) or not isl > 0):
+            return _openai_error(f"isl: Input should be a positive number or null, got {isl!r}",
+                                 HTTPStatus.BAD_REQUEST.phrase, 400, "isl")
+        setter = getattr(engine.prefill_policy, "set_forecast_isl", None)
+        if setter is not None:
+            setter(None if isl is None else float(isl))
+        return _json(forecast_state())
 
     @app.post("/pd_role_switch")
     async def pd_role_switch(request: Request) -> Response:

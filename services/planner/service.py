@@ -40,10 +40,11 @@ import msgspec
 from services.planner.config import PlannerSettings
 from services.planner.decider import Decider
 from services.planner.resizer import Resizer, build_connector
-from services.planner.views import last_split, policy_view, pool_rows, split_reason, target_prefill
+from services.planner.views import policy_view, pool_rows, split_reason, target_prefill
 from shared.elected import ElectedService
 from shared.errors import BusTimeout, PoiseError
 from shared.policies import PoolDecision, PoolPolicy, RoleChange, make_pool_policy, make_scaling_policy
+from shared.policies.dopd import forecast_split
 from shared.protocol import (
     AdminCommand,
     AdminReply,
@@ -153,7 +154,9 @@ class PlannerService(ElectedService):
     async def _note_target(self, snapshot: ClusterSnapshot) -> None:
         """Publish ``forecast`` when DOPD evaluated a new forecast, ``resize_requested`` when the policy's
         target prefill count moved."""
-        split = last_split(self.policy)
+        # The pool policy's forecast, else an elastic DOPD scaler's: either is what engines batch by.
+        split = forecast_split(self.policy) or (
+            forecast_split(self.resizer.policy) if self.resizer is not None else None)
         if split is not None and split is not self._last_split:
             self._last_split = split
             await self.publish_event("forecast", source="policy", forecast_rate_rps=split.rate_rps,

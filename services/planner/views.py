@@ -35,12 +35,6 @@ def target_prefill(policy: Any) -> int | None:
     return int(value) if value is not None else None
 
 
-def last_split(policy: Any) -> Any:
-    """DOPD's latest model evaluation (a ``Split``), None when the policy has no DOPD part or none yet."""
-    dopd = _dopd(policy)
-    return getattr(dopd, "last_split", None) if dopd is not None else None
-
-
 def split_reason(policy: Any) -> str:
     """One line on the model evaluation behind the target (DOPD's last split), empty when there is none."""
     dopd = _dopd(policy)

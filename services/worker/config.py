@@ -44,6 +44,7 @@ class WorkerSettings(ControlPlaneSettings):
     restart_backoff_s: float = Field(1.0, gt=0.0, description="First delay, in seconds, before restarting an engine that exited; doubles per consecutive failure.")
     restart_backoff_max_s: float = Field(30.0, gt=0.0, description="Upper bound of the restart delay, in seconds; an engine that ran this long before exiting starts the back-off (and the failure count) over.")
     restart_max_failures: int = Field(5, ge=0, description="Consecutive engine failures (an exit, or a restart that never became healthy) after which the worker gives up: it deregisters, logs why with the engine log's tail, and exits with status 1. 0 = restart forever.")
+    forecast_ttl_s: float = Field(35.0, gt=0.0, description="engine_sim prefill engines: seconds a relayed planner ISL forecast (DOPD, for the dopd-length prefill policy) stays in force without a newer one; then the sidecar withdraws it and the policy uses its own running mean. Default: three of DOPD's 10 s intervals and some slack.")
     engine_timeout_s: float = Field(5.0, gt=0.0, description="HTTP timeout, in seconds, of each health/load call to the engine.")
     stop_timeout_s: float = Field(15.0, gt=0.0, description="Seconds between SIGTERM and SIGKILL when stopping the engine.")
     log_dir: Path = Field(Path("logs"), description="Directory of the engine's log file (engine-<instance_id>.log).")

@@ -15,6 +15,10 @@
   with status 1 and its supervisor (systemd, Kubernetes, ``poise up``) sees it.
 - **sglang**: before anything else the engine environment's sglang version is checked against
   :data:`~services.worker.launcher.SUPPORTED_SGLANG_VERSIONS` (by running its interpreter, not importing it).
+- **forecast relay** (engine_sim only): the planner's ``forecast`` events on ``Subjects.planner_events()``
+  carry DOPD's forecast mean input length; the sidecar hands it to its engine's prefill policy
+  (``POST /poise_sim/forecast``, for ``dopd-length``) and withdraws it after ``forecast_ttl_s`` without a
+  newer one (services/worker/forecast.py). SGLang has no such hook and gets nothing.
 - **stop**: deregister first (no new traffic), then stop the engine, then close the connections.
 - **retire** (admin verb, what a connector's scale-in sends): mark the instance ``draining``, wait until the
   engine is idle (bounded; on timeout it goes on and says so), deregister, answer, then stop the whole
@@ -38,6 +42,7 @@ from typing import Any
 import httpx
 
 from services.worker.config import SGLANG_DEFAULT_BOOTSTRAP_PORT, WorkerSettings
+from services.worker.forecast import ForecastRelay
 from services.worker.launcher import (
     EngineProcess,
     build_engine_command,
@@ -61,7 +66,8 @@ from shared.protocol import (
     ServiceStatus,
     Subjects,
 )
-from shared.protocol.messages import InstanceStatus, Role
+from shared.protocol.engine_forecast import FORECAST_PATH
+from shared.protocol.messages import InstanceStatus, PlannerEvent, Role
 from shared.registry import ETCD_ERRORS, InstanceRegistration, Registry, registry_from_settings
 from shared.runtime import AdminEndpoint, AsyncServiceMixin, StopOnce, Uptime, cancel_and_wait, replica_id, require_arg
 
@@ -127,6 +133,8 @@ class WorkerService(AsyncServiceMixin):
         self._admin: AdminEndpoint | None = None
         self._control: AdminEndpoint | None = None
         self._command_sub: Any = None
+        self._forecast_sub: Any = None
+        self._forecast = ForecastRelay(ttl_s=settings.forecast_ttl_s)
         self._engine: EngineProcess | None = None
         self._engine_info: EngineServerInfo | None = None
         self._profile: LatencyProfile | None = None
@@ -195,6 +203,9 @@ class WorkerService(AsyncServiceMixin):
         self._control.register("retire", self._admin_retire, "retire [drain_timeout_s=<s>]: drain, deregister, exit")
         await self._control.start()
         self._tasks.append(asyncio.create_task(self._load_loop(), name=f"loads-{self.instance_id}"))
+        if self._takes_forecast():
+            self._forecast_sub = await self._bus.subscribe(self.subjects.planner_events(), PlannerEvent,
+                                                           self._on_planner_event)
         if self._engine is not None:
             self._tasks.append(asyncio.create_task(self._supervise(), name=f"supervise-{self.instance_id}"))
         log.info("worker %s: %s engine %s registered as %s", self.instance_id, s.engine_kind, self.url, self.role)
@@ -208,9 +219,10 @@ class WorkerService(AsyncServiceMixin):
         for endpoint in (self._admin, self._control):
             if endpoint is not None:
                 await endpoint.stop()
-        if self._command_sub is not None:
-            with contextlib.suppress(Exception):
-                await self._command_sub.unsubscribe()
+        for sub in (self._command_sub, self._forecast_sub):
+            if sub is not None:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
         if self._registration is not None:  # first, so gateways stop sending before the engine goes away
             async with self._reg_lock:  # a role command still running cannot re-register after this
                 with contextlib.suppress(*ETCD_ERRORS):
@@ -421,6 +433,7 @@ class WorkerService(AsyncServiceMixin):
                 if seqs:
                     self._sample_seq = max(seqs)
                 await self._on_loads_ok()
+                await self._expire_forecast()
             try:
                 await self._bus.publish(self.subjects.load(self.instance_id), report)
             except PoiseError as exc:  # not connected; nats-py reconnects by itself
@@ -450,6 +463,38 @@ class WorkerService(AsyncServiceMixin):
                 log.info("engine of %s answers again; registered", self.instance_id)
             except ETCD_ERRORS as exc:
                 log.warning("re-registration failed: %s", exc)
+
+    # -- planner forecast ---------------------------------------------------------------------------
+    def _takes_forecast(self) -> bool:
+        """engine_sim has the forecast hook (spawned, or attached and saying so in /server_info)."""
+        if self.settings.engine_kind == "sim":
+            return True
+        raw = self._engine_info.raw if self._engine_info is not None else {}
+        return self.settings.engine_kind == "attach" and raw.get("engine") == "poise-engine-sim"
+
+    async def _on_planner_event(self, event: PlannerEvent, _subject: str) -> None:
+        if event.kind != "forecast" or self.role not in ("prefill", "null"):
+            return
+        isl = self._forecast.heard(event.forecast_isl, time.monotonic())
+        if isl is not None:
+            await self._send_forecast(isl)
+
+    async def _expire_forecast(self) -> None:
+        if self._forecast.stale(time.monotonic()):
+            log.info("worker %s: no planner forecast for %.0fs; the prefill policy goes back to its own mean",
+                     self.instance_id, self.settings.forecast_ttl_s)
+            await self._send_forecast(None)
+
+    async def _send_forecast(self, isl: float | None) -> None:
+        assert self._http is not None
+        try:
+            response = await self._http.post(self.url + FORECAST_PATH, json={"isl": isl},
+                                              timeout=self.settings.engine_timeout_s)
+            if response.status_code != 200:
+                log.warning("worker %s: engine refused the ISL forecast: HTTP %s %s", self.instance_id,
+                            response.status_code, response.text[:200])
+        except httpx.HTTPError as exc:  # the load loop reports an engine that does not answer
+            log.debug("worker %s: forecast not delivered: %s", self.instance_id, exc)
 
     # -- role commands -----------------------------------------------------------------------------
     def _command_error(self, message: str) -> RoleCommandReply:

@@ -154,6 +154,17 @@ class _Forecasting:
         return split
 
 
+def forecast_split(policy: object) -> Split | None:
+    """The newest DOPD evaluation inside a policy (DOPD's own, or the ``dopd`` part of a mix such as Poise's);
+    None when the policy has no DOPD part or has not forecast yet. What the planner publishes as a
+    ``forecast`` event and the engines' ``dopd-length`` batching takes its ISL from."""
+    for part in (policy, getattr(policy, "dopd", None)):
+        split = getattr(part, "last_split", None)
+        if isinstance(split, Split):
+            return split
+    return None
+
+
 class DopdScaling(_Forecasting):
     """DOPD's PD Manager for elastic clusters: replica counts from the forecast, burst fast path, step limit."""
 

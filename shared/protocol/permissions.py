@@ -8,7 +8,8 @@ Built only from :class:`~shared.protocol.subjects.Subjects` (the one place subje
   received, once), so no service needs publish rights on ``_INBOX.>``.
 - Services that send requests subscribe to :data:`REPLY_INBOXES`, where their replies arrive.
 - A worker sidecar publishes only its own load subject and serves only its own command, control and admin
-  subjects: one sidecar cannot speak for another.
+  subjects: one sidecar cannot speak for another. It also hears the planner's events (the ISL forecast it
+  relays to an engine_sim prefill policy).
 - Only the admin user (``poise admin``) publishes the operator's admin subjects (``admin.*``). The planner's
   commands to other services go on dedicated subjects: role commands (``worker.<id>.cmd``), a sidecar's
   ``retire`` (``worker.<id>.control``) and the migrator's ``evacuate`` (``control.migrator``).
@@ -61,7 +62,7 @@ def role_permissions(role: str, subjects: Subjects, instance_id: str | None = No
             raise ValueError("a worker's permissions need its instance id")
         return Permissions(publish=(s.load(instance_id),),
                            subscribe=(s.worker_command(instance_id), s.worker_control(instance_id),
-                                      s.admin(worker_user(instance_id))))
+                                      s.admin(worker_user(instance_id)), s.planner_events()))
     if role == "admin":
         return Permissions(publish=(s.admin_all(), s.monitor_snapshot()), subscribe=(s.everything(), REPLY_INBOXES),
                            respond=False)

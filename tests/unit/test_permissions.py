@@ -32,7 +32,7 @@ def test_no_role_but_the_admin_publishes_admin_subjects_or_inboxes() -> None:
 def test_a_worker_may_publish_its_own_load_only() -> None:
     p = role_permissions("worker", S, "d3")
     assert p.publish == (S.load("d3"),)
-    assert set(p.subscribe) == {S.worker_command("d3"), S.worker_control("d3"), S.admin("worker-d3")}
+    assert set(p.subscribe) == {S.worker_command("d3"), S.worker_control("d3"), S.admin("worker-d3"), S.planner_events()}
     assert p.respond
 
 

@@ -230,3 +230,19 @@ def test_poise_sim_reports_the_control_plane_and_plots_provisioning(tmp_path: ob
     lifecycle = doc["config"]["lifecycle"]
     assert doc["config"]["policies"]["scaling"] == "dynamo-load" and lifecycle["stops"] > 0
     assert lifecycle["gpu_seconds"] < 8 * doc["summary"]["wall_s"]
+
+
+def test_dopd_forecast_isl_reaches_the_engines_length_batching() -> None:
+    # DOPD forecasts the mean input length every 10 s; the control loop hands it to the prefill engines'
+    # dopd-length policy, as the live sidecars relay the planner's forecast events.
+    mix = make_mix("dopd-ratio", 4, prefill_policy="dopd-length")
+    result = simulate(steady(4.0, 60.0, prompt=1500), mix, model(), SLO_, first_token_delay=NO_DELAY)
+    relayed = result.config["engine_forecast_isl"]
+    assert relayed, "no forecast reached the engines"
+    assert all(abs(isl - 1500) < 150 for _, isl in relayed[1:])  # every prompt is 1500 tokens
+    assert all_complete(result)
+
+
+def test_no_forecast_is_relayed_without_a_dopd_part() -> None:
+    mix = make_mix("arrow", 4, prefill_policy="dopd-length")
+    assert simulate(steady(4.0, 30.0), mix, model(), SLO_, first_token_delay=NO_DELAY).config["engine_forecast_isl"] == []

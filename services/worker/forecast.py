@@ -1,0 +1,40 @@
+"""The planner's ISL forecast, relayed to the engine's prefill policy (DOPD's length-aware batching).
+
+DOPD sizes its short-prompt batches by the ARIMA one-step forecast of the mean input length (the paper's
+L_th and L_cap). The planner computes that forecast and publishes it as a ``forecast`` PlannerEvent; the
+engine's ``dopd-length`` policy (shared/policies/length_batching.py) takes it through
+``set_forecast_isl``. The sidecar is the bridge: it hears the event on NATS and hands the number to its
+engine over HTTP (engine_sim's ``POST /poise_sim/forecast``; stock SGLang has no such hook).
+
+A forecast is only as good as it is fresh: a planner that stopped (paused, crashed, replaced by a policy
+without DOPD) leaves the last number behind, so after ``ttl_s`` without a new one the relay withdraws it
+and the policy goes back to its own running mean of the inputs it sees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class ForecastRelay:
+    """What to send the engine and when; pure, the sidecar does the I/O."""
+
+    ttl_s: float
+    isl: float | None = None  # the forecast the engine was last given (None: none, or withdrawn)
+    heard_at: float | None = None  # monotonic time of the newest forecast event
+
+    def heard(self, isl: float | None, now: float) -> float | None:
+        """A forecast event arrived: the value to send (every time: cheap, and it heals an engine restart),
+        or None when the event carried no ISL."""
+        if isl is None or not isl > 0:
+            return None
+        self.isl, self.heard_at = float(isl), now
+        return self.isl
+
+    def stale(self, now: float) -> bool:
+        """True once, when the forecast the engine holds is older than ``ttl_s``: send null then."""
+        if self.isl is None or self.heard_at is None or now - self.heard_at <= self.ttl_s:
+            return False
+        self.isl = None
+        return True

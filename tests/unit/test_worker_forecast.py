@@ -1,0 +1,44 @@
+"""The sidecar's relay of the planner's ISL forecast: when to send it, and when to withdraw it."""
+
+from __future__ import annotations
+
+from services.worker.forecast import ForecastRelay
+from shared.latency import LatencyModel, load_profile
+from shared.policies.context import PolicyContext
+from shared.policies.dopd import DopdParams, Split, forecast_split, optimal_split
+
+
+def test_every_forecast_is_sent_and_one_without_an_isl_is_not() -> None:
+    relay = ForecastRelay(ttl_s=30.0)
+    assert relay.heard(2000.0, now=0.0) == 2000.0
+    assert relay.heard(2000.0, now=10.0) == 2000.0  # again: an engine restarted in between gets it back
+    assert relay.heard(None, now=11.0) is None
+    assert relay.heard(0.0, now=12.0) is None
+    assert relay.isl == 2000.0
+
+
+def test_a_forecast_is_withdrawn_once_after_its_ttl() -> None:
+    relay = ForecastRelay(ttl_s=30.0)
+    assert not relay.stale(now=100.0)  # nothing sent, nothing to withdraw
+    relay.heard(1800.0, now=0.0)
+    assert not relay.stale(now=30.0)
+    assert relay.stale(now=30.5)
+    assert not relay.stale(now=31.0)  # withdrawn already
+    relay.heard(1900.0, now=40.0)
+    assert not relay.stale(now=60.0)
+
+
+def test_forecast_split_finds_dopd_inside_a_mix() -> None:
+    split = optimal_split(LatencyModel(load_profile()), PolicyContext(ttft_slo_s=2.0, tpot_slo_s=0.15, max_instances=8),
+                          1000.0, 200.0, 40.0, 5.0, DopdParams())
+    assert isinstance(split, Split)
+
+    class Dopd:
+        last_split = split
+
+    class Mix:
+        dopd = Dopd()
+
+    assert forecast_split(Dopd()) is split
+    assert forecast_split(Mix()) is split
+    assert forecast_split(object()) is None
