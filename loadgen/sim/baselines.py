@@ -45,6 +45,7 @@ from shared.policies import (
     make_length_predictor,
     make_migration_policy,
 )
+from shared.policies.local_prefill import LocalPrefillParams
 from shared.policies.migration_cost import DEFAULT_MECHANISM, MIGRATION_MECHANISMS, make_migration_mechanism
 from shared.protocol.messages import Role
 
@@ -63,6 +64,8 @@ class PolicyMix:
     length: LengthPredictor = field(default_factory=MaxTokens)
     migration_mechanism: str = DEFAULT_MECHANISM  # shared.policies.migration_cost: how a migrated request moves
     max_instances: int | None = None  # the GPU budget; None = len(roles)
+    # DOPD's local prefill of ultra-short prompts on the decode instances (shared.policies.local_prefill)
+    local_prefill: LocalPrefillParams | None = None
     # SLO-aware policies need the engines' latency model and the SLO, which the simulator knows: it calls
     # ``bind(model, ctx)`` and replaces the fields it returns (e.g. ``{"dispatch": ArrowDispatch(...)}``).
     bind: Callable[[LatencyModel, PolicyContext], dict[str, Any]] | None = None
@@ -194,10 +197,11 @@ def make_mix(name: str, instances: int, split: str | None = None, *, prefill_pol
              preemption: str | None = None, chunk_tokens: int | None = None, decode_policy: str | None = None,
              late_binding: str | None = None, late_binding_depth: int = 2, migration: str | None = None,
              length_predictor: str | None = None, migration_mechanism: str | None = None,
-             kv_report: str | None = None) -> PolicyMix:
+             kv_report: str | None = None, local_prefill_tokens: int | None = None) -> PolicyMix:
     """Build the mix ``name``; the keyword arguments replace one policy of it by its registry name
     (``late_binding``: a prefill policy name for the gateway's queue, or ``"none"``; ``kv_report``: what decode
-    engines report as KV use, ``reserved`` or ``current``, see ``loadgen.sim.instance``)."""
+    engines report as KV use, ``reserved`` or ``current``, see ``loadgen.sim.instance``;
+    ``local_prefill_tokens``: prompts up to this long are prefilled on their decode instance, 0 = never)."""
     if instances < 1:
         raise ValueError("--instances must be at least 1")
     try:
@@ -248,6 +252,11 @@ def make_mix(name: str, instances: int, split: str | None = None, *, prefill_pol
                 length_predictor = preferred
     if length_predictor is not None:
         changes["length"] = make_length_predictor(length_predictor)
+    if local_prefill_tokens is not None:
+        changes["local_prefill"] = (LocalPrefillParams(max_local_prefill_tokens=local_prefill_tokens)
+                                    if local_prefill_tokens > 0 else None)
+        notes.append(f"local prefill up to {local_prefill_tokens} tokens" if local_prefill_tokens > 0
+                     else "no local prefill")
     for key in ("migration", "length"):
         if key in changes:
             notes.append(f"{key} {getattr(changes[key], 'name', 'none')}")

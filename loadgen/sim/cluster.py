@@ -160,7 +160,10 @@ class SimCluster:
         self.requests[req.rid] = req
         req.decode = decode
         decode.assigned += 1
-        if decision.prefill_id is None:
+        if decision.prefill_id is None:  # colocated, or DOPD's local prefill on a decode instance
+            if decode.role == "decode":
+                decode.pending_tokens += req.kv_tokens  # as a reservation would, until its admission
+                decode.pending_prompt_tokens += req.input_tokens
             decode.enqueue_prefill(req)
             return None
         prefill = self.instances[decision.prefill_id]

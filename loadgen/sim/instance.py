@@ -182,6 +182,7 @@ class SimInstance:
             load_age_s=0.0, inflight_reqs=self.assigned,
             inflight_tokens=self.pending_prompt_tokens if current else self.pending_tokens,
             inflight_tokens_sq=self.pending_sq, token_interval_s=self.step_ewma_s if self.running else None,
+            local_prefill=self.role == "decode",
         )
 
     @property
@@ -372,6 +373,10 @@ class SimInstance:
                     blocked = True  # in plan order: later prompts wait for KV too; admitted ones still run
                     continue
                 self.used_kv += need
+                if self.role == "decode":  # a local prompt: its KV was pending, its output not yet written
+                    self.unwritten_kv += req.output_tokens
+                    self.pending_tokens -= req.kv_tokens
+                    self.pending_prompt_tokens -= req.input_tokens
                 req.admitted = True
                 self.waiting.remove(req)
                 self.prefilling.append(req)
@@ -438,12 +443,18 @@ class SimInstance:
             self._reserve()
             self._join_ready()
             self._batch = self._decode_batch()
+            if self.waiting or self.prefilling:  # prompts sent here to prefill locally: a mixed step
+                return self._mixed_step()
             if not self._batch:
                 return None
             return self._decode_time(self._batch)
-        # colocated: decode-prioritised, prefill chunks fill what the decode batch leaves of the budget
         self._join_ready()
         self._batch = self._decode_batch()
+        return self._mixed_step()
+
+    def _mixed_step(self) -> float | None:
+        """Colocated (and decode with local prompts): decode-prioritised, prefill chunks fill what the decode
+        batch leaves of the budget."""
         self._plan = self._prefill_parts(max(0, self.chunk - len(self._batch)), lambda r: r.kv_tokens)
         if not self._batch and not self._plan:
             return None
@@ -470,7 +481,7 @@ class SimInstance:
                     self._finish(req)
                 elif req.migrate_to is not None:
                     self._detach_migrating(req)
-        if self.role in ("prefill", "null") and self._plan:
+        if self._plan:  # prefill, colocated, or decode with local prompts
             self.prefill_policy.observe(sum(n for _, n in self._plan), self._step_s)
             for req, n in self._plan:
                 req.prefilled += n
@@ -486,7 +497,7 @@ class SimInstance:
         self.kick()
 
     def _prompt_done(self, req: SimRequest) -> None:
-        if self.role == "null":
+        if self.role != "prefill":  # colocated, or prefilled locally on a decode instance: no KV to move
             self.ready.append(req)  # first token when it joins the batch, at once if there is room
             return
         # prefill: hand the KV to the decode instance; this instance keeps it until the copy is done

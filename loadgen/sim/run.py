@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from datetime import UTC, datetime
@@ -22,6 +23,7 @@ from loadgen.workload import Workload
 from shared.latency import LatencyModel
 from shared.policies import PolicyContext, make_prefill_policy
 from shared.policies.late_binding import LateBinding
+from shared.policies.local_prefill import LocalPrefill
 from shared.policies.migration_cost import make_migration_mechanism
 
 
@@ -38,6 +40,8 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
     queue = EventQueue()
     budget = mix.max_instances or len(mix.roles)
     mix = mix.bound(model, PolicyContext(ttft_slo_s=slo.ttft_s, tpot_slo_s=slo.tpot_s, max_instances=budget))
+    if mix.local_prefill is not None:
+        mix = dataclasses.replace(mix, dispatch=LocalPrefill(mix.dispatch, mix.local_prefill))
     late = None
     if mix.late_binding is not None:
         late = LateBinding(make_prefill_policy(mix.late_binding[0], model), depth=mix.late_binding[1])
@@ -82,6 +86,7 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
                      "decode_batch": mix.engine.decode_policy, "length": mix.length.name,
                      "late_binding": list(mix.late_binding) if mix.late_binding else None},
         "preemptions": _preemptions(cluster),
+        "local_prefills": getattr(mix.dispatch, "local", 0),
         "first_token_delay_ms": {"median": first_token_delay.median_s * 1e3, "p90": first_token_delay.p90_s * 1e3,
                                  "handshake": first_token_delay.handshake_s * 1e3},
         "rate_scale": rate_scale, "requests": len(records), "events": queue.processed, "sim_wall_s": wall,

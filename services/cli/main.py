@@ -219,6 +219,7 @@ class _SimFields(ReplaySettings):
     length_predictor: str | None = Field(None, description="Override the mix's length predictor: max-tokens, historical-mean, oracle or ares-noise.")
     migration_mechanism: str | None = Field(None, description="How the simulator moves a migrated request: kv-transfer (KV copy at 25 Gbit/s, default) or recompute.")
     kv_report: str | None = Field(None, description="What simulated decode engines report as KV use: reserved (prompt + whole output, default) or current (prompt + generated; ARES' baseline).")
+    local_prefill_max_tokens: int | None = Field(None, ge=0, description="DOPD's local prefill: prompts up to this many tokens are prefilled on their decode instance, with no KV transfer (0 = never; unset = the mix's default).")
     replica_start_s: float = Field(30.0, ge=0.0, description="Seconds a replica the scaling mixes start takes to become ready.")
 
     def mix_builder(self, name: str) -> Callable[[], PolicyMix]:
@@ -229,7 +230,8 @@ class _SimFields(ReplaySettings):
                                   preemption=self.preemption, chunk_tokens=self.chunk, decode_policy=self.decode_policy,
                                   late_binding=self.late_binding, late_binding_depth=self.late_binding_depth,
                                   migration=self.migration, length_predictor=self.length_predictor,
-                                  migration_mechanism=self.migration_mechanism, kv_report=self.kv_report)
+                                  migration_mechanism=self.migration_mechanism, kv_report=self.kv_report,
+                                  local_prefill_tokens=self.local_prefill_max_tokens)
         try:
             build()
         except ValueError as exc:

@@ -129,6 +129,7 @@ def create_app(engine: SimEngine) -> FastAPI:
             ignore_eos=gen.ignore_eos, stream=gen.stream, bootstrap_host=gen.bootstrap_host,
             bootstrap_port=gen.bootstrap_port, bootstrap_room=gen.bootstrap_room, priority=gen.priority,
             slo=gen.slo, stream_key=gen.stream_key, resume=gen.resume, predict_length=gen.predict_length,
+            local_prefill=gen.local_prefill,
         )
 
     async def finish_non_stream(req: SimRequest, request: Request) -> None:

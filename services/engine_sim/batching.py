@@ -17,7 +17,8 @@ Per mode (SGLang's ``--disaggregation-mode``):
   running batch (up to ``max_running_requests``): the prefill's first token is emitted on joining, then
   each step (``decode_step_time_s``) emits one token per running request.
 - ``null`` (colocated): decode-prioritised mixed steps: every running request decodes, and prefill chunks fill
-  what is left of the chunk budget (``mixed_step_time_s``).
+  what is left of the chunk budget (``mixed_step_time_s``). A decode engine does the same while it holds
+  prompts sent to it to prefill locally (``poise_local_prefill``, DOPD's ultra-short requests).
 
 Prefill passes (prefill and null): the prefill policy (``shared.policies.prefill_order``) gets every prompt with
 tokens left (admitted or waiting, in arrival order) and the pass's token budget (``chunked_prefill_size``; with
@@ -74,7 +75,7 @@ def take_intake(eng: SimEngine) -> None:
             eng.fail_request(req, f"Request {req.rid} exceeds the maximum number of tokens: "
                                   f"{req.prompt_tokens} > {eng.capacity}", HTTPStatus.BAD_REQUEST, detach=False)
             continue
-        if eng.mode == "null":
+        if eng.mode == "null" or req.local_prefill:  # local prefill: a decode engine prefills it itself
             eng.enqueue_waiting(req)
             continue
         if req.bootstrap_room is None and req.kv_source is None:  # a KV copy from a decode peer needs no room
@@ -289,7 +290,9 @@ def _plan_decode(eng: SimEngine) -> Step | None:
     _resume_retracted(eng, growth)
     _admit_prealloc(eng, now, growth)
     _join_ready(eng, now)
-    _ensure_growth(eng)
+    growth = _ensure_growth(eng)
+    if q.waiting or q.prefilling:  # prompts sent here to prefill locally: a mixed step, as colocated
+        return _mixed_step(eng, growth)
     if not q.running:
         return None
     running = _decode_batch(eng, now)
@@ -300,8 +303,13 @@ def _plan_decode(eng: SimEngine) -> Step | None:
 
 
 def _plan_null(eng: SimEngine) -> Step | None:
+    return _mixed_step(eng, _ensure_growth(eng))
+
+
+def _mixed_step(eng: SimEngine, growth: int) -> Step | None:
+    """Decode-prioritised: every running request decodes, prefill chunks fill what is left of the budget
+    (colocated engines, and decode engines with prompts to prefill locally)."""
     q = eng.queues
-    growth = _ensure_growth(eng)
     budget = max(0, eng.chunk_size - len(q.running))
     max_admitted = max(0, eng.max_running - len(q.running))
     parts = _prefill_parts(eng, budget, lambda r: r.prefill_len + _decode_reserve(eng, r), growth, max_admitted)

@@ -241,6 +241,7 @@ class SimEngine:
         stream_key: str | None = None,
         resume: RequestResume | None = None,
         predict_length: bool = False,
+        local_prefill: bool = False,
     ) -> SimRequest:
         """Queue a request. Raises :class:`EngineRequestError` where SGLang's tokenizer manager would refuse it.
 
@@ -249,7 +250,9 @@ class SimEngine:
 
         Output ids and the output length are drawn from ``stream_key`` (the prompt's digest; the rid when not
         given). ``resume`` (``poise_resume``) continues a request another engine started: the prompt grows by
-        the tokens already generated (what a re-prefill would see) and the ids continue from that position."""
+        the tokens already generated (what a re-prefill would see) and the ids continue from that position.
+        ``local_prefill`` (``poise_local_prefill``) has a decode engine prefill the prompt itself, with no
+        prefill peer (DOPD's local prefill of ultra-short prompts); a colocated engine does that anyway."""
         if self.stopping:
             raise EngineRequestError("engine_sim is shutting down")
         rid = rid if rid is not None else uuid.uuid4().hex
@@ -257,6 +260,8 @@ class SimEngine:
         done = resume.generated_tokens if resume is not None else 0
         if resume is not None and resume.kv_transfer and self.mode != "decode":
             raise EngineRequestError("poise_resume with a KV source needs a decode engine")
+        if local_prefill and self.mode == "prefill":
+            raise EngineRequestError("poise_local_prefill needs a decode (or colocated) engine, not a prefill engine")
         if rid in self._reqs:
             raise EngineRequestError(f"Duplicate request ID detected: {rid}")
         ctx = self.settings.context_length
@@ -291,6 +296,7 @@ class SimEngine:
             req.kv_source = (resume.kv_source_url or "", resume.kv_source_rid or "")
         req.resumed_from, req.stream_key = done, key
         req.predict_length = predict_length and self.length_predictor is not None
+        req.local_prefill = local_prefill and self.mode == "decode"
         if slo is not None:
             req.slo_class = slo.slo_class
             req.slo_ttft_s = math.inf if slo.ttft_s is None else slo.ttft_s

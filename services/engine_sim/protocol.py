@@ -33,6 +33,7 @@ import orjson
 
 from services.engine_sim.requests import SimRequest
 from shared.protocol.length_prediction import PREDICT_FIELD, PREDICTION_FIELD
+from shared.protocol.local_prefill import LOCAL_PREFILL_FIELD
 from shared.protocol.request_resume import RESUME_FIELD, RequestResume, parse_request_resume
 from shared.protocol.request_slo import SLO_FIELD, RequestSlo, parse_request_slo
 from shared.tokens import EstimatingCounter, count_chat, count_prompt
@@ -77,6 +78,7 @@ class GenRequest:
     # answer on any engine (a migrated request continues its own sequence). None: the rid (direct submits).
     stream_key: str | None = None
     predict_length: bool = False  # poise_predict_length: remaining-length predictions on the stream
+    local_prefill: bool = False  # poise_local_prefill: a decode engine prefills this prompt itself
 
 
 def content_key(content: Any) -> str:
@@ -199,6 +201,7 @@ def _common(body: dict[str, Any], kind: Kind, model: str, prompt_tokens: int, ma
         resume=_resume(body),
         stream_key=content_key(content),
         predict_length=_bool(body, PREDICT_FIELD),
+        local_prefill=_bool(body, LOCAL_PREFILL_FIELD),
     )
 
 

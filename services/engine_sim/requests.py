@@ -88,6 +88,7 @@ class SimRequest:
     resumed_from: int = 0  # tokens another engine generated before this one took over (poise_resume)
     stream_key: str = ""  # what the ids and the length are drawn from (the prompt's digest, or the rid)
     predict_length: bool = False  # put remaining-length predictions on the stream (poise_predict_length)
+    local_prefill: bool = False  # decode: prefilled here, in this engine's own steps (poise_local_prefill)
     next_prediction_at: int = 0  # generated count (whole answer) at which the next prediction is due
     timer: asyncio.TimerHandle | None = None  # prefill: bootstrap / release timeout
 

@@ -70,6 +70,7 @@ class ClusterView:
                     instance_id=info.instance_id, role=info.role, status=info.status,
                     kv_capacity_tokens=info.kv_capacity_tokens, max_running_requests=info.max_running_requests,
                     inflight_reqs=slot.reqs, inflight_tokens=slot.tokens, inflight_tokens_sq=slot.tokens_sq,
+                    local_prefill=_prefills_locally(info),
                 ))
                 continue
             load, received = load_entry
@@ -79,12 +80,18 @@ class ClusterView:
                 running_reqs=load.num_running_reqs, waiting_reqs=load.num_waiting_reqs, used_tokens=load.num_used_tokens,
                 queue_reqs=load.prefill_queue_reqs + load.decode_queue_reqs, load_age_s=now - received,
                 inflight_reqs=slot.reqs, inflight_tokens=slot.tokens, inflight_tokens_sq=slot.tokens_sq,
-                token_interval_s=_token_interval(load),
+                token_interval_s=_token_interval(load), local_prefill=_prefills_locally(info),
             ))
         return views
 
     def inflight_total(self) -> int:
         return sum(s.reqs for s in self._inflight.values())
+
+
+def _prefills_locally(info: InstanceInfo) -> bool:
+    """A decode engine that can also prefill a request itself: engine_sim's (poise_local_prefill); SGLang's PD
+    decode mode cannot."""
+    return info.role == "decode" and info.engine_kind == "sim"
 
 
 def _token_interval(load: LoadReport) -> float | None:

@@ -35,6 +35,9 @@ class GatewaySettings(SloPlanSettings, ControlPlaneSettings):
     slo_model_class: list[str] = Field(default_factory=list, description="MODEL=CLASS: the default class of a model's requests.")
     slo_route_class: list[str] = Field(default_factory=list, description="ROUTE=CLASS: the default class of a route, completions (/v1/completions) or chat (/v1/chat/completions).")
     slo_default_class: str | None = Field(None, description="The class of requests no other rule classifies; unset = no targets.")
+    # -- DOPD's local prefill (shared/policies/local_prefill.py) -------------------------------------------
+    local_prefill_max_tokens: int = Field(0, ge=0, description="Prompts up to this many tokens are prefilled on their decode engine, with no prefill engine or KV transfer (DOPD's ultra-short requests; the spec's L_us is 512). Only engine_sim decode engines can do it: requests for SGLang decode engines always take a prefill engine. 0 = off.")
+    local_prefill_max_queue: int | None = Field(None, ge=1, description="Also prefill locally when the chosen prefill engine has this many requests queued or in flight (Dynamo's conditional-disaggregation queue rule; its default is 2). Unset = length rule only.")
     # -- late binding (services/gateway/late_binding.py) --------------------------------------------------
     late_binding: bool = Field(False, description="Hold requests in the gateway and send one to a prefill engine only when it has fewer than late_binding_depth prompts sent and not yet prefilled, in late_binding_policy's order (for engines whose scheduler cannot be patched).")
     late_binding_policy: str = Field("edf", description=f"Prefill policy that orders the held requests: one of {', '.join(sorted(PREFILL_POLICIES))}.")

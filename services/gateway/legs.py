@@ -29,6 +29,7 @@ import orjson
 from shared.http1 import Http1Pool, Response
 from shared.protocol import InstanceInfo
 from shared.protocol.length_prediction import PREDICT_FIELD
+from shared.protocol.local_prefill import LOCAL_PREFILL_FIELD
 from shared.protocol.request_slo import SLO_FIELD, RequestSlo
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,8 @@ class Attempt:
         else:
             decode_body.pop("stream_options", None)
         if self.prefill is None:
+            if self.decode.role == "decode":  # DOPD's local prefill: the decode engine prefills it itself
+                decode_body[LOCAL_PREFILL_FIELD] = True
             return None, decode_body
         room = new_bootstrap_room()
         decode_body["bootstrap_host"] = self.prefill.bootstrap_host

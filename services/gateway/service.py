@@ -23,6 +23,7 @@ from shared.bus import Bus, bus_from_settings
 from shared.http1 import Http1Pool
 from shared.policies import DispatchParams, DispatchPolicy, make_dispatch_policy, make_prefill_policy
 from shared.policies.late_binding import LateBinding
+from shared.policies.local_prefill import LocalPrefill, LocalPrefillParams
 from shared.protocol import (
     DecodeRequestInfo,
     InstanceInfo,
@@ -53,6 +54,10 @@ class GatewayService:
         self.policy: DispatchPolicy = make_dispatch_policy(
             settings.dispatch_policy, settings.latency_model(), settings.policy_context(),
             DispatchParams(max_pending_per_engine=settings.max_pending_per_engine))
+        if settings.local_prefill_max_tokens > 0:
+            self.policy = LocalPrefill(self.policy, LocalPrefillParams(
+                max_local_prefill_tokens=settings.local_prefill_max_tokens,
+                max_prefill_queue=settings.local_prefill_max_queue))
         self.counter: TokenCounter = make_counter(settings.tokenizer)
         self.slo_table = SloTable.from_settings(settings)
         self.late_binding: LateBindingQueue | None = None

@@ -19,7 +19,8 @@ from shared.policies.views import EngineView, RequestView
 
 
 class Placement(msgspec.Struct, frozen=True, kw_only=True):
-    """Where a request goes. ``prefill_id`` is None when ``decode_id`` is a colocated engine."""
+    """Where a request goes. ``prefill_id`` is None when ``decode_id`` prefills the request itself: a colocated
+    engine, or a decode engine doing DOPD's local prefill (shared/policies/local_prefill.py)."""
 
     prefill_id: str | None
     decode_id: str

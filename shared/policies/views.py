@@ -31,6 +31,9 @@ class EngineView(msgspec.Struct, frozen=True, kw_only=True):
     inflight_tokens: int = 0  # their prompt tokens (prefill) or prompt + max_tokens (decode)
     inflight_tokens_sq: int = 0  # prefill: sum of squared prompt lengths (a quadratic TTFT model sums exactly)
     token_interval_s: float | None = None  # decode: recent mean time between tokens; None = unknown
+    # decode: the engine can also prefill a request itself (engine_sim, the simulator; SGLang's PD decode
+    # mode cannot), so DOPD's local prefill of ultra-short prompts may send requests here alone
+    local_prefill: bool = False
 
     @property
     def accepting(self) -> bool:

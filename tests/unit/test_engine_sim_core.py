@@ -483,3 +483,27 @@ async def test_loads_report_the_running_batchs_context_tokens() -> None:
         loads = parse_loads({"loads": [load_snapshot(engine)]})
         assert loads.running_tokens == 500 + len(req.output_ids)
         assert loads.num_used_tokens >= loads.running_tokens  # KV in use also holds what is reserved
+
+
+@pytest.mark.asyncio
+async def test_a_decode_engine_prefills_locally_alongside_its_decode_batch() -> None:
+    # DOPD's ultra-short prompts: poise_local_prefill has a decode engine prefill the prompt itself, in mixed
+    # steps with the requests it is decoding, and answer with the colocated engine's tokens.
+    prefill = make_engine(mode="prefill", bootstrap_port=0, seed=5)
+    decode = make_engine(mode="decode", seed=5)
+    colocated = make_engine(seed=5)
+    async with running(prefill, decode, colocated):
+        room = dict(bootstrap_host="127.0.0.1", bootstrap_port=prefill.bootstrap_port, bootstrap_room=7)
+        remote = decode.submit(prompt_tokens=300, max_new_tokens=3000, ignore_eos=True, rid="remote", **room)
+        prefill.submit(prompt_tokens=300, max_new_tokens=3000, ignore_eos=True, rid="remote", **room)
+        await until(lambda: len(remote.output_ids) >= 2)  # decoding when the local prompt arrives
+        local = decode.submit(prompt_tokens=64, max_new_tokens=12, ignore_eos=True, rid="local", local_prefill=True)
+        await finish(decode, local)
+        assert not remote.finished  # the local prompt did not wait for the decode batch to empty
+        ref = await finish(colocated, colocated.submit(prompt_tokens=64, max_new_tokens=12, ignore_eos=True, rid="local"))
+        assert local.output_ids == ref.output_ids and local.status_code in (None, 200)
+        await finish(decode, remote)
+        assert decode.total_prefill_tokens == 64  # only the local prompt was prefilled on the decode engine
+        assert decode.kv.used == 0 and decode.is_idle()
+        with pytest.raises(Exception, match="poise_local_prefill needs a decode"):
+            prefill.submit(prompt_tokens=10, max_new_tokens=2, rid="wrong", local_prefill=True)
