@@ -79,7 +79,7 @@ class StackSettings(ServiceSettings):
     late_binding: bool = Field(False, description="The gateway holds requests and releases them to prefill engines in --late-binding-policy's order (for engines that cannot be patched).")
     late_binding_policy: str = Field("edf", description="Late binding: the prefill policy that orders held requests.")
     late_binding_depth: int = Field(2, ge=1, description="Late binding: prompts a prefill engine may hold unprefilled.")
-    local_prefill_max_tokens: int = Field(0, ge=0, description="DOPD's local prefill: the gateway sends prompts up to this many tokens to an engine_sim decode engine alone, which prefills them itself (no KV transfer); 512 is the spec's threshold; 0 = off. SGLang decode engines never get them.")
+    local_prefill_max_tokens: int | None = Field(None, ge=0, description="DOPD's local prefill: the gateway sends prompts up to this many tokens to an engine_sim decode engine alone, which prefills them itself (no KV transfer); 0 = off; unset = 512 (the spec's threshold) with the DOPD-based planner policies (dopd, poise), as the simulator's mixes, else off. SGLang decode engines never get them.")
     gateway_slo_class: list[str] = Field(default_factory=list, description="An SLO class NAME=TTFT_S:TPOT_S requests may name (body field slo_class); repeatable; passed to the gateway as --slo-class.")
     gateway_slo_preset: str | None = Field(None, description="The gateway's SLO classes from a preset (tasks-flowprefill: FlowPrefill Table 2; interactive-batch), built on the planning SLO.")
     # -- security (README.md, "Security") -------------------------------------------------------------------
@@ -169,14 +169,23 @@ class StackSettings(ServiceSettings):
                 args += [flag, str(value)]
         return args
 
+    def local_prefill_tokens(self) -> int:
+        """The gateway's local-prefill threshold: as set, else DOPD's default under a DOPD-based planner."""
+        if self.local_prefill_max_tokens is not None:
+            return self.local_prefill_max_tokens
+        from shared.policies.local_prefill import DEFAULT_MAX_LOCAL_PREFILL_TOKENS
+
+        return DEFAULT_MAX_LOCAL_PREFILL_TOKENS if self.planner_policy in ("dopd", "poise") else 0
+
     def gateway_policy_args(self) -> list[str]:
         """Gateway flags for late binding, local prefill and SLO classes."""
         args: list[str] = []
         if self.late_binding:
             args += ["--late-binding", "--late-binding-policy", self.late_binding_policy,
                      "--late-binding-depth", str(self.late_binding_depth)]
-        if self.local_prefill_max_tokens > 0:
-            args += ["--local-prefill-max-tokens", str(self.local_prefill_max_tokens)]
+        local = self.local_prefill_tokens()
+        if local > 0:
+            args += ["--local-prefill-max-tokens", str(local)]
         for spec in self.gateway_slo_class:
             args += [f"--slo-class={spec}"]
         if self.gateway_slo_preset:

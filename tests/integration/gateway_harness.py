@@ -10,7 +10,10 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
+import orjson
 import uvicorn
 
 from services.gateway.app import create_app
@@ -97,3 +100,15 @@ async def fresh_registry(etcd_server: EtcdServer) -> AsyncIterator[Registry]:
         yield reg
     finally:
         await reg.close()
+
+
+async def completion_chunks(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    """The data chunks of one streamed ``/v1/completions`` through the gateway (none may be an error)."""
+    async with client.stream("POST", url + "/v1/completions", json=body) as r:
+        assert r.status_code == 200, await r.aread()
+        async for line in r.aiter_lines():
+            if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                continue
+            chunk = orjson.loads(line[5:])
+            assert "error" not in chunk, chunk
+            yield chunk

@@ -16,14 +16,20 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
-import orjson
 import pytest
 import pytest_asyncio
 
 from services.gateway.service import GatewayService
 from shared.devservers import EtcdServer, NatsServer
 from shared.registry import Registry
-from tests.integration.gateway_harness import SimEngine, fresh_registry, register, run_gateway, serving
+from tests.integration.gateway_harness import (
+    SimEngine,
+    completion_chunks,
+    fresh_registry,
+    register,
+    run_gateway,
+    serving,
+)
 from tests.integration.waiting import until
 
 MODEL = "lb-model"
@@ -70,16 +76,10 @@ async def first_token_at(client: httpx.AsyncClient, url: str, body: dict[str, An
     """Stream a completion; (monotonic time of its first token, tokens received)."""
     first: float | None = None
     tokens = 0
-    async with client.stream("POST", url + "/v1/completions", json=body) as r:
-        assert r.status_code == 200, await r.aread()
-        async for line in r.aiter_lines():
-            if not line.startswith("data:") or line.strip() == "data: [DONE]":
-                continue
-            chunk = orjson.loads(line[5:])
-            assert "error" not in chunk, chunk
-            if chunk.get("choices") and chunk["choices"][0].get("text"):
-                first = first or time.monotonic()
-                tokens += 1
+    async for chunk in completion_chunks(client, url, body):
+        if chunk.get("choices") and chunk["choices"][0].get("text"):
+            first = first or time.monotonic()
+            tokens += 1
     assert first is not None
     return first, tokens
 

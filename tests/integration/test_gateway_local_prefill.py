@@ -9,19 +9,27 @@ through the pair. A long prompt still takes the prefill engine, and a decode eng
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
 import msgspec
-import orjson
 import pytest
 import pytest_asyncio
 
-from shared.devservers import EtcdServer
+from shared.devservers import EtcdServer, NatsServer
+from shared.protocol import InstanceInfo
 from shared.registry import Registry
-from tests.integration.gateway_harness import SimEngine, fresh_registry, register, run_gateway, serving
+from tests.integration.gateway_harness import (
+    SimEngine,
+    completion_chunks,
+    fresh_registry,
+    register,
+    run_gateway,
+    serving,
+)
 from tests.integration.waiting import until
 
 MODEL = "local-model"
@@ -48,18 +56,12 @@ def body(prompt_tokens: int) -> dict[str, Any]:
 async def stream(client: httpx.AsyncClient, url: str, prompt_tokens: int) -> tuple[int, dict[str, Any]]:
     """(text chunks, final usage) of one streamed completion."""
     chunks, final = 0, {}
-    async with client.stream("POST", url + "/v1/completions", json=body(prompt_tokens)) as r:
-        assert r.status_code == 200, await r.aread()
-        async for line in r.aiter_lines():
-            if not line.startswith("data:") or line.strip() == "data: [DONE]":
-                continue
-            chunk = orjson.loads(line[5:])
-            assert "error" not in chunk, chunk
-            assert "poise_local_prefill" not in line
-            if chunk.get("choices") and chunk["choices"][0].get("text"):
-                chunks += 1
-            if chunk.get("usage"):
-                final = chunk["usage"]
+    async for chunk in completion_chunks(client, url, body(prompt_tokens)):
+        assert "poise_local_prefill" not in chunk
+        if chunk.get("choices") and chunk["choices"][0].get("text"):
+            chunks += 1
+        if chunk.get("usage"):
+            final = chunk["usage"]
     return chunks, final
 
 
@@ -81,11 +83,22 @@ def usage(prompt: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": 6, "total_tokens": prompt + 6}
 
 
-async def test_short_prompts_are_prefilled_on_the_decode_engine(registry, engines, nats_server, etcd_server) -> None:  # type: ignore[no-untyped-def]
-    regs = await register(registry, engines["prefill"].info("p0"), engines["decode"].info("d0"))
+@contextlib.asynccontextmanager
+async def gateway(registry: Registry, nats_server: NatsServer, etcd_server: EtcdServer, *infos: InstanceInfo,
+                  ) -> AsyncIterator[tuple[str, Any, httpx.AsyncClient]]:
+    """A gateway with local prefill at 512 tokens in front of the engines registered as ``infos``."""
+    regs = await register(registry, *infos)
     async with run_gateway(nats_server, etcd_server, registry.keys.namespace, local_prefill_max_tokens=512) as (
             url, service), httpx.AsyncClient(timeout=30) as client:
-        await until(lambda: len(service.cluster.instances) == 2, 5)
+        await until(lambda: len(service.cluster.instances) == len(infos), 5)
+        yield url, service, client
+    for reg in regs:
+        await reg.deregister()
+
+
+async def test_short_prompts_are_prefilled_on_the_decode_engine(registry, engines, nats_server, etcd_server) -> None:  # type: ignore[no-untyped-def]
+    async with gateway(registry, nats_server, etcd_server, engines["prefill"].info("p0"),
+                       engines["decode"].info("d0")) as (url, service, client):
         before = await settled(client, service, engines["prefill"])
         chunks, got = await stream(client, url, 100)
         assert chunks == 6 and usage(100).items() <= got.items()
@@ -93,21 +106,15 @@ async def test_short_prompts_are_prefilled_on_the_decode_engine(registry, engine
         chunks, got = await stream(client, url, 2000)
         assert chunks == 6 and usage(2000).items() <= got.items()
         assert await settled(client, service, engines["prefill"]) == before + 2000
-        assert service.policy.local == 1  # type: ignore[attr-defined]
-    for reg in regs:
-        await reg.deregister()
+        assert service.policy.local == 1
 
 
 async def test_sglang_decode_engines_never_get_a_local_prefill(registry, engines, nats_server, etcd_server) -> None:  # type: ignore[no-untyped-def]
     as_sglang = msgspec.structs.replace(engines["decode"].info("d0"), engine_kind="sglang")
-    regs = await register(registry, engines["prefill"].info("p0"), as_sglang)
-    async with run_gateway(nats_server, etcd_server, registry.keys.namespace, local_prefill_max_tokens=512) as (
-            url, service), httpx.AsyncClient(timeout=30) as client:
-        await until(lambda: len(service.cluster.instances) == 2, 5)
+    async with gateway(registry, nats_server, etcd_server, engines["prefill"].info("p0"), as_sglang) as (
+            url, service, client):
         before = await settled(client, service, engines["prefill"])
         chunks, got = await stream(client, url, 100)
         assert chunks == 6 and usage(100).items() <= got.items()
         assert await settled(client, service, engines["prefill"]) == before + 100
-        assert service.policy.local == 0  # type: ignore[attr-defined]
-    for reg in regs:
-        await reg.deregister()
+        assert service.policy.local == 0
