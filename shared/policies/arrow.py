@@ -55,6 +55,10 @@ class ArrowParams(msgspec.Struct, frozen=True, kw_only=True):
     # be missed), which assumes a free flip; a SGLang flip drains first, so we flip at half (measured in the
     # simulator on Azure code: see README, Adaptive P:D).
     d2p_ttft_frac: float = 0.5
+    # D→P also needs the monitor's latest observed TTFT P90 over this x TTFT SLO (ours; None: off, as in Arrow
+    # alone). The predicted TTFT is a FCFS queue model: engines that prefill by deadline (FlowPrefill) meet
+    # targets it says they miss, and a flip made on that drains a decode instance for nothing.
+    d2p_observed_frac: float | None = None
 
 
 def max_running_tokens(model: LatencyModel, tpot_slo_s: float, margin: float) -> int:
@@ -246,8 +250,13 @@ class ArrowPools(_ArrowModel):
             return None
         isl = next((p.mean_input_tokens for p in reversed(snapshot.series) if p.completed), 1024.0)
         best = min(self._prefill_delay(p) + self.predictor(p.info.instance_id).predict(isl) for p in prefills)
-        if best <= self.params.d2p_ttft_frac * self.ctx.ttft_slo_s or not self._decode_low(decodes):
+        threshold = self.params.d2p_ttft_frac * self.ctx.ttft_slo_s
+        if best <= threshold or not self._decode_low(decodes):
             return None
+        if self.params.d2p_observed_frac is not None:
+            observed = next((p.ttft_p90_s for p in reversed(snapshot.series) if p.ttft_p90_s is not None), None)
+            if observed is None or observed <= self.params.d2p_observed_frac * self.ctx.ttft_slo_s:
+                return None
         target = min(movable, key=lambda d: (self._running_tokens(d), d.info.instance_id))
         return RoleChange(instance_id=target.info.instance_id, new_role="prefill",
                           reason=f"arrow: best predicted TTFT {best:.2f} s over the {self.ctx.ttft_slo_s:g} s SLO")

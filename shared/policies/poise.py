@@ -30,7 +30,13 @@ def _arrow_inside_poise() -> ArrowParams:
     # missed (Arrow's own threshold, not the earlier one Arrow alone needs), and no idle-prefill rule (the
     # forecast ratio covers that case). With the idle rule and the early threshold, Poise lost 8% goodput on
     # Mooncake to drains; without them it matched static-best (python -m tests.bench.sim_goodput).
-    return ArrowParams(d2p_ttft_frac=1.0, idle_s=math.inf)
+    # Poise's engines prefill by deadline (FlowPrefill), which Arrow's FCFS TTFT prediction does not model:
+    # a D→P flip also needs the observed TTFT P90 past half the SLO. Without that check Poise flipped a decode
+    # instance on a predicted breach the engines never had and lost to FlowPrefill on a static 4P4D on Azure
+    # conversation's mixed-SLO benchmark (23.5x vs 24.0x); with it, 24.0x, and Azure code's rose from 15.5x
+    # to 17.0x, with the single-SLO goodput unchanged on all three traces (tests/bench/prefill_scheduling.py,
+    # sim_goodput.py).
+    return ArrowParams(d2p_ttft_frac=1.0, idle_s=math.inf, d2p_observed_frac=0.5)
 
 
 class PoiseParams(msgspec.Struct, frozen=True, kw_only=True):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from loadgen.sim.baselines import make_mix
@@ -119,6 +120,25 @@ def test_prefill_pressure_flips_a_decode_only_when_decode_load_is_low() -> None:
     # While an instance drains, nothing else flips.
     draining = inst("d2", "decode", status="draining")
     assert ArrowPools(MODEL, CTX).decide(snap(*swamped, *calm_decode, draining), 0.0) is None
+
+
+def test_with_deadline_ordered_engines_a_predicted_breach_must_also_be_observed() -> None:
+    # Poise's Arrow: the FCFS prediction says every prefill misses the TTFT SLO, but D→P waits until the
+    # monitor's TTFT P90 is past half the SLO too (FlowPrefill engines meet deadlines FCFS would miss).
+    swamped = (inst("p0", "prefill", waiting=20, queued_tokens=200_000), inst("p1", "prefill", waiting=20, queued_tokens=200_000))
+    calm_decode = (inst("d0", "decode", running=10, running_tokens=20_000, tps=800.0),
+                   inst("d1", "decode", running=2, running_tokens=3000, tps=200.0))
+
+    def observed(ttft_p90_s: float | None) -> ClusterSnapshot:
+        s = snap(*swamped, *calm_decode)
+        return msgspec.structs.replace(s, series=[msgspec.structs.replace(s.series[0], ttft_p90_s=ttft_p90_s)])
+
+    params = ArrowParams(d2p_observed_frac=0.5)
+    assert ArrowPools(MODEL, CTX, params).decide(observed(None), 0.0) is None
+    assert ArrowPools(MODEL, CTX, params).decide(observed(0.4 * CTX.ttft_slo_s), 0.0) is None
+    decision = ArrowPools(MODEL, CTX, params).decide(observed(0.6 * CTX.ttft_slo_s), 0.0)
+    assert decision is not None and decision.changes[0].new_role == "prefill"
+    assert ArrowPools(MODEL, CTX).decide(observed(None), 0.0) is not None  # Arrow alone acts on the prediction
 
 
 def test_an_idle_prefill_joins_a_busy_decode_pool() -> None:
