@@ -145,9 +145,9 @@ def _arrow(instances: int, split: str | None) -> PolicyMix:
                      bind=lambda model, ctx: {"dispatch": ArrowDispatch(model, ctx), "pools": ArrowPools(model, ctx)})
 
 
-#: DOPD prefills ultra-short prompts on the decode instances (its "PD aggregation"); the DOPD-based mixes do
-#: too. It never lost goodput and gained 5-16% where a quarter of the prompts are short
-#: (tests/bench/results/local_prefill.md).
+#: DOPD prefills ultra-short prompts on the decode instances (its "PD aggregation"); the DOPD-based mixes on a
+#: fixed GPU count do too. It never lost goodput there and gained 5-16% where a quarter of the prompts are
+#: short (tests/bench/results/local_prefill.md).
 DOPD_LOCAL_PREFILL = LocalPrefillParams()
 
 
@@ -184,9 +184,11 @@ MIXES: dict[str, Callable[[int, str | None], PolicyMix]] = {
     DynamoSla.name: _elastic(DynamoSla.name, DynamoSla, "replica counts every 180 s from the last interval's rate, "
                              "ISL and OSL and the profile's per-engine capacity", "NVIDIA Dynamo's SLA planner"),
     "arrow": _arrow,
+    # No local prefill in the elastic mix: it provisions decode tightly for the forecast concurrency, and
+    # prompts prefilled there cost TTFT (day-shaped Azure conversation: 88.8% attainment with it, 99.6%
+    # without; tests/bench/dopd_vs_dynamo.py).
     DopdScaling.name: _elastic(DopdScaling.name, DopdScaling, "ARIMA forecast of ISL/OSL/concurrency every 10 s "
-                               "-> optimal P:D counts (Eq. 11-14), burst fast path, short prompts prefilled on "
-                               "decode", "DOPD", local_prefill=DOPD_LOCAL_PREFILL),
+                               "-> optimal P:D counts (Eq. 11-14), burst fast path", "DOPD"),
     "dopd-ratio": _dopd_ratio,
     "poise": _poise,
 }
