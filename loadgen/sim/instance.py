@@ -210,7 +210,8 @@ class SimInstance:
         head = plan.parts[0][0]
         if not head.admitted and self.used_kv + head.input_tokens > self.kv_capacity:
             return  # it could not run after the cut either: cutting would only leave more KV half-used
-        cut = self.model.operator_boundary_s(self._step_start_s, now, self._step_s)
+        cut = self.model.operator_boundary_s(self._step_start_s, now, self._step_s, self.model.attention_share(
+            (n, r.prefilled) for r, n in self._plan))
         if cut >= self._step_start_s + self._step_s:
             return  # the pass ends at that boundary anyway
         self._cut_at = cut
@@ -224,7 +225,8 @@ class SimInstance:
         frac = (self.queue.now_s - self._step_start_s) / self._step_s if self._step_s > 0 else 1.0
         done = 0
         for req, n in self._plan:
-            k = self.model.prefill_tokens_done(n, req.prefilled, frac)  # engine_sim keeps the same share
+            # engine_sim keeps the same share; a cut never completes a prompt (its end is the pass's job)
+            k = min(n - 1, self.model.prefill_tokens_done(n, req.prefilled, frac))
             req.prefilled += k
             done += k
         self.pending_tokens -= done

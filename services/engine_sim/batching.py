@@ -256,7 +256,8 @@ def preemption_point(eng: SimEngine, step: Step, start: float, now: float) -> fl
             len(eng.queues.prefilling) >= eng.max_running or not eng.kv.fits(head.prefill_len)):
         return None  # it could not run next anyway: cutting would only cost a launch
     end = start + step.time_s
-    cut = eng.latency.operator_boundary_s(start, now, step.time_s)
+    cut = eng.latency.operator_boundary_s(start, now, step.time_s, eng.latency.attention_share(
+        (n, r.prefilled) for r, n in step.prefill))
     return cut if cut < end else None
 
 

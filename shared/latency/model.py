@@ -47,10 +47,17 @@ class LatencyProfile(msgspec.Struct, frozen=True, kw_only=True):
     # decoder layer's qkv_proj, attn, o_proj, gate_up_proj and down_proj, times the model's layers.
     num_layers: int = 32
     operators_per_layer: int = 5
+    # Relative cost of the layer's four matrix products (qkv_proj, o_proj, gate_up_proj, down_proj): their
+    # weight sizes, here Llama-3.1-8B's output widths 6144, 4096, 28672 and 4096 x 14336 / 4096 = 14336.
+    # The pass's linear work and its per-pass floor (reading the weights) split in these shares; attention
+    # takes the quadratic work. On an H100 the longest operator of a 2K-32K-token pass came out 1.1-1.4x the
+    # measured one (conservative), where equal operators gave 0.5-0.65x (tests/bench/results/gpu/latency_check.md).
+    operator_weights: list[float] = msgspec.field(default_factory=lambda: [6144.0, 4096.0, 28672.0, 14336.0])
     provenance: list[str] = msgspec.field(default_factory=list)
 
     def __post_init__(self) -> None:
-        numbers = {f: getattr(self, f) for f in self.__struct_fields__ if f not in ("name", "model", "gpu", "provenance")}
+        numbers = {f: getattr(self, f) for f in self.__struct_fields__
+                   if f not in ("name", "model", "gpu", "provenance", "operator_weights")}
         negative = [f for f, v in numbers.items() if v < 0]
         if negative:
             raise ConfigError(f"latency profile {self.name!r}: negative values for {', '.join(negative)}")
@@ -60,6 +67,9 @@ class LatencyProfile(msgspec.Struct, frozen=True, kw_only=True):
                 raise ConfigError(f"latency profile {self.name!r}: {f} must be positive")
         if self.transfer_bytes_per_s <= 0:
             raise ConfigError(f"latency profile {self.name!r}: transfer_bytes_per_s must be positive")
+        if len(self.operator_weights) != self.operators_per_layer - 1 or min(self.operator_weights) <= 0:
+            raise ConfigError(f"latency profile {self.name!r}: operator_weights needs {self.operators_per_layer - 1} "
+                              "positive weights (the layer's matrix products; attention is the other operator)")
 
 
 def available_profiles() -> list[str]:
@@ -136,20 +146,54 @@ class LatencyModel:
             return 0.0
         return self.profile.prefill_overhead_s * self.time_scale + work
 
-    def operator_boundary_s(self, start_s: float, now_s: float, duration_s: float) -> float:
+    def attention_share(self, parts: Iterable[tuple[int, int]]) -> float:
+        """The share of a prefill pass over (new_tokens, done_tokens) parts that is attention (the quadratic
+        work); the rest, the linear work and the per-pass floor, is the matrix products."""
+        p = self.profile
+        parts = list(parts)
+        quad = sum(p.prefill_s_per_token2 * ((d + n) ** 2 - d * d) for n, d in parts if n > 0)
+        total = p.prefill_overhead_s + sum(p.prefill_s_per_token * n for n, _ in parts if n > 0) + quad
+        return quad / total if total > 0 else 0.0
+
+    def operator_boundary_s(self, start_s: float, now_s: float, duration_s: float,
+                            attention_share: float | None = None) -> float:
         """The first operator boundary at or after ``now_s`` of a forward pass that runs from ``start_s`` for
         ``duration_s``: where a cooperative operator-level preemption (FlowPrefill) takes effect.
 
-        Operators are taken as equally long (the pass's time over layers x operators per layer), so the
-        blocking time is at most one operator: about 2 ms for an 8K prompt on the default profile, within
-        FlowPrefill's measured < 4.5 ms.
+        Every layer takes the same time. Within a layer, with ``attention_share`` (see :meth:`attention_share`)
+        attention gets that share and the matrix products split the rest by ``operator_weights``, in the
+        layer's order (qkv_proj, attn, o_proj, gate_up_proj, down_proj); without it the operators are equal.
+        The blocking time is at most one operator: on the default profile about 4.6 ms for an 8K prompt
+        (gate_up_proj; measured on an H100: 3.2 ms) and 18 ms for 32K (measured: 16 ms). FlowPrefill's
+        < 4.5 ms holds for passes up to about 8K tokens.
         """
-        ops = self.profile.num_layers * self.profile.operators_per_layer
-        op_s = duration_s / ops
-        if op_s <= 0 or now_s <= start_s:
+        if duration_s <= 0 or now_s <= start_s:
             return max(start_s, now_s)
-        k = min(ops, -(-(now_s - start_s) // op_s))  # ceil
-        return start_s + k * op_s
+        p = self.profile
+        layer_s = duration_s / p.num_layers
+        layer = int((now_s - start_s) // layer_s)
+        if layer >= p.num_layers:
+            return start_s + duration_s
+        offset = now_s - start_s - layer * layer_s
+        end = 0.0
+        boundary = start_s + (layer + 1) * layer_s
+        for d in self.operator_durations_s(layer_s, attention_share):
+            end += d
+            if end >= offset - 1e-12:
+                boundary = start_s + layer * layer_s + end
+                break
+        # Summed durations round: a last boundary a hair before the pass's end is its end (no cut there).
+        return start_s + duration_s if boundary >= start_s + duration_s - 1e-9 else boundary
+
+    def operator_durations_s(self, layer_s: float, attention_share: float | None = None) -> list[float]:
+        """How one layer of ``layer_s`` splits into its operators, in order (see :meth:`operator_boundary_s`)."""
+        p = self.profile
+        if attention_share is None:
+            return [layer_s / p.operators_per_layer] * p.operators_per_layer
+        share = min(max(attention_share, 0.0), 1.0)
+        weights = p.operator_weights
+        linear = [(1.0 - share) * layer_s * w / sum(weights) for w in weights]
+        return [linear[0], share * layer_s, *linear[1:]]  # attention follows qkv_proj
 
     # -- decode ------------------------------------------------------------------------------------
     def decode_step_time_s(self, batch_size: int, context_tokens: int) -> float:

@@ -150,15 +150,21 @@ def report(raw: dict[str, Any], shipped: LatencyProfile, fitted: LatencyProfile,
             rel = f"{(m / ref - 1) * 100:+.1f}%" if ref and c < total else "(one pass)"
             lines.append(f"| {total} | {c} | {ms(m)} | {rel} | {ms(model_s)} |")
     lines += ["", "## Operators and operator-level preemption (FlowPrefill)", "",
-              "The model splits a pass into 32 layers x 5 equal operators; a cooperative preemption blocks for "
-              "at most one operator.", "",
-              "| tokens | pass ms | equal split ms | longest measured ms (which) | mean per layer: " +
-              " / ".join(OPERATORS) + " ms |", "|---|---|---|---|---|"]
+              "A cooperative preemption blocks for at most one operator. The model's layers take equal time; within "
+              "one, the operators were equal at first, and now attention takes the pass's quadratic share and the "
+              "matrix products split the rest by their weight sizes (`operator_weights`). Longest operator of a "
+              "pass of one prompt, on the shipped profile:", "",
+              "| tokens | pass ms | equal operators ms | weighted operators ms | longest measured ms (which) | "
+              "mean per layer: " + " / ".join(OPERATORS) + " ms |", "|---|---|---|---|---|---|"]
     for r in raw["operators"]:
         ops = r["op_s"][:-1]
         longest = max(range(len(ops)), key=lambda i: ops[i])
         means = " / ".join(f"{statistics.mean(ops[i::5]) * 1e3:.2f}" for i in range(5))
-        lines.append(f"| {r['tokens']} | {ms(sum(r['op_s']))} | {ms(sum(r['op_s']) / len(ops))} | "
+        n = r["tokens"]
+        layer_s = ship.prefill_time_s(n) / shipped.num_layers
+        equal = max(ship.operator_durations_s(layer_s))
+        weighted = max(ship.operator_durations_s(layer_s, ship.attention_share([(n, 0)])))
+        lines.append(f"| {n} | {ms(sum(r['op_s']))} | {ms(equal)} | {ms(weighted)} | "
                      f"{ms(ops[longest])} ({OPERATORS[longest % 5]}) | {means} |")
     lines += ["", "A prefill that checks a flag between operators and waits for each (the flag set by another "
               "thread at a random point of the pass):", "",

@@ -86,3 +86,31 @@ def test_bad_profiles_are_rejected(tmp_path: Path, change: dict[str, float], mes
 def test_unknown_profile_names_the_builtins() -> None:
     with pytest.raises(ConfigError, match=DEFAULT_PROFILE):
         load_profile("no-such-profile")
+
+
+def test_operators_split_a_layer_by_their_work() -> None:
+    m = LatencyModel(load_profile())
+    parts = [(8192, 0)]
+    share = m.attention_share(parts)
+    assert 0.1 < share < 0.13  # 8K tokens: attention is a ninth of the pass on the default profile
+    pass_s = m.prefill_batch_time_s(parts)
+    layer_s = pass_s / m.profile.num_layers
+    ops = m.operator_durations_s(layer_s, share)
+    assert len(ops) == 5 and sum(ops) == pytest.approx(layer_s)
+    assert max(ops) == ops[3]  # gate_up_proj, the widest matrix product
+    assert ops[1] == pytest.approx(share * layer_s)
+    # A preemption in the middle of the first layer's gate_up_proj waits for its end, not a fifth of the layer.
+    gate_up_start = sum(ops[:3])
+    cut = m.operator_boundary_s(0.0, gate_up_start + ops[3] / 2, pass_s, share)
+    assert cut == pytest.approx(gate_up_start + ops[3])
+    assert m.operator_boundary_s(0.0, 0.0, pass_s, share) == 0.0
+    assert m.operator_boundary_s(0.0, pass_s * 2, pass_s, share) == pytest.approx(pass_s)
+    # Long prompts: attention becomes the longest operator (32K: about a third of the pass).
+    assert m.attention_share([(32768, 0)]) > 0.3
+    # Without a share, operators are equal (the model before the H100 check).
+    assert m.operator_boundary_s(0.0, 0.01, 1.0) == pytest.approx(2.0 / 160)
+
+
+def test_operator_weights_must_match_the_matrix_products() -> None:
+    with pytest.raises(ConfigError, match="operator_weights"):
+        msgspec.structs.replace(load_profile(), operator_weights=[1.0, 2.0])
