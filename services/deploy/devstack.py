@@ -99,3 +99,17 @@ def poise_up_processes(settings: Any = None) -> list[StackProcess]:
 def clean_env() -> dict[str, str]:
     """The current environment without ``POISE_*`` variables (settings read them; a capture must not)."""
     return {k: v for k, v in os.environ.items() if not k.upper().startswith("POISE_")}
+
+
+@contextlib.contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """Run with exactly ``values`` as ``os.environ``, restored afterwards: settings read the environment, so a
+    capture (and a test of one) must choose what it sees, e.g. ``environment(clean_env())``."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)

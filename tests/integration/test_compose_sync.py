@@ -14,11 +14,9 @@ Nothing here needs docker (there is no docker engine on these machines).
 
 from __future__ import annotations
 
-import os
 import tomllib
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import pytest
 import yaml
@@ -27,7 +25,7 @@ from compose_spec.compose_spec import PyOptions
 from pydantic_settings import BaseSettings
 
 from services.cli.stack import StackSettings
-from services.deploy.devstack import StackProcess, clean_env, poise_up_processes
+from services.deploy.devstack import StackProcess, clean_env, environment, poise_up_processes
 from services.deploy.secrets import all_variables, nats_password_var, nats_server_config, nats_users, referenced
 from services.gateway.config import GatewaySettings
 from services.migrator.config import MigratorSettings
@@ -72,7 +70,7 @@ def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def stack() -> dict[str, StackProcess]:
-    with mock.patch.dict(os.environ, clean_env(), clear=True):  # `poise up` with its defaults, no POISE_STACK_*
+    with environment(clean_env()):  # `poise up` with its defaults, no POISE_STACK_*
         processes = poise_up_processes(StackSettings())
     return {p.name: p for p in processes}
 
@@ -85,7 +83,7 @@ def _env(service: dict[str, Any]) -> dict[str, str]:
 
 
 def _parse(cls: type[BaseSettings], args: list[str], env: dict[str, str]) -> BaseSettings:
-    with mock.patch.dict(os.environ, {**clean_env(), **env}, clear=True):
+    with environment({**clean_env(), **env}):
         return parse_settings(cls, args)
 
 

@@ -12,7 +12,6 @@ import subprocess
 import tarfile
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import pytest
 import yaml
@@ -20,7 +19,7 @@ from compose_spec.compose_spec import PyCompose
 
 from services.deploy.__main__ import load_assets, main
 from services.deploy.apply import ApplyError, Step, apply, apply_steps, preflight
-from services.deploy.devstack import clean_env
+from services.deploy.devstack import clean_env, environment
 from services.deploy.inventory import PLACED_WORKER_FIELDS, Inventory, load_inventory, parse_inventory
 from services.deploy.render import Plan, build_plan, render
 from services.deploy.secrets import all_variables, nats_password_var, nats_server_config, read_env_file
@@ -56,7 +55,7 @@ def _real_inventory() -> Inventory:
 
 def _worker_settings(command: tuple[str, ...]) -> WorkerSettings:
     assert command[:3] == ("python3", "-m", "services.worker")
-    with mock.patch.dict(os.environ, clean_env(), clear=True):
+    with environment(clean_env()):
         return parse_settings(WorkerSettings, list(command[3:]))
 
 
@@ -153,7 +152,7 @@ def test_control_plane_commands(plan: Plan) -> None:
 
 
 def test_the_plan_ignores_poise_variables_of_the_shell(inventory: Inventory, plan: Plan) -> None:
-    with mock.patch.dict(os.environ, {"POISE_WORKER_TP": "8", "POISE_GATEWAY_PORT": "1"}):
+    with environment({**os.environ, "POISE_WORKER_TP": "8", "POISE_GATEWAY_PORT": "1"}):
         again = build_plan(inventory)
     assert again == plan
 

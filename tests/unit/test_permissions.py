@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
-from unittest import mock
 
 from services.cli.stack import Stack, StackSettings, planner_uses_local_connector
-from services.deploy.devstack import clean_env, poise_up_processes
+from services.deploy.devstack import clean_env, environment, poise_up_processes
 from shared.protocol import Subjects
 from shared.protocol.permissions import ROLES, markdown_table, role_permissions, user_permissions
 from shared.security import Credentials, NatsUser, nats_config, redact_url, url_with_credentials, without_secrets
@@ -77,7 +75,7 @@ def test_children_do_not_inherit_secrets() -> None:
 
 
 def test_poise_up_gives_each_process_its_own_user_in_its_environment() -> None:
-    with mock.patch.dict(os.environ, clean_env(), clear=True):
+    with environment(clean_env()):
         processes = {p.name: p for p in poise_up_processes(StackSettings())}
     for name, proc in processes.items():
         env = dict(proc.env)
@@ -93,7 +91,7 @@ def test_poise_up_gives_each_process_its_own_user_in_its_environment() -> None:
 
 
 def test_no_auth_turns_everything_off() -> None:
-    with mock.patch.dict(os.environ, clean_env(), clear=True):
+    with environment(clean_env()):
         processes = poise_up_processes(StackSettings(auth=False))
     assert all(p.env == () for p in processes)
     assert not any(a == "-c" for p in processes for a in p.argv)
