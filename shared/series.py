@@ -11,6 +11,8 @@ What an interval counts:
   about one request latency; the total over time is exact.
 - ``completed`` and the means/percentiles: the subset with ``status == "ok"``; ``mean_*_tokens`` are 0 and
   the p90s ``None`` when nothing completed (or no latency was reported).
+- ``local_prefilled`` and ``mean_local_input_tokens``: the completed requests that no prefill instance
+  prefilled (``prefill_id`` None: DOPD's local prefill on the decode instance, or a colocated engine).
 - ``mean_running_reqs``: for each instance, the mean of ``num_running_reqs`` over its healthy load samples in
   the interval, summed over instances: the cluster's mean concurrency.
 """
@@ -38,6 +40,8 @@ class _Interval:
     completed: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+    local: int = 0  # completed requests prefilled where they were decoded (no prefill instance)
+    local_input_tokens: int = 0
     ttfts: list[float] = field(default_factory=list)
     tpots: list[float] = field(default_factory=list)
     running_sum: dict[str, float] = field(default_factory=dict)  # instance -> sum of running reqs samples
@@ -59,6 +63,9 @@ class SeriesBuilder:
         cur.completed += 1
         cur.input_tokens += event.input_tokens
         cur.output_tokens += event.output_tokens
+        if event.prefill_id is None:
+            cur.local += 1
+            cur.local_input_tokens += event.input_tokens
         if event.ttft_s is not None:
             cur.ttfts.append(event.ttft_s)
         if event.tpot_s is not None:
@@ -87,6 +94,8 @@ class SeriesBuilder:
             mean_running_reqs=running,
             ttft_p90_s=percentile(cur.ttfts, 90),
             tpot_p90_s=percentile(cur.tpots, 90),
+            local_prefilled=cur.local,
+            mean_local_input_tokens=cur.local_input_tokens / cur.local if cur.local else 0.0,
         )
         self.start_unix_s = now_unix_s
         self._cur = _Interval()

@@ -146,8 +146,9 @@ def _arrow(instances: int, split: str | None) -> PolicyMix:
 
 
 #: DOPD prefills ultra-short prompts on the decode instances (its "PD aggregation"); the DOPD-based mixes on a
-#: fixed GPU count do too. It never lost goodput there and gained 5-16% where a quarter of the prompts are
-#: short (tests/bench/results/local_prefill.md).
+#: fixed GPU count do too. It never lost goodput there and gained up to 16% where a quarter of the prompts
+#: are short; Dynamo's queue rule stays off, it cost up to two thirds of the goodput on Azure code
+#: (tests/bench/results/local_prefill.md).
 DOPD_LOCAL_PREFILL = LocalPrefillParams()
 
 
@@ -186,7 +187,7 @@ MIXES: dict[str, Callable[[int, str | None], PolicyMix]] = {
     "arrow": _arrow,
     # No local prefill in the elastic mix: it provisions decode tightly for the forecast concurrency, and
     # prompts prefilled there cost TTFT (day-shaped Azure conversation: 88.8% attainment with it, 99.6%
-    # without; tests/bench/dopd_vs_dynamo.py).
+    # without; tests/bench/local_prefill.py on the load of tests/bench/dopd_vs_dynamo.py).
     DopdScaling.name: _elastic(DopdScaling.name, DopdScaling, "ARIMA forecast of ISL/OSL/concurrency every 10 s "
                                "-> optimal P:D counts (Eq. 11-14), burst fast path", "DOPD"),
     "dopd-ratio": _dopd_ratio,

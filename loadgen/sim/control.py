@@ -36,6 +36,9 @@ class ControlParams:
     series_interval_s: float = 5.0  # the monitor's default
     series_length: int = 720
     prediction_interval_tokens: int = DEFAULT_INTERVAL_TOKENS  # ARES k: re-predict every k decode steps
+    # DOPD's ISL forecast to the engines' dopd-length policies, as the live sidecars relay it; off = the engines
+    # keep their running mean (what SGLang engines get live, and the bench's ablation of the forecast).
+    relay_forecast: bool = True
 
 
 @dataclass
@@ -150,6 +153,8 @@ class ControlLoop:
     def _relay_forecast(self) -> None:
         """DOPD's newest ISL forecast to every engine prefill policy that batches by it (``dopd-length``), as
         the live sidecars relay the planner's forecast events; new instances get it when they appear."""
+        if not self.params.relay_forecast:
+            return
         split = forecast_split(self.pools) or forecast_split(self.scaling)
         if split is None or (split is self._relayed and len(self.cluster.instances) == self._relayed_to):
             return

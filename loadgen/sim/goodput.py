@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from loadgen.sim.baselines import PolicyMix, make_mix
 from loadgen.sim.cluster import SimCosts
+from loadgen.sim.control import ControlParams
 from loadgen.sim.run import simulate
 from loadgen.slo import SLO, SLOClasses
 from loadgen.workload import Workload
@@ -41,8 +42,9 @@ class GoodputResult:
 
 
 def _point(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, scale: float,
-           costs: SimCosts | None, slo_classes: SLOClasses | None) -> CurvePoint:
-    result = simulate(workload, mix, model, slo, rate_scale=scale, costs=costs, slo_classes=slo_classes)
+           costs: SimCosts | None, slo_classes: SLOClasses | None, control: ControlParams | None) -> CurvePoint:
+    result = simulate(workload, mix, model, slo, rate_scale=scale, costs=costs, slo_classes=slo_classes,
+                      control=control)
     s = result.summary
     gpus = result.config["lifecycle"]["gpu_seconds"] / s.wall_s if s.wall_s > 0 else float(len(mix.roles))
     return CurvePoint(scale, workload.mean_rate_rps * scale, s.slo_attainment, s.ttft_p90_s, s.tpot_p90_s, gpus)
@@ -51,14 +53,14 @@ def _point(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, sc
 def search_goodput(workload: Workload, build: Callable[[], PolicyMix], model: LatencyModel, slo: SLO, *,
                    target: float = 0.9, start: float = 1.0, max_scale: float = 256.0,
                    bisections: int = 6, costs: SimCosts | None = None,
-                   slo_classes: SLOClasses | None = None) -> GoodputResult:
+                   slo_classes: SLOClasses | None = None, control: ControlParams | None = None) -> GoodputResult:
     """Highest rate scale with attainment >= ``target``; ``build`` makes a fresh mix per run (policies keep state).
-    With ``slo_classes`` each request is judged against its class's SLO."""
+    With ``slo_classes`` each request is judged against its class's SLO; ``control`` tunes the control loop."""
     mix = build()
     result = GoodputResult(mix.name, mix.description, 0.0, 0.0)
 
     def run(scale: float) -> bool:
-        point = _point(workload, build(), model, slo, scale, costs, slo_classes)
+        point = _point(workload, build(), model, slo, scale, costs, slo_classes, control)
         result.points.append(point)
         return point.attainment >= target
 

@@ -352,8 +352,11 @@ def create_app(engine: SimEngine) -> FastAPI:
 
     def forecast_state() -> dict[str, Any]:
         policy = engine.prefill_policy
+        # long_threshold: what the policy batches by now (the forecast, else its running mean), so a caller can
+        # see the forecast take effect and, once withdrawn, stop.
         return {"isl": getattr(policy, "forecast_isl", None), "policy": policy.name,
-                "applies": hasattr(policy, "set_forecast_isl")}
+                "applies": hasattr(policy, "set_forecast_isl"),
+                "long_threshold": getattr(policy, "long_threshold", None)}
 
     @app.get(FORECAST_PATH)
     async def get_forecast() -> Response:

@@ -206,6 +206,9 @@ class WorkerService(AsyncServiceMixin):
         if self._takes_forecast():
             self._forecast_sub = await self._bus.subscribe(self.subjects.planner_events(), PlannerEvent,
                                                            self._on_planner_event)
+        else:  # said once: an operator comparing engine kinds should see why dopd-length gets no forecast here
+            log.info("worker %s: %s engine has no ISL forecast hook; the planner's forecasts are not relayed",
+                     self.instance_id, s.engine_kind)
         if self._engine is not None:
             self._tasks.append(asyncio.create_task(self._supervise(), name=f"supervise-{self.instance_id}"))
         log.info("worker %s: %s engine %s registered as %s", self.instance_id, s.engine_kind, self.url, self.role)

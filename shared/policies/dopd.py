@@ -17,6 +17,16 @@ profile (:func:`optimal_split`):
   that the steps are shorter, the same concurrency carries a higher request rate λ, and R*·N_D leaves
   prefill short: the second term (ours) provisions prefill for the forecast rate by Little's law, with a
   utilisation target ρ = 0.8 that keeps the prefill queue out of the Kingman knee.
+- local prefill (ours): Eq. 14 prices every prompt on the prefill instances, but DOPD's PD aggregation
+  prefills ultra-short prompts on their decode instance (``shared.policies.local_prefill``). With a share f of
+  the completed requests prefilled there (the monitor's series says which: no prefill instance), mean length
+  L, a prefill instance spends (1 - f)·T_p(ISL_remote) per request, ISL_remote = (ISL - f·L) / (1 - f), and
+  a decode instance spends OSL·T_d / N_d plus f·W(L), W the prefill work a mixed step adds. R* is the ratio
+  of the two, N_d·(1 - f)·T_p / (OSL·T_d + N_d·f·W), and the rate term uses the same prefill time; with
+  f = 0 both are the spec's. Without this, Poise's target on Azure conversation was 5P3D, where 29% of the
+  prompts stay local and a static 4P4D holds 9-24% more goodput than 5P3D with FlowPrefill engines, and with
+  FCFS engines under Arrow's SLO (not under FlowPrefill's tight mixed SLOs, where FCFS needs the headroom:
+  README, "The composed default").
 
 Two ways to act on it: :class:`DopdScaling` (a scaling policy: replica counts, with DOPD's burst fast path
 on prefill queue depth and KV use and a per-step change limit), and :class:`DopdPools` (a pool policy for a
@@ -66,17 +76,21 @@ class Split(msgspec.Struct, frozen=True, kw_only=True):
     rate_rps: float
     n_max: int
     n_d: int
-    t_prefill_s: float
+    t_prefill_s: float  # one prompt of the length the prefill instances get (ISL_remote)
     t_decode_s: float
     ratio: float  # R* = N_P / N_D at full decode instances
     prefill: int
     decode: int
+    local_share: float = 0.0  # f: the share of requests prefilled on their decode instance
+    t_local_s: float = 0.0  # W(L): what one such prompt adds to its decode instance's steps
 
 
 def optimal_split(model: LatencyModel, ctx: PolicyContext, isl: float, osl: float, concurrency: float,
-                  rate_rps: float = 0.0, params: DopdParams | None = None) -> Split:
+                  rate_rps: float = 0.0, params: DopdParams | None = None, *, local_share: float = 0.0,
+                  local_isl: float = 0.0) -> Split:
     """Eq. 11-14 on the latency profile: the counts for ``concurrency`` requests in flight arriving at
-    ``rate_rps`` (no budget applied)."""
+    ``rate_rps`` (no budget applied), when a share ``local_share`` of the requests, of mean prompt length
+    ``local_isl``, is prefilled on the decode instances (DOPD's local prefill; the module docstring)."""
     params = params or DopdParams()
     p = model.profile
     isl, osl = max(1.0, isl), max(1.0, osl)
@@ -85,15 +99,20 @@ def optimal_split(model: LatencyModel, ctx: PolicyContext, isl: float, osl: floa
     n_max = int(min(p.kv_capacity_tokens, max(readable, 0.0)) // (isl + osl))
     n_max = max(1, min(n_max, p.max_running_requests))
     n_d = max(1, int(params.gamma * n_max))
-    t_p = model.prefill_time_s(int(isl))
+    f = min(1.0, max(0.0, local_share))
+    local_isl = min(isl, max(0.0, local_isl)) if f > 0 else 0.0
+    remote_isl = max(1.0, (isl - f * local_isl) / (1.0 - f)) if f < 1 else isl
+    t_p = model.prefill_time_s(int(remote_isl))
+    t_local = model.prefill_work_s(int(local_isl)) if f > 0 else 0.0
     t_d = model.decode_step_time_s(n_d, int(n_d * (isl + osl / 2)))
-    ratio = n_d * t_p / (osl * t_d) if t_d > 0 else math.inf
+    decode_work = osl * t_d + n_d * f * t_local  # decode-instance seconds per N_d requests
+    ratio = n_d * (1.0 - f) * t_p / decode_work if decode_work > 0 else math.inf
     concurrency = max(0.0, concurrency)
     decode = max(ctx.min_per_role, math.ceil(concurrency / n_d))
-    by_rate = math.ceil(max(0.0, rate_rps) * t_p / params.prefill_utilisation)
+    by_rate = math.ceil(max(0.0, rate_rps) * (1.0 - f) * t_p / params.prefill_utilisation)
     prefill = max(ctx.min_per_role, math.ceil(ratio * decode) if math.isfinite(ratio) else 1, by_rate)
     return Split(isl=isl, osl=osl, concurrency=concurrency, rate_rps=rate_rps, n_max=n_max, n_d=n_d, t_prefill_s=t_p, t_decode_s=t_d,
-                 ratio=ratio, prefill=prefill, decode=decode)
+                 ratio=ratio, prefill=prefill, decode=decode, local_share=f, t_local_s=t_local)
 
 
 def split_of(total: int, ratio: float, min_per_role: int = 1, current: int | None = None,
@@ -119,6 +138,10 @@ class _Forecasting:
         self.interval_s = self.params.interval_s
         self.forecaster = MultiForecaster(("isl", "osl", "concurrency", "rate"), self.params.forecast)
         self._seen_until = -math.inf  # series points up to this start time were observed
+        # The newest interval's share of completed requests prefilled on their decode instance, and their mean
+        # prompt length (observed, not forecast: it follows the dispatch rule, which the lengths drive).
+        self.local_share = 0.0
+        self.local_isl = 0.0
         self.last_split: Split | None = None
         self.decision_s: list[float] = []  # wall seconds per decision (forecast + ratio), for the benchmark
 
@@ -136,6 +159,9 @@ class _Forecasting:
         if completed:
             values["isl"] = sum(p.mean_input_tokens * p.completed for p in window) / completed
             values["osl"] = sum(p.mean_output_tokens * p.completed for p in window) / completed
+            local = sum(p.local_prefilled for p in window)
+            self.local_share = local / completed
+            self.local_isl = sum(p.mean_local_input_tokens * p.local_prefilled for p in window) / local if local else 0.0
         self.forecaster.observe(values)
         return True
 
@@ -148,7 +174,7 @@ class _Forecasting:
         if isl <= 0 or osl <= 0:
             return None  # nothing completed yet: no lengths to plan with
         split = optimal_split(self.model, self.ctx, isl, osl, f["concurrency"].calibrated, f["rate"].calibrated,
-                              self.params)
+                              self.params, local_share=self.local_share, local_isl=self.local_isl)
         self.last_split = split
         self.decision_s.append(time.perf_counter() - t0)
         return split

@@ -113,6 +113,11 @@ class SeriesPoint(msgspec.Struct, frozen=True, kw_only=True):
     mean_running_reqs: float  # cluster-wide concurrency, mean over the interval's load samples
     ttft_p90_s: float | None
     tpot_p90_s: float | None
+    # Of the completed requests, those prefilled on the instance that decoded them (no prefill instance:
+    # DOPD's local prefill of ultra-short prompts, or a colocated engine), and their mean prompt length.
+    # DOPD's ratio prices prefill instances only for the rest.
+    local_prefilled: int = 0
+    mean_local_input_tokens: float = 0.0
 
 
 class DecodeRequestInfo(msgspec.Struct, frozen=True, kw_only=True):

@@ -25,11 +25,19 @@ from loadgen.sim.baselines import make_mix
 from loadgen.sim.run import simulate
 from loadgen.slo import slo_for
 from loadgen.traces import load_trace
+from loadgen.workload import Workload
 from shared.latency import LatencyModel, load_profile
 
 OUT = Path("tests/bench/results")
 RUNS = [("azure-conv", 8.0), ("azure-code", 5.0)]  # rate scales: the peak needs most of 8 GPUs
 POLICIES = [("dopd", "1P1D"), ("dynamo-load", "1P1D"), ("dynamo-sla", "1P1D"), ("static-minload", None)]
+
+
+def day_workload(trace: str) -> Workload:
+    """The whole trace time-warped onto one day-shaped cycle, 0.2x to 1x of its rate (shared with
+    tests/bench/local_prefill.py, which runs elastic DOPD on the same load)."""
+    base = load_trace(trace)
+    return day_shape(base, period_s=base.duration_s / 0.6, low=0.2, high=1.0)
 
 
 def _plot(trace: str, results: list[tuple[str, ReplayResult]], path: Path, bin_s: float = 30.0) -> None:
@@ -71,8 +79,7 @@ def main() -> None:
     model = LatencyModel(load_profile())
     rows: list[dict[str, Any]] = []
     for trace, scale in RUNS:
-        base = load_trace(trace)
-        workload = day_shape(base, period_s=base.duration_s / 0.6, low=0.2, high=1.0)
+        workload = day_workload(trace)
         slo = slo_for(trace)
         results = []
         for name, split in POLICIES:

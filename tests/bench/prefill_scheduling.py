@@ -29,7 +29,9 @@ Reported: goodput (highest rate, as a multiple of the trace's, with >= 90% of re
 the tightest SLO scale (all TTFT targets multiplied by s) each mix holds at 90% at a fixed rate, and how much
 of the engine-level gain late binding keeps: (late - stock) / (engine - stock) on goodput.
 
-Writes ``tests/bench/results/prefill_scheduling.{md,json,png}``. ``--traces a,b`` and ``--mixes a,b`` run a subset.
+Writes ``tests/bench/results/prefill_scheduling.{md,json,png}``. ``--traces a,b`` and ``--mixes a,b`` run a subset,
+written to ``prefill_scheduling-subset.*`` so that it never replaces the full table (``--out NAME`` picks the
+name). The tightest SLO scale needs ``cp2k`` or ``cp8k`` in the subset (it runs at their goodput).
 """
 
 from __future__ import annotations
@@ -150,6 +152,13 @@ def main() -> None:
     command = shlex.join([Path(sys.executable).name, "-m", "tests.bench.prefill_scheduling", *sys.argv[1:]])
     traces = sys.argv[sys.argv.index("--traces") + 1].split(",") if "--traces" in sys.argv else TRACES
     mixes = sys.argv[sys.argv.index("--mixes") + 1].split(",") if "--mixes" in sys.argv else list(MIXES)
+    unknown = sorted(set(traces) - set(TRACES)) + sorted(set(mixes) - set(MIXES))
+    if unknown:
+        raise SystemExit(f"unknown trace or mix: {', '.join(unknown)}; traces: {', '.join(TRACES)}; "
+                         f"mixes: {', '.join(MIXES)}")
+    subset = traces != TRACES or mixes != list(MIXES)
+    stem = sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else (
+        "prefill_scheduling-subset" if subset else "prefill_scheduling")
     model = LatencyModel(load_profile())
     rows: list[dict[str, Any]] = []
     for trace in traces:
@@ -224,11 +233,11 @@ def main() -> None:
             p = r["preemptions_at_goodput"]
             lines.append(f"| {r['trace']} | {r['mix']} | {p['count']} | {p['blocking_ms_p50']:.2f} | "
                          f"{p['blocking_ms_max']:.2f} |")
-    lines += ["", "Plot: `prefill_scheduling.png`"]
+    lines += ["", f"Plot: `{stem}.png`"]
     OUT.mkdir(parents=True, exist_ok=True)
-    _plot(rows, traces, OUT / "prefill_scheduling.png")
-    (OUT / "prefill_scheduling.md").write_text("\n".join(lines) + "\n")
-    (OUT / "prefill_scheduling.json").write_text(json.dumps({"command": command, "rows": rows}, indent=2))
+    _plot(rows, traces, OUT / f"{stem}.png")
+    (OUT / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    (OUT / f"{stem}.json").write_text(json.dumps({"command": command, "rows": rows}, indent=2))
     print("\n".join(lines))
 
 

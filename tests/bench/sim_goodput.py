@@ -3,7 +3,9 @@
 Runs ``poise sim goodput`` on the first 10 minutes of Azure code, Azure conversation and Mooncake
 conversation (Arrow uses the first 10 minutes of Mooncake) for every baseline (colocated, static-rr,
 static-minload, static-best, dynamo-load, dynamo-sla) and the adaptive mixes (arrow, dopd-ratio, poise), and
-writes ``tests/bench/results/goodput-<trace>/goodput.{md,json,png}``. ``--policies a,b`` runs a subset.
+writes ``tests/bench/results/goodput-<trace>/goodput.{md,json,png}``. ``--policies a,b`` and ``--traces a,b``
+run a subset; a subset of the policies is written to ``goodput-<trace>-subset/`` so that it never replaces a
+trace's full table.
 """
 
 from __future__ import annotations
@@ -18,14 +20,19 @@ OUT = Path("tests/bench/results")
 
 POLICIES = ["colocated", "static-rr", "static-minload", "static-best", "dynamo-load", "dynamo-sla", "arrow",
             "dopd-ratio", "poise"]
+TRACES = ["azure-code", "azure-conv", "mooncake-conv"]
 
 
 def main() -> None:
     policies = POLICIES
     if "--policies" in sys.argv:
         policies = sys.argv[sys.argv.index("--policies") + 1].split(",")
-    for trace in ("azure-code", "azure-conv", "mooncake-conv"):
-        out = OUT / f"goodput-{trace}"
+    traces = sys.argv[sys.argv.index("--traces") + 1].split(",") if "--traces" in sys.argv else TRACES
+    unknown = sorted(set(traces) - set(TRACES))
+    if unknown:
+        raise SystemExit(f"unknown trace: {', '.join(unknown)}; known: {', '.join(TRACES)}")
+    for trace in traces:
+        out = OUT / (f"goodput-{trace}" if policies == POLICIES else f"goodput-{trace}-subset")
         cmd = [sys.executable, "-m", "services.cli", "sim", "goodput", "--trace", trace, "--duration-s", "600",
                "--instances", "8", "--out-dir", str(out)]
         for policy in policies:

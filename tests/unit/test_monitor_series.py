@@ -9,8 +9,8 @@ from shared.series import SeriesBuilder, percentile
 
 
 def _event(rid: str, *, status: str = "ok", inp: int = 100, out: int = 10, ttft: float | None = 0.1,
-           tpot: float | None = 0.02) -> RequestEvent:
-    return RequestEvent(rid=rid, model="m", arrived_unix_s=1000.0, finished_unix_s=1001.0, prefill_id="p0",
+           tpot: float | None = 0.02, prefill_id: str | None = "p0") -> RequestEvent:
+    return RequestEvent(rid=rid, model="m", arrived_unix_s=1000.0, finished_unix_s=1001.0, prefill_id=prefill_id,
                         decode_id="d0", input_tokens=inp, output_tokens=out, ttft_s=ttft, tpot_s=tpot,
                         status=status)  # type: ignore[arg-type]
 
@@ -42,6 +42,20 @@ def test_one_interval() -> None:
     assert p.mean_output_tokens == pytest.approx((550 + 55) / 11)
     assert p.ttft_p90_s == pytest.approx(0.9)  # nearest rank 9 of 10; failed requests do not count
     assert p.tpot_p90_s == pytest.approx(0.09)
+
+
+def test_requests_prefilled_on_their_decode_instance_are_counted_apart() -> None:
+    b = SeriesBuilder(start_unix_s=0.0)
+    b.add_event(_event("remote", inp=2000))
+    b.add_event(_event("local-a", inp=100, prefill_id=None))  # DOPD's local prefill: no prefill instance
+    b.add_event(_event("local-b", inp=300, prefill_id=None))
+    b.add_event(_event("local-failed", inp=50, prefill_id=None, status="error"))  # not completed: not counted
+    p = b.roll(5.0)
+    assert p.completed == 3 and p.local_prefilled == 2
+    assert p.mean_local_input_tokens == pytest.approx(200.0)
+    assert p.mean_input_tokens == pytest.approx(2400 / 3)
+    empty = b.roll(10.0)
+    assert (empty.local_prefilled, empty.mean_local_input_tokens) == (0, 0.0)
 
 
 def test_mean_running_is_per_instance_mean_summed() -> None:

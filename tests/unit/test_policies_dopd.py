@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import msgspec
 import pytest
 
 from loadgen.sim.baselines import make_mix
@@ -44,6 +45,43 @@ def test_the_ratio_follows_eq_14_on_the_profile() -> None:
     # Long prompts and short outputs (Azure code) want far more prefill than conversations do.
     conv = optimal_split(MODEL, CTX, isl=1155, osl=211, concurrency=100)
     assert s.ratio > 5 * conv.ratio and 1.0 < conv.ratio < 3.0
+
+
+def test_prompts_prefilled_on_decode_are_priced_on_decode() -> None:
+    conv = PolicyContext(ttft_slo_s=2.0, tpot_slo_s=0.15, max_instances=8)
+    spec = optimal_split(MODEL, conv, isl=1160, osl=260, concurrency=560, rate_rps=100.0)
+    assert (spec.local_share, spec.t_local_s) == (0.0, 0.0)
+    assert optimal_split(MODEL, conv, 1160, 260, 560, 100.0, local_share=0.0, local_isl=300) == spec
+    # Azure conversation's lengths with 29% of the prompts (mean 290 tokens) prefilled on their decode instance:
+    # the prefill instances get only the rest, longer on average, and the decode instances the local work.
+    local = optimal_split(MODEL, conv, isl=1160, osl=260, concurrency=560, rate_rps=100.0, local_share=0.29,
+                          local_isl=290)
+    remote_isl = (1160 - 0.29 * 290) / 0.71
+    assert local.t_prefill_s == pytest.approx(MODEL.prefill_time_s(int(remote_isl)))
+    assert local.t_local_s == pytest.approx(MODEL.prefill_work_s(290))
+    assert local.t_decode_s == spec.t_decode_s
+    assert local.ratio == pytest.approx(local.n_d * 0.71 * local.t_prefill_s
+                                        / (260 * local.t_decode_s + local.n_d * 0.29 * local.t_local_s))
+    assert local.prefill == max(math.ceil(local.ratio * local.decode),
+                                math.ceil(100.0 * 0.71 * local.t_prefill_s / 0.8))
+    # Eq. 14 alone asks for 5P3D; priced where the work runs, 4P4D (what holds the most goodput there).
+    assert split_of(8, spec.ratio)[0] == 5 and split_of(8, local.ratio)[0] == 4
+    # Everything local: no prefill work at all.
+    assert optimal_split(MODEL, conv, 300, 260, 560, 100.0, local_share=1.0, local_isl=300).ratio == 0.0
+
+
+def test_dopd_pools_reads_the_local_share_from_the_series() -> None:
+    conv = PolicyContext(ttft_slo_s=2.0, tpot_slo_s=0.15, max_instances=8)
+    cluster = [inst(f"p{i}", "prefill") for i in range(4)] + [inst(f"d{i}", "decode") for i in range(4)]
+    targets = {}
+    for local in (0, 6):  # of 20 completed requests per 5 s point
+        points = [msgspec.structs.replace(p, local_prefilled=local, mean_local_input_tokens=290.0 if local else 0.0)
+                  for p in series(2, 1160, 260, 560)]
+        policy = DopdPools(MODEL, conv)
+        policy.update_target(snap(cluster, points))
+        assert policy.last_split is not None and policy.last_split.local_share == pytest.approx(local / 20)
+        targets[local] = policy.target_prefill
+    assert targets == {0: 5, 6: 4}
 
 
 def test_a_fixed_gpu_count_is_split_by_the_ratio_with_a_dead_band() -> None:

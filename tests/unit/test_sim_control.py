@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import msgspec
 import pytest
 
 from loadgen.sim.baselines import make_mix
-from loadgen.sim.cluster import SimCosts
-from loadgen.sim.control import ControlParams
+from loadgen.sim.cluster import SimCluster, SimCosts
+from loadgen.sim.control import ControlLoop, ControlParams
+from loadgen.sim.events import PRIORITY_ARRIVAL, EventQueue
+from loadgen.sim.instance import SimRequest
 from loadgen.sim.overhead import NO_DELAY
 from loadgen.sim.run import simulate
 from loadgen.slo import SLO, parse_slo_classes
 from loadgen.traces import load_trace
 from loadgen.workload import TraceRequest, Workload
 from shared.latency import LatencyModel, load_profile
-from shared.policies import DECODE_BATCH_POLICIES, PoolDecision, RoleChange
+from shared.policies import DECODE_BATCH_POLICIES, PolicyContext, PoolDecision, RoleChange
+from shared.policies.dopd import forecast_split
+from shared.policies.length_batching import LengthBatching
 from shared.protocol.messages import ClusterSnapshot
 
 SLO_ = SLO(ttft_s=2.0, tpot_s=0.15)
@@ -246,3 +251,44 @@ def test_dopd_forecast_isl_reaches_the_engines_length_batching() -> None:
 def test_no_forecast_is_relayed_without_a_dopd_part() -> None:
     mix = make_mix("arrow", 4, prefill_policy="dopd-length")
     assert simulate(steady(4.0, 30.0), mix, model(), SLO_, first_token_delay=NO_DELAY).config["engine_forecast_isl"] == []
+
+
+def _run_loop(mix_name: str, control: ControlParams) -> tuple[SimCluster, object]:
+    """A controlled run built by hand (as ``simulate`` does), so the test can look inside the engines after it."""
+    m = model()
+    mix = make_mix(mix_name, 4, prefill_policy="dopd-length").bound(
+        m, PolicyContext(ttft_slo_s=SLO_.ttft_s, tpot_slo_s=SLO_.tpot_s, max_instances=4))
+    queue = EventQueue()
+    cluster = SimCluster(mix.roles, m, mix.dispatch, queue, engine=mix.engine, max_instances=4)
+    reqs = [SimRequest(index=r.index, rid=f"r{r.index}", arrival_s=r.arrival_s, input_tokens=r.input_tokens,
+                       output_tokens=r.output_tokens, slo_ttft_s=SLO_.ttft_s, slo_tpot_s=SLO_.tpot_s)
+            for r in steady(4.0, 60.0, prompt=1500).requests]
+    for req in reqs:
+        queue.at(req.arrival_s, PRIORITY_ARRIVAL, functools.partial(cluster.submit, req))
+    loop = ControlLoop(cluster, queue, total_requests=len(reqs), profile_name=m.profile.name, scaling=mix.scaling,
+                       pools=mix.pools, migration=mix.migration, length=mix.length, params=control)
+    loop.start()
+    queue.run()
+    assert all(r.finished_s is not None and r.error is None for r in reqs)
+    return cluster, mix.pools or mix.scaling
+
+
+@pytest.mark.parametrize("mix_name", ["dopd-ratio", "poise", "dopd"])
+def test_every_engine_batches_by_the_newest_forecast(mix_name: str) -> None:
+    # Not the loop's record of what it sent: the dopd-length policy inside each engine holds the forecast.
+    cluster, policy = _run_loop(mix_name, ControlParams())
+    split = forecast_split(policy)
+    assert split is not None and abs(split.isl - 1500) < 150
+    engines = [i.prefill_policy for i in cluster.instances.values()]
+    assert engines and all(isinstance(p, LengthBatching) for p in engines)
+    for p in engines:
+        assert isinstance(p, LengthBatching)
+        assert p.forecast_isl == split.isl and p.long_threshold == split.isl
+
+
+def test_with_the_relay_off_engines_keep_their_running_mean() -> None:
+    cluster, policy = _run_loop("dopd-ratio", ControlParams(relay_forecast=False))
+    assert forecast_split(policy) is not None  # DOPD did forecast; the engines just never heard it
+    engines = [i.prefill_policy for i in cluster.instances.values()]
+    assert all(isinstance(p, LengthBatching) and p.forecast_isl is None for p in engines)
+    assert any(isinstance(p, LengthBatching) and p.isl_hat == p.isl_mean == 1500.0 for p in engines)

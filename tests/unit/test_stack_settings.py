@@ -28,3 +28,25 @@ def test_run_plans_for_the_traces_slo_unless_told_otherwise() -> None:
 def test_unknown_policies_fail_before_anything_starts(field: str) -> None:
     with pytest.raises(ConfigError, match="unknown"):
         load_settings(StackSettings, **{field: "nope"})
+
+
+def test_local_prefill_follows_the_dopd_based_planners_unless_set() -> None:
+    # DOPD's local prefill of ultra-short prompts: on (the spec's 512 tokens) with the planners whose
+    # simulated mixes keep it on, off otherwise; an explicit value, 0 included, wins.
+    assert "--local-prefill-max-tokens" not in load_settings(StackSettings).gateway_policy_args()
+    for policy in ("dopd", "poise"):
+        args = parse_settings(RunSettings, ["--planner-policy", policy]).gateway_policy_args()
+        assert args[args.index("--local-prefill-max-tokens") + 1] == "512"
+    off = parse_settings(RunSettings, ["--planner-policy", "poise", "--local-prefill-max-tokens", "0"])
+    assert "--local-prefill-max-tokens" not in off.gateway_policy_args()
+    on = parse_settings(RunSettings, ["--local-prefill-max-tokens", "256"]).gateway_policy_args()
+    assert on[on.index("--local-prefill-max-tokens") + 1] == "256"
+
+
+def test_sim_local_prefill_flag_replaces_the_mixs_rule() -> None:
+    from services.cli.main import SimSettings
+
+    assert parse_settings(SimSettings, []).mix_builder("poise")().local_prefill is not None  # the mix's default
+    assert parse_settings(SimSettings, ["--local-prefill-max-tokens", "0"]).mix_builder("poise")().local_prefill is None
+    mix = parse_settings(SimSettings, ["--local-prefill-max-tokens", "300"]).mix_builder("static-minload")()
+    assert mix.local_prefill is not None and mix.local_prefill.max_local_prefill_tokens == 300
