@@ -73,7 +73,9 @@ def policy_view(policy: Any) -> dict[str, Any]:
         bounds = getattr(arrow, "bounds", None)
         view["arrow"] = {"bounds": list(bounds) if bounds is not None else None,
                          "max_running_tokens": getattr(arrow, "max_tokens", None),
-                         "last_flip_s": _finite(float(getattr(arrow, "last_flip_s", -math.inf)))}
+                         "last_flip_s": _finite(float(getattr(arrow, "last_flip_s", -math.inf))),
+                         # when each trigger last asked for an instance in that role (a flip or not)
+                         "wanted_s": {role: _finite(t) for role, t in getattr(arrow, "wanted_s", {}).items()}}
     return view
 
 

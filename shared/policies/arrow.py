@@ -59,6 +59,14 @@ class ArrowParams(msgspec.Struct, frozen=True, kw_only=True):
     # alone). The predicted TTFT is a FCFS queue model: engines that prefill by deadline (FlowPrefill) meet
     # targets it says they miss, and a flip made on that drains a decode instance for nothing.
     d2p_observed_frac: float | None = None
+    # While requests wait on a decode instance, "decode load is low" also needs the KV in use on the decode
+    # instances, spread over one instance fewer, at most this share of their capacity (ours). Arrow's check
+    # counts the running batch's tokens only, and under long prompts decode runs out of KV before it reaches
+    # Max Running Tokens: on Mooncake at 2x the trace's rate under Kairos' SLOs, Poise's Arrow took a decode
+    # instance while every one was over 88% KV with dozens of requests waiting for memory, and attainment
+    # fell from 95% to 49%. Without the waiting condition, the check also held back flips where short outputs
+    # turn the KV over fast (Poise on Azure code: goodput 18.5x to 17.5x).
+    d2p_max_kv_frac: float = 0.6
 
 
 def max_running_tokens(model: LatencyModel, tpot_slo_s: float, margin: float) -> int:
@@ -154,6 +162,10 @@ class ArrowPools(_ArrowModel):
         self.last_flip_s = float("-inf")
         self._flipped_at: dict[str, float] = {}
         self.bounds: tuple[int, int] | None = None  # (min prefill, max prefill) set by a ratio planner (DOPD)
+        # When each trigger last fired, to the new role it asks for, whether or not a flip followed (bounds,
+        # cooldown, a flip in flight or no instance free to move). A ratio planner that bounds Arrow reads it
+        # to tell "the pressure is over" from "Arrow is held at the bound" (shared/policies/poise.py).
+        self.wanted_s: dict[str, float] = {"prefill": float("-inf"), "decode": float("-inf")}
 
     # -- estimates from the monitor's snapshot ------------------------------------------------------
     def _prefill_delay(self, inst: InstanceLoad) -> float:
@@ -188,13 +200,21 @@ class ArrowPools(_ArrowModel):
         decodes = [i for i in ready if i.info.role == "decode"]
         in_flight = any(i.info.status in ("draining", "switching") for i in snapshot.instances)
         self._track(prefills, decodes, now_s)
-        if in_flight or now_s - self.last_flip_s < self.params.flip_cooldown_s:
-            return None  # one flip at a time: the next decision sees its effect
         # A freshly flipped instance is idle in its new role: without a dwell time the idle rule flips it back.
         settled_p = [p for p in prefills if not self._dwelling(p, now_s)]
         settled_d = [d for d in decodes if not self._dwelling(d, now_s)]
-        change = (self._to_decode(prefills, settled_p, decodes, now_s)
-                  or self._to_prefill(prefills, decodes, settled_d, snapshot))
+        # The triggers are read every interval (for wanted_s); the flip itself waits for the one in flight
+        # and the cooldown, so the next decision sees the last flip's effect.
+        to_decode = self._decode_reason(settled_p, decodes, now_s)
+        to_prefill = self._prefill_reason(prefills, decodes, snapshot)
+        for role, reason in (("decode", to_decode), ("prefill", to_prefill)):
+            if reason is not None:
+                self.wanted_s[role] = now_s
+        if in_flight or now_s - self.last_flip_s < self.params.flip_cooldown_s:
+            return None
+        change = self._to_decode(prefills, settled_p, to_decode) if to_decode is not None else None
+        if change is None and to_prefill is not None:
+            change = self._to_prefill(prefills, decodes, settled_d, to_prefill)
         if change is None:
             return None
         self.note_flip(change.instance_id, now_s)
@@ -222,49 +242,60 @@ class ArrowPools(_ArrowModel):
             else:
                 self._idle_since.setdefault(p.info.instance_id, now_s)
 
-    def _to_decode(self, prefills: list[InstanceLoad], movable: list[InstanceLoad], decodes: list[InstanceLoad],
-                   now_s: float) -> RoleChange | None:
-        """Alg. 4 and its triggers: decode has priority, so no prefill-load check."""
-        if len(prefills) <= max(1, self.bounds[0] if self.bounds else 1) or not movable:
-            return None
-        reason = None
+    def _decode_reason(self, movable: list[InstanceLoad], decodes: list[InstanceLoad], now_s: float) -> str | None:
+        """Alg. 4's triggers (decode has priority, so no prefill-load check): why decode needs an instance."""
         if self._breach_since is not None and now_s - self._breach_since >= self.params.tpot_breach_s:
-            reason = f"decode token interval over the {self.ctx.tpot_slo_s * 1e3:.0f} ms TPOT SLO"
-        elif decodes and all(self._running_tokens(d) >= self.max_tokens for d in decodes):
-            reason = f"every decode instance at Max Running Tokens ({self.max_tokens})"
-        else:
-            idle = [p for p in movable if now_s - self._idle_since.get(p.info.instance_id, now_s) >= self.params.idle_s]
-            if idle and self._decode_busy(decodes):
-                reason = "a prefill instance idles while decode is busy"
-        if reason is None:
+            return f"decode token interval over the {self.ctx.tpot_slo_s * 1e3:.0f} ms TPOT SLO"
+        if decodes and all(self._running_tokens(d) >= self.max_tokens for d in decodes):
+            return f"every decode instance at Max Running Tokens ({self.max_tokens})"
+        idle = [p for p in movable if now_s - self._idle_since.get(p.info.instance_id, now_s) >= self.params.idle_s]
+        if idle and self._decode_busy(decodes):
+            return "a prefill instance idles while decode is busy"
+        return None
+
+    def _to_decode(self, prefills: list[InstanceLoad], movable: list[InstanceLoad], reason: str) -> RoleChange | None:
+        """Alg. 4: the prefill instance with the least queued work, within the bounds."""
+        if len(prefills) <= max(1, self.bounds[0] if self.bounds else 1) or not movable:
             return None
         target = min(movable, key=lambda p: (self._prefill_delay(p), p.info.instance_id))
         return RoleChange(instance_id=target.info.instance_id, new_role="decode", reason=f"arrow: {reason}")
 
-    def _to_prefill(self, prefills: list[InstanceLoad], decodes: list[InstanceLoad], movable: list[InstanceLoad],
-                    snapshot: ClusterSnapshot) -> RoleChange | None:
-        """Alg. 3's trigger (Alg. 1): every prefill instance misses the TTFT SLO, and decode load is low."""
-        if len(decodes) <= 1 or not prefills or not movable:
-            return None
-        if self.bounds is not None and len(prefills) >= self.bounds[1]:
+    def _prefill_reason(self, prefills: list[InstanceLoad], decodes: list[InstanceLoad],
+                        snapshot: ClusterSnapshot) -> str | None:
+        """Alg. 3's trigger (Alg. 1): every prefill instance misses the TTFT SLO. (The pressure only: whether
+        decode can spare an instance is :meth:`_to_prefill`'s check.)"""
+        if len(decodes) <= 1 or not prefills:
             return None
         isl = next((p.mean_input_tokens for p in reversed(snapshot.series) if p.completed), 1024.0)
         best = min(self._prefill_delay(p) + self.predictor(p.info.instance_id).predict(isl) for p in prefills)
         threshold = self.params.d2p_ttft_frac * self.ctx.ttft_slo_s
-        if best <= threshold or not self._decode_low(decodes):
+        if best <= threshold:
             return None
         if self.params.d2p_observed_frac is not None:
             observed = next((p.ttft_p90_s for p in reversed(snapshot.series) if p.ttft_p90_s is not None), None)
             if observed is None or observed <= self.params.d2p_observed_frac * self.ctx.ttft_slo_s:
                 return None
+        return f"best predicted TTFT {best:.2f} s over the {self.ctx.ttft_slo_s:g} s SLO"
+
+    def _to_prefill(self, prefills: list[InstanceLoad], decodes: list[InstanceLoad], movable: list[InstanceLoad],
+                    reason: str) -> RoleChange | None:
+        """Alg. 3: when decode load is low, the decode instance with the fewest running tokens, within the
+        bounds."""
+        if not movable or (self.bounds is not None and len(prefills) >= self.bounds[1]) or not self._decode_low(decodes):
+            return None
         target = min(movable, key=lambda d: (self._running_tokens(d), d.info.instance_id))
-        return RoleChange(instance_id=target.info.instance_id, new_role="prefill",
-                          reason=f"arrow: best predicted TTFT {best:.2f} s over the {self.ctx.ttft_slo_s:g} s SLO")
+        return RoleChange(instance_id=target.info.instance_id, new_role="prefill", reason=f"arrow: {reason}")
 
     def _decode_low(self, decodes: list[InstanceLoad]) -> bool:
         tokens = sum(self._running_tokens(d) for d in decodes)
         if tokens / (len(decodes) - 1) > self.params.d2p_max_token_frac * self.max_tokens:
             return False
+        loads = [d.load for d in decodes if d.load is not None and d.load.max_total_num_tokens > 0]
+        if loads:  # engines that report no capacity are judged by their batch tokens alone
+            used = sum(x.num_used_tokens for x in loads) / (len(loads) - 1 or 1)
+            waiting = any(x.num_waiting_reqs > 0 for x in loads)
+            if waiting and used > self.params.d2p_max_kv_frac * sum(x.max_total_num_tokens for x in loads) / len(loads):
+                return False
         intervals = [t for t in (self._token_interval(d) for d in decodes) if t is not None]
         return not intervals or sum(intervals) / len(intervals) <= self.params.d2p_max_tpot_frac * self.ctx.tpot_slo_s
 

@@ -5,10 +5,13 @@ computes the optimal ratio (Eq. 14) and turns it into a target number of prefill
 the second scale: its triggers (TPOT breach, full or busy decode, TTFT pressure) flip single instances. The
 target bounds Arrow: Arrow may move the prefill count at most ``slack`` instances away from DOPD's target,
 and when the count is outside that band (the forecast moved, or at start) DOPD's own flip comes first.
-When Arrow has not flipped for ``settle_s`` and the forecast gave the same target ``confirm`` intervals in a
-row, the count drifts back to the target one flip at a time. So a burst gets Arrow's quick reaction, and the
-split returns to the forecast's optimum afterwards, but not to a target seen once: a flip drains an instance
-for as long as its longest request, and the first forecasts (one interval of data) swing.
+Arrow may not take a prefill instance below the target while the observed TTFT is already at risk. When
+Arrow's trigger for the side it moved the count to has been quiet for ``settle_s`` (not merely no flip: at
+the band's edge Arrow flips no more while the pressure lasts) and the forecast gave the same target
+``confirm`` intervals in a row, the count drifts back to the target one flip at a time. So a burst gets
+Arrow's quick reaction, and the split returns to the forecast's optimum afterwards, but not to a target seen
+once: a flip drains an instance for as long as its longest request, and the first forecasts (one interval of
+data) swing.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ def _arrow_inside_poise() -> ArrowParams:
 
 class PoiseParams(msgspec.Struct, frozen=True, kw_only=True):
     slack: int = 1  # Arrow may flip this many instances away from DOPD's target
-    settle_s: float = 30.0  # after this long without an Arrow flip, drift back to DOPD's target
+    settle_s: float = 30.0  # after this long with Arrow's pressure over (and no flip), drift back to DOPD's target
     # Drift only to a target the forecast gave this many intervals in a row (spec-arrow-dopd.md erratum 7's
     # "two consecutive intervals"). Without it, Poise drained a decode instance for 22 s on Azure
     # conversation's first forecast and flipped it back 30 s later (tests/bench/prefill_scheduling.py).
@@ -72,7 +75,11 @@ class PoisePools:
         if target is None:
             return self.arrow.decide(snapshot, now_s)  # no forecast yet: Arrow alone
         slack = self.params.slack
-        self.arrow.bounds = (target - slack, target + slack)
+        # Below the target only while TTFT is not already at risk: with decode full too, both sides are short.
+        # Arrow gives decode priority, but a prefill instance taken below the forecast's split only moves the
+        # shortage; the ratio, which prices both sides, arbitrates (Mooncake at 2x under a 25 ms TPOT: 61.0%
+        # to 65.5% E2E attainment).
+        self.arrow.bounds = (target if self._ttft_at_risk(snapshot) else target - slack, target + slack)
         prefills = sum(1 for i in snapshot.instances if i.info.role == "prefill" and i.info.status == "ready")
         if not target - slack <= prefills <= target + slack:
             changes = flip_towards(snapshot, target, "poise (dopd target)")
@@ -82,11 +89,23 @@ class PoisePools:
         decision = self.arrow.decide(snapshot, now_s)
         if decision is not None and decision.changes:
             return decision
-        if (prefills != target and now_s - self.arrow.last_flip_s >= self.params.settle_s
-                and self._streak >= self.params.confirm):
+        if prefills != target and self._settled(prefills > target, now_s) and self._streak >= self.params.confirm:
             # The burst Arrow reacted to is over: back to the forecast's optimum.
             changes = flip_towards(snapshot, target, "poise (back to the dopd target)")
             for change in changes:
                 self.arrow.note_flip(change.instance_id, now_s)
             return PoolDecision(changes=changes)
         return None
+
+    def _settled(self, above: bool, now_s: float) -> bool:
+        """No flip for ``settle_s``, and Arrow's trigger for the side it moved the count to quiet as long: an
+        Arrow held at the band's edge flips no more, but its pressure is not over (the side it moved to is
+        prefill when the count is above the target)."""
+        quiet_since = max(self.arrow.last_flip_s, self.arrow.wanted_s["prefill" if above else "decode"])
+        return now_s - quiet_since >= self.params.settle_s
+
+    def _ttft_at_risk(self, snapshot: ClusterSnapshot) -> bool:
+        """The monitor's latest TTFT P90 past the share of the SLO that Arrow's D→P check also requires."""
+        frac = self.params.arrow.d2p_observed_frac
+        observed = next((p.ttft_p90_s for p in reversed(snapshot.series) if p.ttft_p90_s is not None), None)
+        return frac is not None and observed is not None and observed > frac * self.arrow.ctx.ttft_slo_s

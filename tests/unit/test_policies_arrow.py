@@ -75,13 +75,14 @@ def test_max_running_tokens_is_the_tighter_of_kv_and_the_tpot_budget() -> None:
 
 
 def inst(i: str, role: str, *, status: str = "ready", waiting: int = 0, running: int = 0, queued_tokens: int = 0,
-         running_tokens: int = 0, tps: float = 0.0) -> InstanceLoad:
+         running_tokens: int = 0, tps: float = 0.0, kv_used: int | None = None, kv_capacity: int = 0) -> InstanceLoad:
     info = InstanceInfo(instance_id=i, role=role, status=status, engine_kind="sim", url="sim://x",  # type: ignore[arg-type]
                         bootstrap_host="", bootstrap_port=None, model="m", profile="p", kv_capacity_tokens=380_000,
                         max_running_requests=256, sidecar="sim", registered_at_unix_s=0.0)
     load = LoadReport(instance_id=i, role=role, status=status, ts_unix_s=0.0,  # type: ignore[arg-type]
                       num_waiting_reqs=waiting, num_running_reqs=running, num_waiting_uncached_tokens=queued_tokens,
-                      num_used_tokens=running_tokens, num_running_tokens=running_tokens, gen_throughput_tps=tps)
+                      num_used_tokens=running_tokens if kv_used is None else kv_used, num_running_tokens=running_tokens,
+                      max_total_num_tokens=kv_capacity, gen_throughput_tps=tps)
     return InstanceLoad(info=info, load=load, load_age_s=0.0)
 
 
@@ -120,6 +121,26 @@ def test_prefill_pressure_flips_a_decode_only_when_decode_load_is_low() -> None:
     # While an instance drains, nothing else flips.
     draining = inst("d2", "decode", status="draining")
     assert ArrowPools(MODEL, CTX).decide(snap(*swamped, *calm_decode, draining), 0.0) is None
+
+
+def test_decode_out_of_kv_is_not_low_however_small_its_running_batch() -> None:
+    # Long prompts: the running batches are small, but the KV is nearly full and requests wait for memory.
+    # Taking a decode instance would leave the waiting requests less memory still (ours, on top of Alg. 1).
+    swamped = (inst("p0", "prefill", waiting=20, queued_tokens=200_000), inst("p1", "prefill", waiting=20, queued_tokens=200_000))
+
+    def decodes(kv_share: float, waiting: int = 4) -> tuple[InstanceLoad, ...]:
+        return tuple(inst(f"d{i}", "decode", running=3, running_tokens=20_000, tps=90.0, waiting=waiting,
+                          kv_used=int(kv_share * 380_000), kv_capacity=380_000) for i in range(3))
+
+    assert ArrowPools(MODEL, CTX).decide(snap(*swamped, *decodes(0.9)), 0.0) is None
+    decision = ArrowPools(MODEL, CTX).decide(snap(*swamped, *decodes(0.3)), 0.0)  # 0.45 of two: room to spare
+    assert decision is not None and decision.changes[0].new_role == "prefill"
+    # Full but nobody waiting for memory (short outputs turn the KV over fast): Arrow's own check decides.
+    decision = ArrowPools(MODEL, CTX).decide(snap(*swamped, *decodes(0.9, waiting=0)), 0.0)
+    assert decision is not None and decision.changes[0].new_role == "prefill"
+    pools = ArrowPools(MODEL, CTX)
+    pools.decide(snap(*swamped, *decodes(0.9)), 7.0)
+    assert pools.wanted_s["prefill"] == 7.0  # the pressure is recorded though no flip was possible
 
 
 def test_with_deadline_ordered_engines_a_predicted_breach_must_also_be_observed() -> None:
