@@ -178,8 +178,10 @@ class StackSettings(ServiceSettings):
         return DEFAULT_MAX_LOCAL_PREFILL_TOKENS if self.planner_policy in ("dopd", "poise") else 0
 
     def gateway_policy_args(self) -> list[str]:
-        """Gateway flags for late binding, local prefill and SLO classes."""
+        """Gateway flags for late binding, local prefill, SLO classes and moving non-streaming requests."""
         args: list[str] = []
+        if self.migration_policy != "none":  # the migrator may pick any running request, streamed or not
+            args += ["--move-non-streaming"]
         if self.late_binding:
             args += ["--late-binding", "--late-binding-policy", self.late_binding_policy,
                      "--late-binding-depth", str(self.late_binding_depth)]

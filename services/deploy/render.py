@@ -180,7 +180,10 @@ def build_plan(inv: Inventory, source: str = "inventory") -> Plan:
         "migrator": (MigratorSettings, flags({**common, "policy": cp.migration_policy,
                                               "mechanism": cp.migration_mechanism}), ()),
         "gateway": (GatewaySettings, flags({**common, **plan_fields, "dispatch_policy": cp.dispatch_policy,
-                                            "host": "0.0.0.0", "port": inv.ports.gateway}) + cp.gateway_args,
+                                            "host": "0.0.0.0", "port": inv.ports.gateway,
+                                            # as poise up: a migrator may move non-streaming requests too
+                                            "move_non_streaming": cp.migration_policy != "none" or None})
+                    + cp.gateway_args,
                     (("HTTP API + metrics", inv.ports.gateway),)),
     }
     control: list[Container] = [_nats(inv, worker_ids), _etcd(inv, ctrl), _etcd_auth(inv)]

@@ -23,6 +23,7 @@ class GatewaySettings(SloPlanSettings, ControlPlaneSettings):
     first_token_timeout_s: float = Field(120.0, description="Seconds to wait for the first token before the attempt counts as failed (and is retried on another pair).")
     retries: int = Field(1, description="Extra attempts on another prefill/decode pair when a leg fails before the first token.")
     length_predictions: bool = Field(True, description="Ask engine_sim decode engines for remaining-length predictions on the stream (poise_predict_length; engines started with a length_predictor answer) and offer them to the migrator's policy.")
+    move_non_streaming: bool = Field(False, description="Stream the decode leg of non-streaming requests inside the gateway too, so the migrator can move them mid-answer and a decode engine that dies mid-answer is resumed from the tokens it produced instead of restarting the request (the client still gets one JSON body). Costs the gateway a parse per token; poise up turns it on with a migration policy.")
     max_rescues: int = Field(2, ge=0, description="Times a request whose decode stream breaks mid-answer is resumed on another pair from the tokens already sent (0: end it with an error event).")
     api_keys: list[str] = Field(default_factory=list, description="Accepted bearer API keys (JSON list); empty = no authentication.")
     tokenizer: str | None = Field(None, description="Hugging Face tokenizer name or path (local files only) for counting text prompts; unset = estimate 4 chars/token.")

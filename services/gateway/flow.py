@@ -102,8 +102,12 @@ class RequestFlow:
     def __init__(self, parsed: ParsedRequest, *, cluster: ClusterView, policy: DispatchPolicy, http: Http1Pool,
                  metrics: GatewayMetrics, retries: int, first_token_timeout_s: float,
                  late_binding: LateBindingQueue | None = None, max_rescues: int = 2,
-                 predict_length: bool = False) -> None:
+                 predict_length: bool = False, stream_legs: bool = False) -> None:
         self.parsed = parsed
+        # The decode leg streams for streaming clients, and for the others too when ``stream_legs``: then a
+        # non-streaming answer is assembled here from the stream, and can be moved or rescued mid-answer
+        # like a stream; otherwise it arrives whole, and a failure restarts it.
+        self.leg_stream = parsed.stream or stream_legs
         self.cluster = cluster
         self.policy = policy
         self.http = http
@@ -218,7 +222,7 @@ class RequestFlow:
             attempt = Attempt(
                 rid=f"{self.client_id}-{attempt_no}", endpoint=self.parsed.endpoint,
                 prefill=instances[placement.prefill_id] if placement.prefill_id else None,
-                decode=instances[placement.decode_id], http=self.http, stream=self.parsed.stream,
+                decode=instances[placement.decode_id], http=self.http, stream=self.leg_stream,
                 slo=self.request_slo, predict_length=self.predict_length,
             )
             self.attempt = attempt
@@ -230,9 +234,9 @@ class RequestFlow:
                     # queue is shorter from then on, whatever the decode side does (a non-streaming client's
                     # first token is only seen at the end).
                     attempt.prefill_task.add_done_callback(functools.partial(self._prefill_leg_done, placement))
-                # A non-streaming answer arrives whole, so it gets the request's deadline (enforced around
-                # start() by the caller), not the first-token one.
-                await attempt.wait_first_token(self.first_token_timeout_s if self.parsed.stream else float("inf"))
+                # An answer that arrives whole gets the request's deadline (enforced around start() by the
+                # caller), not the first-token one.
+                await attempt.wait_first_token(self.first_token_timeout_s if self.leg_stream else float("inf"))
                 self._prefill_done(placement)
                 return
             except LegFailed as exc:
@@ -321,8 +325,8 @@ class RequestFlow:
 
     def movable(self) -> str | None:
         """Why the request cannot be moved now (None: it can)."""
-        if not self.parsed.stream:
-            return "non-streaming requests are answered whole by one engine"
+        if not self.leg_stream:
+            return "non-streaming requests are answered whole by one engine (gateway move_non_streaming is off)"
         if self.attempt is None or self.outcome.first_token_at is None:
             return "the request has no token yet"
         if self.finished_seen:

@@ -2,8 +2,10 @@
 
 The same body, with ``bootstrap_host/port/room`` and ``rid`` added, goes to the prefill engine (which
 answers once the prompt is prefilled and its KV is handed off) and to the decode engine (which streams the
-tokens). The gateway always streams the decode leg, even for non-streaming clients, so it can time the first
-token, count tokens and notice a dead leg before the client does.
+tokens). The decode leg streams for streaming clients, so the gateway can time the first token, count tokens
+and notice a dead leg before the client does; for non-streaming clients it answers with one JSON body (fewer
+wake-ups), unless the gateway's ``move_non_streaming`` asks for a stream, which the gateway assembles, so
+that the request can be moved or rescued mid-answer.
 
 Engines registered as ``engine_kind`` ``sim`` (engine_sim) also get the request's resolved SLO as
 ``poise_slo`` (shared/protocol/request_slo.py). Stock SGLang does not get it: in SGLang 0.5.23 the OpenAI

@@ -144,13 +144,15 @@ class GatewayService:
         flow = RequestFlow(parsed, cluster=self.cluster, policy=self.policy, http=self.http, metrics=self.metrics,
                            retries=self.settings.retries, first_token_timeout_s=self.settings.first_token_timeout_s,
                            late_binding=self.late_binding, max_rescues=self.settings.max_rescues,
-                           predict_length=self.settings.length_predictions)
+                           predict_length=self.settings.length_predictions,
+                           stream_legs=self.settings.move_non_streaming)
         self.flows[flow.client_id] = flow
         return flow
 
     # -- moves (the migrator's side) -------------------------------------------------------------------
     def movable_requests(self) -> list[DecodeRequestInfo]:
-        """The streaming requests that have a token and no finish yet: what a migration policy chooses among.
+        """The requests with a streamed decode leg (streaming clients; non-streaming ones too with
+        ``move_non_streaming``) that have a token and no finish yet: what a migration policy chooses among.
         A request being moved is listed on its target with ``migrating`` set (policies count it there and
         leave both instances alone until the move is over)."""
         out = []

@@ -9,6 +9,8 @@ engine_sim processes (one prefill, two decode).
 - A decode engine killed mid-answer: its requests are resumed on the other one, nothing lost.
 - A replay of an Azure conversation trace slice with moves forced every 0.2 s (random requests, both
   mechanisms): again byte for byte against the same replay without moves.
+- Non-streaming requests (gateway ``move_non_streaming``): moved mid-answer, and rescued from a killed
+  decode engine, their JSON bodies equal those of the same requests run without moves.
 """
 
 from __future__ import annotations
@@ -112,13 +114,31 @@ async def registry(etcd_server: EtcdServer) -> AsyncIterator[Registry]:
         yield reg
 
 
+async def answer(client: httpx.AsyncClient, url: str, body: dict[str, Any], into: Stream) -> Stream:
+    """A non-streaming request: the whole JSON body, read into the fields a stream fills."""
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    r = await client.post(url + path, json=body)
+    assert r.status_code == 200, r.text
+    data = r.json()
+    choice = data["choices"][0]
+    into.text = choice["message"]["content"] if "message" in choice else choice["text"]
+    into.finish, into.usage, into.rid = choice["finish_reason"], data["usage"], data["id"]
+    return into
+
+
+def whole(body: dict[str, Any]) -> dict[str, Any]:
+    out = dict(body, stream=False)
+    out.pop("stream_options", None)
+    return out
+
+
 @contextlib.asynccontextmanager
 async def gateway(nats_server: NatsServer, etcd_server: EtcdServer, registry: Registry,
-                  engines: dict[str, SimEngine], *extra: Any) -> AsyncIterator[tuple[str, GatewayService]]:
+                  engines: dict[str, SimEngine], *extra: Any, **overrides: Any) -> AsyncIterator[tuple[str, GatewayService]]:
     ns = registry.keys.namespace
     await register(registry, *(e.info(name) for name, e in engines.items()), *extra)
     async with run_gateway(nats_server, etcd_server, ns, first_token_timeout_s=15,
-                           dispatch_policy="round-robin") as (url, service):
+                           dispatch_policy="round-robin", **overrides) as (url, service):
         await until(lambda: len(service.cluster.instances) == len(engines) + len(extra), 10)
         yield url, service
 
@@ -239,6 +259,52 @@ async def test_a_decode_engine_killed_mid_answer_loses_no_request(nats_server, e
                 on_d0 = sum(1 for f in service.flows.values() if f.attempt and f.attempt.decode.instance_id == "d0")
                 assert on_d0 > 0
                 started["d0"].proc.proc.kill()  # SIGKILL: no goodbye, the streams just break
+                await asyncio.gather(*tasks)
+            assert_same(got, want)
+            assert service.metrics.rescues._value.get() == on_d0  # type: ignore[attr-defined]
+    finally:
+        for e in started.values():
+            e.proc.stop()
+
+
+async def test_non_streaming_requests_move_and_survive_a_killed_engine(nats_server, etcd_server, registry,  # type: ignore[no-untyped-def]
+                                                                      tmp_path) -> None:
+    started = {"p0": SimEngine(tmp_path, "prefill", MODEL, TIME_SCALE, bootstrap_timeout_s=10),
+               "d0": SimEngine(tmp_path, "decode", MODEL, TIME_SCALE, bootstrap_timeout_s=10),
+               "d1": SimEngine(tmp_path, "decode", MODEL, TIME_SCALE, bootstrap_timeout_s=10)}
+    requests = [whole(b) for b in bodies()]
+
+    async def run(url: str) -> tuple[list[Stream], list[asyncio.Task[Stream]], httpx.AsyncClient]:
+        client = httpx.AsyncClient(timeout=60)
+        got = [Stream() for _ in requests]
+        return got, [asyncio.create_task(answer(client, url, b, s)) for b, s in zip(requests, got, strict=True)], client
+
+    try:
+        for e in started.values():
+            wait_for_port("127.0.0.1", e.port, 30, e.proc.proc)
+        async with gateway(nats_server, etcd_server, registry, started, move_non_streaming=True) as (url, service):
+            async with httpx.AsyncClient(timeout=60) as client:
+                want = list(await asyncio.gather(*(answer(client, url, b, Stream()) for b in requests)))
+            assert all(w.usage and w.usage["completion_tokens"] > 20 for w in want)
+            # Moved mid-answer, by both mechanisms: the client's body does not change.
+            got, tasks, client = await run(url)
+            async with client:
+                await until(lambda: len(service.movable_requests()) == len(requests)
+                            and all(r.generated_tokens >= 10 for r in service.movable_requests()), 20)
+                moves = await asyncio.gather(*(
+                    service.move(r.rid, "d1" if r.instance_id == "d0" else "d0", ("recompute", "kv-transfer")[i % 2])
+                    for i, r in enumerate(service.movable_requests())))
+                await asyncio.gather(*tasks)
+            assert all(m.ok for m in moves), [m.message for m in moves]
+            assert_same(got, want)
+            # A decode engine killed mid-answer: its requests resume elsewhere from the tokens they had.
+            got, tasks, client = await run(url)
+            async with client:
+                await until(lambda: len(service.movable_requests()) == len(requests)
+                            and all(r.generated_tokens >= 10 for r in service.movable_requests()), 20)
+                on_d0 = sum(1 for r in service.movable_requests() if r.instance_id == "d0")
+                assert on_d0 > 0
+                started["d0"].proc.proc.kill()
                 await asyncio.gather(*tasks)
             assert_same(got, want)
             assert service.metrics.rescues._value.get() == on_d0  # type: ignore[attr-defined]

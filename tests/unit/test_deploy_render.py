@@ -149,6 +149,14 @@ def test_control_plane_commands(plan: Plan) -> None:
     assert "-js" in ctrl["nats-server"].command  # JetStream
     assert "--advertise-client-urls" in ctrl["etcd"].command
     assert _value(ctrl["etcd"].command, "--advertise-client-urls") == "http://192.0.2.10:2379"
+    assert "--move-non-streaming" not in ctrl["gateway"].command  # no migrator policy in the example
+
+
+def test_a_migration_policy_lets_the_gateway_move_non_streaming_requests() -> None:
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["control_plane"]["migration_policy"] = "ares"
+    gateway = next(c for c in build_plan(parse_inventory(data)).nodes[0].containers if c.name == "gateway")
+    assert "--move-non-streaming" in gateway.command
 
 
 def test_the_plan_ignores_poise_variables_of_the_shell(inventory: Inventory, plan: Plan) -> None:

@@ -43,6 +43,14 @@ def test_local_prefill_follows_the_dopd_based_planners_unless_set() -> None:
     assert on[on.index("--local-prefill-max-tokens") + 1] == "256"
 
 
+def test_a_migration_policy_makes_the_gateway_stream_non_streaming_legs() -> None:
+    from services.gateway.config import GatewaySettings
+
+    assert not parse_settings(GatewaySettings, load_settings(StackSettings).gateway_policy_args()).move_non_streaming
+    args = parse_settings(RunSettings, ["--migration-policy", "ares"]).gateway_policy_args()
+    assert parse_settings(GatewaySettings, args).move_non_streaming
+
+
 def test_sim_local_prefill_flag_replaces_the_mixs_rule() -> None:
     from services.cli.main import SimSettings
 
