@@ -210,10 +210,12 @@ def make_mix(name: str, instances: int, split: str | None = None, *, prefill_pol
              preemption: str | None = None, chunk_tokens: int | None = None, decode_policy: str | None = None,
              late_binding: str | None = None, late_binding_depth: int = 2, migration: str | None = None,
              length_predictor: str | None = None, migration_mechanism: str | None = None,
-             kv_report: str | None = None, local_prefill_tokens: int | None = None) -> PolicyMix:
+             kv_report: str | None = None, local_prefill_tokens: int | None = None,
+             decode_kv: str | None = None) -> PolicyMix:
     """Build the mix ``name``; the keyword arguments replace one policy of it by its registry name
     (``late_binding``: a prefill policy name for the gateway's queue, or ``"none"``; ``kv_report``: what decode
-    engines report as KV use, ``reserved`` or ``current``, see ``loadgen.sim.instance``;
+    engines report as KV use, ``reserved`` or ``current``, and ``decode_kv`` how they admit it, ``whole`` or
+    ``grow`` (with retraction), see ``loadgen.sim.instance``;
     ``local_prefill_tokens``: prompts up to this long are prefilled on their decode instance, 0 = never)."""
     if instances < 1:
         raise ValueError("--instances must be at least 1")
@@ -241,6 +243,10 @@ def make_mix(name: str, instances: int, split: str | None = None, *, prefill_pol
         if kv_report not in ("reserved", "current"):
             raise ValueError(f"unknown kv report {kv_report!r}; known: current, reserved")
         engine = dataclasses.replace(engine, kv_report=kv_report)  # type: ignore[arg-type]
+    if decode_kv is not None:
+        if decode_kv not in ("whole", "grow"):
+            raise ValueError(f"unknown decode KV model {decode_kv!r}; known: grow, whole")
+        engine = dataclasses.replace(engine, decode_kv=decode_kv)  # type: ignore[arg-type]
     if engine != mix.engine:
         changes["engine"] = engine
         notes.append(engine.describe())

@@ -355,14 +355,14 @@ class SimCluster:
             load = LoadReport(
                 instance_id=inst.instance_id, role=inst.role, status=status,  # type: ignore[arg-type]
                 ts_unix_s=now, num_running_reqs=len(inst.running) + len(inst.prefilling),
-                num_waiting_reqs=len(inst.waiting) + len(inst.reserve_queue) + len(inst.ready),
+                num_waiting_reqs=inst.waiting_reqs,
                 num_waiting_uncached_tokens=inst.pending_tokens if inst.role == "prefill" else 0,
                 num_used_tokens=inst.reported_kv, max_total_num_tokens=inst.kv_capacity,
                 num_running_tokens=sum(r.input_tokens + r.generated for r in inst.running),
                 token_usage=inst.reported_kv / inst.kv_capacity,
                 gen_throughput_tps=len(inst.running) / inst.step_ewma_s if inst.running and inst.step_ewma_s else 0.0,
                 prefill_queue_reqs=len(inst.waiting) if inst.role == "prefill" else 0,
-                decode_queue_reqs=len(inst.reserve_queue) + len(inst.ready) if inst.role == "decode" else 0,
+                decode_queue_reqs=len(inst.reserve_queue) + len(inst.ready) + len(inst.retracted) if inst.role == "decode" else 0,
             )
             if inst.status == "starting":  # live, an engine reports no load before it is up
                 out.append(InstanceLoad(info=info, load=None, load_age_s=None))

@@ -22,11 +22,21 @@ role, or → ``stopped``. A decode request can be migrated out (see ``migrate_ou
 migration mechanism's time (``shared.policies.migration_cost``: a KV copy or a recompute) while the other
 requests of both instances keep decoding.
 
-Simplifications, written down so results are read right: KV for the whole output is reserved up front (no
-retraction) and transfers do not contend for bandwidth. What a decode engine *reports* as its KV use is that
-reservation by default, so a KV-balancing dispatcher sees every request's final size (exact, since the
-trace's max_tokens is its output length); with ``EngineSpec.kv_report = "current"`` it reports the tokens
-its requests hold so far (prompt + generated), as SGLang does and as ARES' baseline balances on. The serving path's own delay before the first token
+Decode KV, two models (``EngineSpec.decode_kv``):
+
+- ``whole`` (default): KV for prompt + whole output is reserved at admission, so no request ever runs out of
+  memory: an oracle no engine has (it knows the output length), which queues requests instead of retracting
+  them. What a decode engine *reports* as its KV use is that reservation by default, so a KV-balancing
+  dispatcher sees every request's final size; with ``EngineSpec.kv_report = "current"`` it reports the tokens
+  its requests hold so far (prompt + generated), as SGLang does and as ARES' baseline balances on.
+- ``grow`` (SGLang's and engine_sim's): admission reserves prompt + min(remaining output,
+  ``reserved_decode_tokens``), a request that outgrows that takes free KV a token per step, and when a step's
+  growth does not fit, a running request is retracted in SGLang's order (fewest output tokens first, then
+  the longest prompt): parked with its KV notionally on the host,
+  not decoding, and resumed (before any new admission) once its context plus a reservation fits again. This
+  is where imbalanced decode instances lose (ARES' OOMs). The engine reports the KV it holds.
+
+Colocated instances always reserve whole outputs. Transfers do not contend for bandwidth. The serving path's own delay before the first token
 (HTTP legs, bootstrap handshake) is a per-request draw calibrated on the live stack (``overhead.py``).
 """
 
@@ -57,10 +67,14 @@ class EngineSpec:
     preemption: Preemption = "chunk"
     chunk_tokens: int | None = None  # None: the profile's chunked_prefill_size; <= 0: prompts are not chunked
     kv_report: Literal["reserved", "current"] = "reserved"  # decode KV use as reported (see the module doc)
+    decode_kv: Literal["whole", "grow"] = "whole"  # decode KV admission: whole outputs, or grow and retract
+    reserved_decode_tokens: int = 512  # grow: output KV set aside at admission (SGLang's default)
 
     def describe(self) -> str:
         chunk = "profile" if self.chunk_tokens is None else ("off" if self.chunk_tokens <= 0 else str(self.chunk_tokens))
         kv = "" if self.kv_report == "reserved" else ", reports current KV"
+        if self.decode_kv == "grow":
+            kv += f", decode KV grows from prompt + {self.reserved_decode_tokens} and retracts when full"
         return (f"prefill {self.prefill_policy} ({self.preemption} preemption, chunk {chunk}), "
                 f"decode {self.decode_policy}{kv}")
 
@@ -98,11 +112,20 @@ class SimRequest:
     migrations: int = 0
     predicted: float = 0.0  # the length predictor's latest output (remaining tokens) ...
     predicted_at: int = -1  # ... made at this many generated tokens (loadgen.sim.prediction)
+    kv_held: int = 0  # KV held on its decode (or colocated) instance
+    kv_incoming: int = 0  # KV reserved on a migration's target, until the move is done
+    retractions: int = 0  # times a decode instance parked it for lack of KV (grow model)
 
     @property
     def kv_tokens(self) -> int:
         """KV a decode or colocated instance reserves for the request (prompt + whole output)."""
         return self.input_tokens + self.output_tokens
+
+
+def retraction_order(req: SimRequest) -> tuple[int, int]:
+    """SGLang's decode retraction order (``ScheduleBatch._get_decode_retraction_order`` in 0.5.23): the
+    request with the fewest output tokens goes first, among those the longest prompt."""
+    return req.generated, -req.input_tokens
 
 
 class SimInstance:
@@ -143,6 +166,8 @@ class SimInstance:
         self.reserve_queue: deque[SimRequest] = deque()  # decode: waiting for KV
         self.ready: deque[SimRequest] = deque()  # decode/null: KV in place, waiting for a batch slot
         self.running: list[SimRequest] = []  # decode/null: in the decode batch
+        self.retracted: deque[SimRequest] = deque()  # decode, grow model: parked for lack of KV, oldest first
+        self.retractions = 0
         self.incoming: list[SimRequest] = []  # decode: migrating here (KV reserved), not yet in the batch
         self.assigned = 0  # requests dispatched (or migrated) here and not done here
         self.pending_tokens = 0  # prefill: prompt tokens not computed yet; decode: KV not reserved yet
@@ -168,9 +193,24 @@ class SimInstance:
         return self.engine.kv_report == "current" and self.role == "decode"
 
     @property
+    def grows_kv(self) -> bool:
+        return self.engine.decode_kv == "grow" and self.role == "decode"
+
+    @property
     def reported_kv(self) -> int:
         """KV use as the engine reports it (see the module doc)."""
-        return self.used_kv - self.unwritten_kv if self.reports_current_kv else self.used_kv
+        return self.used_kv - self.unwritten_kv if self.reports_current_kv and not self.grows_kv else self.used_kv
+
+    def admission_kv(self, req: SimRequest) -> int:
+        """KV the request needs to be admitted (or resumed, or migrated in) here: see the module doc."""
+        if not self.grows_kv:
+            return req.kv_tokens
+        remaining = req.output_tokens - req.generated
+        reserve = max(1, min(remaining, self.engine.reserved_decode_tokens)) if remaining > 0 else 0
+        return req.input_tokens + req.generated + reserve
+
+    def _needs_growth(self, req: SimRequest) -> bool:
+        return req.input_tokens + req.generated + 1 > req.kv_held
 
     def view(self) -> EngineView:
         current = self.reports_current_kv
@@ -178,12 +218,16 @@ class SimInstance:
             instance_id=self.instance_id, role=self.role, status="ready" if self.status == "ready" else "draining",
             kv_capacity_tokens=self.kv_capacity, max_running_requests=self.max_running,
             running_reqs=len(self.running) + len(self.prefilling),
-            waiting_reqs=len(self.waiting) + len(self.reserve_queue) + len(self.ready), used_tokens=self.reported_kv,
+            waiting_reqs=self.waiting_reqs, used_tokens=self.reported_kv,
             load_age_s=0.0, inflight_reqs=self.assigned,
             inflight_tokens=self.pending_prompt_tokens if current else self.pending_tokens,
             inflight_tokens_sq=self.pending_sq, token_interval_s=self.step_ewma_s if self.running else None,
             local_prefill=self.role == "decode",
         )
+
+    @property
+    def waiting_reqs(self) -> int:
+        return len(self.waiting) + len(self.reserve_queue) + len(self.ready) + len(self.retracted)
 
     @property
     def empty(self) -> bool:
@@ -248,9 +292,13 @@ class SimInstance:
         claim reached the prefill engine (``handshake_s`` later). Claims made together arrive together, so
         a prefill engine sees them in one scheduling round (and may batch them in one step)."""
         claimed: dict[SimInstance, list[SimRequest]] = {}
-        while self.reserve_queue and self.used_kv + self.reserve_queue[0].kv_tokens <= self.kv_capacity:
+        if self.retracted:
+            return  # retracted requests get the KV back first (SGLang resumes them before new preallocations)
+        headroom = self._growth() if self.grows_kv else 0  # leave the running batch its next step's growth
+        while self.reserve_queue and self.used_kv + self.admission_kv(self.reserve_queue[0]) + headroom <= self.kv_capacity:
             req = self.reserve_queue.popleft()
-            self.used_kv += req.kv_tokens
+            req.kv_held = self.admission_kv(req)
+            self.used_kv += req.kv_held
             self.unwritten_kv += req.output_tokens
             self.pending_tokens -= req.kv_tokens
             self.pending_prompt_tokens -= req.input_tokens
@@ -285,9 +333,11 @@ class SimInstance:
         """
         if req.decode is not self or req not in self.running or req.migrate_to is not None:
             return False
-        if target.status != "ready" or target.role != "decode" or target.used_kv + req.kv_tokens > target.kv_capacity:
+        need = target.admission_kv(req)
+        if target.status != "ready" or target.role != "decode" or target.used_kv + need > target.kv_capacity:
             return False
-        target.used_kv += req.kv_tokens
+        req.kv_incoming = need
+        target.used_kv += need
         target.assigned += 1
         target.incoming.append(req)
         req.migrate_to = target
@@ -295,6 +345,16 @@ class SimInstance:
         if not self.busy:
             self._detach_migrating(req)
         return True
+
+    def _cancel_move(self, req: SimRequest) -> None:
+        """A move decided but not started (the request finished, or was retracted, first)."""
+        target = req.migrate_to
+        assert target is not None
+        req.migrate_to = req.migrate_from = None
+        target.assigned -= 1
+        target.incoming.remove(req)
+        target.release(req.kv_incoming)
+        req.kv_incoming = 0
 
     def _detach_migrating(self, req: SimRequest) -> None:
         target = req.migrate_to
@@ -307,12 +367,13 @@ class SimInstance:
 
         unwritten = req.output_tokens - req.generated  # no tokens come while it moves
         target.unwritten_kv += unwritten
+        held, req.kv_held, req.kv_incoming = req.kv_held, req.kv_incoming, 0
 
         def copied() -> None:
             target.incoming.remove(req)
             req.migrate_from = None
             self.unwritten_kv -= unwritten
-            self.release(req.kv_tokens)
+            self.release(held)
             target.transfer_done(req)
 
         delay = self.migration_s(req.input_tokens + req.generated)
@@ -375,6 +436,8 @@ class SimInstance:
                     blocked = True  # in plan order: later prompts wait for KV too; admitted ones still run
                     continue
                 self.used_kv += need
+                if self.role != "prefill":  # its decode-side KV (a prefill instance frees its own on the handoff)
+                    req.kv_held = need
                 if self.role == "decode":  # a local prompt: its KV was pending, its output not yet written
                     self.unwritten_kv += req.output_tokens
                     self.pending_tokens -= req.kv_tokens
@@ -420,10 +483,48 @@ class SimInstance:
             else:
                 self.running.append(req)
 
+    # -- the grow model's KV (module doc) ---------------------------------------------------------------
+    def _growth(self) -> int:
+        """Free KV the running batch's next step takes (one token each beyond what it holds)."""
+        return sum(1 for r in self.running if self._needs_growth(r))
+
+    def _grow(self) -> None:
+        """Give every running request the KV of its next token, retracting the newest while that does not fit."""
+        need = self._growth()
+        while need > self.kv_capacity - self.used_kv and self.running:
+            victim = min(self.running, key=retraction_order)
+            self.running.remove(victim)
+            if self._needs_growth(victim):
+                need -= 1
+            if victim.migrate_to is not None:
+                self._cancel_move(victim)
+            self.used_kv -= victim.kv_held
+            victim.kv_held = 0
+            victim.retractions += 1
+            self.retractions += 1
+            self.retracted.append(victim)
+        for r in self.running:
+            if self._needs_growth(r):
+                r.kv_held += 1
+        self.used_kv += need
+        assert self.used_kv <= self.kv_capacity, f"{self.instance_id}: KV over capacity after retractions"
+
+    def _resume_retracted(self) -> None:
+        headroom = self._growth()
+        while self.retracted and len(self.running) < self.max_running:
+            req = self.retracted[0]
+            need = self.admission_kv(req)
+            if self.used_kv + need + headroom > self.kv_capacity:
+                break
+            self.retracted.popleft()
+            req.kv_held = need
+            self.used_kv += need
+            self.running.append(req)
+
     def _decode_batch(self) -> list[SimRequest]:
         if self.decode_batch.selects_all:
             return list(self.running)
-        kv_waiting = len(self.reserve_queue) if self.role == "decode" else len(self.waiting)
+        kv_waiting = len(self.reserve_queue) + len(self.retracted) if self.role == "decode" else len(self.waiting)
         return list(self.decode_batch.select(self.running, self.max_running, self.queue.now_s, kv_waiting))
 
     def _decode_time(self, batch: list[SimRequest]) -> float:
@@ -442,8 +543,12 @@ class SimInstance:
                 return None
             return self.model.prefill_batch_time_s((n, r.prefilled) for r, n in self._plan)
         if self.role == "decode":
+            if self.grows_kv:
+                self._resume_retracted()
             self._reserve()
             self._join_ready()
+            if self.grows_kv:
+                self._grow()
             self._batch = self._decode_batch()
             if self.waiting or self.prefilling:  # prompts sent here to prefill locally: a mixed step
                 return self._mixed_step()
@@ -457,7 +562,7 @@ class SimInstance:
     def _mixed_step(self) -> float | None:
         """Colocated (and decode with local prompts): decode-prioritised, prefill chunks fill what the decode
         batch leaves of the budget."""
-        self._plan = self._prefill_parts(max(0, self.chunk - len(self._batch)), lambda r: r.kv_tokens)
+        self._plan = self._prefill_parts(max(0, self.chunk - len(self._batch)), self.admission_kv)
         if not self._batch and not self._plan:
             return None
         context = sum(r.input_tokens + r.generated for r in self._batch)
@@ -474,12 +579,8 @@ class SimInstance:
                 req.generated += 1
                 if req.generated >= req.output_tokens:
                     self.running.remove(req)
-                    target = req.migrate_to
-                    if target is not None:  # finished before it could move: give the room back
-                        req.migrate_to = req.migrate_from = None
-                        target.assigned -= 1
-                        target.incoming.remove(req)
-                        target.release(req.kv_tokens)
+                    if req.migrate_to is not None:  # finished before it could move: give the room back
+                        self._cancel_move(req)
                     self._finish(req)
                 elif req.migrate_to is not None:
                     self._detach_migrating(req)
@@ -519,5 +620,6 @@ class SimInstance:
     def _finish(self, req: SimRequest) -> None:
         req.finished_s = self.queue.now_s
         self.assigned -= 1
-        self.used_kv -= req.kv_tokens
+        self.used_kv -= req.kv_held
+        req.kv_held = 0
         self.on_finish(req)  # the freed KV is claimed again at the next step boundary (_begin_step)

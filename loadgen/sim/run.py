@@ -86,6 +86,8 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
                      "decode_batch": mix.engine.decode_policy, "length": mix.length.name,
                      "late_binding": list(mix.late_binding) if mix.late_binding else None},
         "preemptions": _preemptions(cluster),
+        # decode requests parked for lack of KV (EngineSpec.decode_kv "grow"; always 0 with "whole")
+        "retractions": sum(i.retractions for i in cluster.instances.values()),
         "local_prefills": getattr(mix.dispatch, "local", 0),
         "first_token_delay_ms": {"median": first_token_delay.median_s * 1e3, "p90": first_token_delay.p90_s * 1e3,
                                  "handshake": first_token_delay.handshake_s * 1e3},

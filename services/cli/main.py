@@ -219,6 +219,7 @@ class _SimFields(ReplaySettings):
     length_predictor: str | None = Field(None, description="Override the mix's length predictor: max-tokens, historical-mean, oracle or ares-noise.")
     migration_mechanism: str | None = Field(None, description="How the simulator moves a migrated request: kv-transfer (KV copy at 25 Gbit/s, default) or recompute.")
     kv_report: str | None = Field(None, description="What simulated decode engines report as KV use: reserved (prompt + whole output, default) or current (prompt + generated; ARES' baseline).")
+    decode_kv: str | None = Field(None, description="How simulated decode engines admit KV: whole (prompt + whole output reserved up front, never out of memory; default) or grow (prompt + 512 reserved, growing per token, the newest request retracted when a step does not fit: SGLang's and engine_sim's).")
     local_prefill_max_tokens: int | None = Field(None, ge=0, description="DOPD's local prefill: prompts up to this many tokens are prefilled on their decode instance, with no KV transfer (0 = never; unset = the mix's default).")
     replica_start_s: float = Field(30.0, ge=0.0, description="Seconds a replica the scaling mixes start takes to become ready.")
 
@@ -231,7 +232,7 @@ class _SimFields(ReplaySettings):
                                   late_binding=self.late_binding, late_binding_depth=self.late_binding_depth,
                                   migration=self.migration, length_predictor=self.length_predictor,
                                   migration_mechanism=self.migration_mechanism, kv_report=self.kv_report,
-                                  local_prefill_tokens=self.local_prefill_max_tokens)
+                                  local_prefill_tokens=self.local_prefill_max_tokens, decode_kv=self.decode_kv)
         try:
             build()
         except ValueError as exc:
@@ -322,6 +323,8 @@ def cmd_sim(argv: list[str]) -> int:
     c = result.config
     print(f"\nsimulated {c['requests']} requests ({c['events']} events) in {c['sim_wall_s']:.2f}s wall "
           f"({c['sim_seconds_per_wall_second']:.0f} simulated s per wall s)")
+    if c["retractions"]:
+        print(f"decode KV ran out: {c['retractions']} retractions (requests parked until their KV fit again)")
     if mix.controlled:
         lc = c["lifecycle"]
         print(f"control: {lc['flips']} flips, {lc['starts']} starts, {lc['stops']} stops, {lc['migrations']} migrations; "

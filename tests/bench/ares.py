@@ -1,6 +1,6 @@
 """ARES decode rescheduling against no migration and Llumnix-like rescheduling, in the simulator.
 
-``python -m tests.bench.ares`` (about 12 minutes on 2 cores; ``--quick`` for a smoke run). Writes
+``python -m tests.bench.ares`` (about 20 minutes on 2 cores; ``--quick`` for a smoke run). Writes
 ``tests/bench/results/ares.{md,json,png}``.
 
 Setup: 8 simulated Llama-3.1-8B/H100 instances, 4P4D (4 decode instances, ARES' question; 4 prefill so that
@@ -21,6 +21,9 @@ mean 7.5K, P50 1.5K, P90 32K, 29% under 1K, 17% over 30K); arrivals and prompts 
 at 32K, the served model's limit in ARES). In the stretched runs the KV capacity is raised to 1.5M tokens: the
 simulator reserves prompt + whole output at admission (an oracle no engine has), which at the real 380K would
 queue requests for minutes; the peak token load any instance holds is reported to show what memory that needs.
+The ``-grow`` variants run the same stretched workloads at the real 380K with SGLang's decode KV instead
+(``decode_kv="grow"``: prompt + 512 reserved, growth per token, a request retracted when a step does not fit,
+in SGLang's order): that is where an imbalanced decode instance loses, and the retraction counts are reported.
 
 SLO (ARES states none, spec §1.12.11): TTFT from Arrow Table 1 (2 s Azure, 30 s Mooncake), TPOT 25 ms (about
 three unloaded decode steps of this model: decode balance decides it). Goodput = highest rate with 90%
@@ -86,6 +89,10 @@ class Variant:
     start_scale: float  # where the goodput search starts
     fixed_scale: float  # the P99 TPOT comparison's rate (x the trace's) when no goodput was searched (--quick)
     ttft_slo_s: float
+    # Decode KV (loadgen.sim.instance): "whole" reserves every output up front (with the capacity raised for
+    # long outputs, see the module doc); "grow" is SGLang's: a reservation, growth per token and retraction
+    # when a step does not fit, at the H100's real capacity.
+    decode_kv: str = "whole"
 
     @property
     def slo(self) -> SLO:
@@ -97,6 +104,8 @@ VARIANTS = [
     Variant("mooncake-conv", "mooncake-conv", False, None, 300.0, 1.0, 2.0, 30.0),
     Variant("azure-conv-long", "azure-conv", True, 1000, None, 0.1, 0.12, 2.0),
     Variant("mooncake-conv-long", "mooncake-conv", True, 1000, None, 0.05, 0.08, 30.0),
+    Variant("azure-conv-long-grow", "azure-conv", True, 1000, None, 0.1, 0.1, 2.0, "grow"),
+    Variant("mooncake-conv-long-grow", "mooncake-conv", True, 1000, None, 0.05, 0.08, 30.0, "grow"),
 ]
 
 
@@ -121,9 +130,13 @@ def stretch(workload: Workload, max_input: int = 32_768) -> Workload:
         for r, o in zip(reqs, outputs, strict=True)])
 
 
+def variant(key: str) -> Variant:
+    return next(v for v in VARIANTS if v.key == key)
+
+
 @functools.cache
 def workload(key: str) -> Workload:
-    v = next(v for v in VARIANTS if v.key == key)
+    v = variant(key)
     w = load_trace(v.trace)
     if v.long:
         w = stretch(Workload(name=w.name, requests=w.requests[:v.requests]))
@@ -134,7 +147,7 @@ def workload(key: str) -> Workload:
 
 def model_for(v: Variant) -> LatencyModel:
     profile = load_profile()
-    if v.long:
+    if v.long and v.decode_kv == "whole":
         profile = msgspec.structs.replace(profile, kv_capacity_tokens=LONG_KV_CAPACITY)
     return LatencyModel(profile)
 
@@ -145,7 +158,8 @@ def median_output(w: Workload) -> float:
 
 def build_mix(key: str, policy: str, params: dict[str, Any] | None = None, mechanism: str = "kv-transfer") -> PolicyMix:
     """A fresh 4P4D mix (policies keep state between runs): dispatch on current KV, ``policy`` migrating."""
-    mix = make_mix("static-minload", 8, "4P4D", migration_mechanism=mechanism, kv_report="current")
+    mix = make_mix("static-minload", 8, "4P4D", migration_mechanism=mechanism, kv_report="current",
+                   decode_kv=variant(key).decode_kv)
     if policy == "none":  # NoMigration keeps the control loop on, so the balance is recorded the same way
         return dataclasses.replace(mix, migration=NoMigration(), description=f"{mix.description}; migration none")
     mode = MODES[policy]
@@ -166,7 +180,7 @@ def build_mix(key: str, policy: str, params: dict[str, Any] | None = None, mecha
 
 def _search(task: tuple[str, str, float]) -> tuple[str, str, float, GoodputResult, float]:
     key, policy, target = task
-    v = next(v for v in VARIANTS if v.key == key)
+    v = variant(key)
     t0 = time.perf_counter()
     result = search_goodput(workload(key), functools.partial(build_mix, key, policy), model_for(v), v.slo,
                             target=target, start=v.start_scale, bisections=4)
@@ -175,7 +189,7 @@ def _search(task: tuple[str, str, float]) -> tuple[str, str, float, GoodputResul
 
 def _fixed(task: tuple[str, str, dict[str, Any] | None, str, float]) -> dict[str, Any]:
     key, policy, params, mechanism, scale = task
-    v = next(v for v in VARIANTS if v.key == key)
+    v = variant(key)
     t0 = time.perf_counter()
     r = simulate(workload(key), build_mix(key, policy, params, mechanism), model_for(v), v.slo, rate_scale=scale)
     s, c = r.summary, r.config
@@ -197,7 +211,7 @@ def _fixed(task: tuple[str, str, dict[str, Any] | None, str, float]) -> dict[str
             "tpot_token_weighted_ms": (sum(rec.tpot_s * rec.output_tokens_received for rec in ok)
                                        / sum(rec.output_tokens_received for rec in ok) * 1e3) if ok else None,
             "ttft_p99_s": s.ttft_p99_s, "attainment": s.slo_attainment, "requests": s.requests_total,
-            "failed": s.requests_failed, "migrations": c["lifecycle"]["migrations"],
+            "failed": s.requests_failed, "migrations": c["lifecycle"]["migrations"], "retractions": c["retractions"],
             "migrations_refused": c["lifecycle"]["migrations_refused"],
             "token_load_var": balance["mean_token_load_var"], "step_ms_var": balance["mean_step_ms_var"],
             "max_token_load": balance["max_token_load"], "makespan_s": s.wall_s,
@@ -354,14 +368,14 @@ def write_report(command: str, fixed: list[dict[str, Any]], goodput: dict[str, d
              "(+5 ms) and the migrating request stalls for it. SLO: TTFT of Arrow Table 1 (2 s Azure, 30 s "
              f"Mooncake), TPOT {TPOT_SLO_S * 1e3:g} ms. See the docstring of `tests/bench/ares.py` for the "
              "workloads (`-long` = outputs stretched to ARES-like lengths: mean 7.6K, P50 1.5K, P90 32K).", ""]
-    lines += ["## Workloads", "", "| workload | requests | output mean / P50 / P90 | rate at 1x | KV capacity |",
-              "|---|---|---|---|---|"]
+    lines += ["## Workloads", "", "| workload | requests | output mean / P50 / P90 | rate at 1x | KV capacity | decode KV |",
+              "|---|---|---|---|---|---|"]
     for v in VARIANTS:
         w = workload(v.key)
         outs = sorted(r.output_tokens for r in w.requests)
         lines.append(f"| {v.key} | {len(outs)} | {statistics.mean(outs):,.0f} / {outs[len(outs) // 2]:,} / "
                      f"{outs[int(0.9 * len(outs))]:,} | {w.mean_rate_rps:.2f} req/s | "
-                     f"{(LONG_KV_CAPACITY if v.long else load_profile().kv_capacity_tokens):,} |")
+                     f"{model_for(v).profile.kv_capacity_tokens:,} | {v.decode_kv} |")
     for target, table in ((0.9, goodput), (0.99, goodput99)):
         if not table:
             continue
@@ -380,8 +394,8 @@ def write_report(command: str, fixed: list[dict[str, Any]], goodput: dict[str, d
               "Mean TPOT of short (< 2K output tokens) and long (>= 20K) requests, and weighted by output tokens.",
               "",
               "| workload | policy | P99 TPOT | x none | P90 TPOT | attainment | mean TPOT short / long / token-weighted "
-              "| token-load var. | x none | step-time var. (ms²) | migrations (refused) | peak token load |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| token-load var. | x none | step-time var. (ms²) | migrations (refused) | retractions | peak token load |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for v in VARIANTS:
         rows = {r["policy"]: r for r in fixed if r["variant"] == v.key and not r["params"]
                 and r["mechanism"] == "kv-transfer"}
@@ -393,7 +407,8 @@ def write_report(command: str, fixed: list[dict[str, Any]], goodput: dict[str, d
                          f"{r['attainment']:.1%} | {_ms(r['tpot_mean_short_ms'])} / {_ms(r['tpot_mean_long_ms'])} / "
                          f"{_ms(r['tpot_token_weighted_ms'])} | {r['token_load_var']:.3g} | "
                          f"{_ratio(r['token_load_var'], base['token_load_var'])} | {r['step_ms_var']:.2f} | "
-                         f"{r['migrations']} ({r['migrations_refused']}) | {r['max_token_load']:,.0f} |")
+                         f"{r['migrations']} ({r['migrations_refused']}) | {r.get('retractions', 0)} | "
+                         f"{r['max_token_load']:,.0f} |")
     extra = [r for r in fixed if r["params"] or r["mechanism"] != "kv-transfer"]
     if extra or sweep:
         lines += ["", "## ARES variants on azure-conv-long at the same rate (theta x H sweep, recompute migration)", "",

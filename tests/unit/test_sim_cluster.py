@@ -149,3 +149,43 @@ def test_prompts_wait_for_the_decode_engines_step_boundary_and_can_then_share_a_
     step = m.decode_step_time_s(1, 2000 + 2000)  # at most the step it waited for
     assert a.ttft_s > m.prefill_batch_time_s([(1000, 0), (1000, 0)]) + m.kv_transfer_time_s(1000)  # type: ignore[operator]
     assert a.ttft_s < m.prefill_batch_time_s([(1000, 0), (1000, 0)]) + m.kv_transfer_time_s(1000) + 2 * step  # type: ignore[operator]
+
+
+def grow_mix(reserved: int) -> object:
+    import dataclasses
+
+    mix = make_mix("static-minload", 2, decode_kv="grow")
+    return dataclasses.replace(mix, engine=dataclasses.replace(mix.engine, reserved_decode_tokens=reserved))
+
+
+def test_growing_decode_kv_retracts_when_full_and_loses_nothing() -> None:
+    m = model(kv_capacity_tokens=2300)
+    w = workload((0.0, 1000, 600), (0.05, 1000, 600))
+    # Whole outputs reserved (1600 each): the second waits for the first, nothing is ever retracted.
+    whole = simulate(w, make_mix("static-minload", 2), m, SLO_)
+    assert whole.config["retractions"] == 0
+    # Growing from prompt + 50: both run at once until their 2300 tokens are used up; then the one with the
+    # fewer output tokens (the later) is parked and resumes once the other finished.
+    grow = simulate(w, grow_mix(50), m, SLO_)  # type: ignore[arg-type]
+    assert grow.config["retractions"] >= 1
+    assert all(r.ok and r.output_tokens_received == 600 for r in grow.records)
+    first, second = grow.records
+    assert second.first_token_s is not None and second.first_token_s < first.finished_s  # ran side by side
+    assert second.finished_s > first.finished_s
+    # The parked request's tokens stop: its TPOT is worse than with whole reservations' wait-then-run.
+    assert second.tpot_s is not None and whole.records[1].tpot_s is not None
+    assert second.tpot_s > whole.records[1].tpot_s
+
+
+def test_retraction_takes_the_fewest_output_tokens_then_the_longest_prompt() -> None:
+    from loadgen.sim.instance import SimRequest, retraction_order
+
+    reqs = [SimRequest(index=i, rid=str(i), arrival_s=0.0, input_tokens=n, output_tokens=100) for i, n in
+            enumerate((100, 900, 500))]
+    reqs[0].generated, reqs[1].generated, reqs[2].generated = 5, 5, 50
+    assert min(reqs, key=retraction_order) is reqs[1]
+
+
+def test_unknown_decode_kv_model_is_refused() -> None:
+    with pytest.raises(ValueError, match="decode KV model"):
+        make_mix("static-minload", 2, decode_kv="paged")
