@@ -186,7 +186,7 @@ MIXES: dict[str, Callable[[int, str | None], PolicyMix]] = {
                              "ISL and OSL and the profile's per-engine capacity", "NVIDIA Dynamo's SLA planner"),
     "arrow": _arrow,
     # No local prefill in the elastic mix: it provisions decode tightly for the forecast concurrency, and
-    # prompts prefilled there cost TTFT (day-shaped Azure conversation: 88.8% attainment with it, 99.6%
+    # prompts prefilled there cost TTFT (day-shaped Azure conversation: 92.8% attainment with it, 99.6%
     # without; tests/bench/local_prefill.py on the load of tests/bench/dopd_vs_dynamo.py).
     DopdScaling.name: _elastic(DopdScaling.name, DopdScaling, "ARIMA forecast of ISL/OSL/concurrency every 10 s "
                                "-> optimal P:D counts (Eq. 11-14), burst fast path", "DOPD"),
