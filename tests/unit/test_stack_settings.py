@@ -6,7 +6,7 @@ import pytest
 
 from services.cli.main import RunSettings
 from services.cli.stack import StackSettings
-from shared.errors import ConfigError
+from shared.errors import ConfigError, PoiseError
 from shared.settings import load_settings, parse_settings
 
 
@@ -58,3 +58,12 @@ def test_sim_local_prefill_flag_replaces_the_mixs_rule() -> None:
     assert parse_settings(SimSettings, ["--local-prefill-max-tokens", "0"]).mix_builder("poise")().local_prefill is None
     mix = parse_settings(SimSettings, ["--local-prefill-max-tokens", "300"]).mix_builder("static-minload")()
     assert mix.local_prefill is not None and mix.local_prefill.max_local_prefill_tokens == 300
+
+
+def test_sim_decode_kv_flag_picks_the_kv_model() -> None:
+    from services.cli.main import SimSettings
+
+    assert parse_settings(SimSettings, []).mix_builder("static-minload")().engine.decode_kv == "whole"
+    assert parse_settings(SimSettings, ["--decode-kv", "grow"]).mix_builder("static-minload")().engine.decode_kv == "grow"
+    with pytest.raises(PoiseError, match="decode KV model"):
+        parse_settings(SimSettings, ["--decode-kv", "paged"]).mix_builder("static-minload")
