@@ -22,6 +22,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -36,7 +37,7 @@ from services.gateway.service import GatewayService
 from services.migrator.config import MigratorSettings
 from services.migrator.service import MigratorService
 from shared.bus import Bus
-from shared.devservers import EtcdServer, NatsServer, wait_for_port
+from shared.devservers import EtcdServer, NatsServer
 from shared.protocol import AdminCommand, AdminReply, Subjects
 from shared.protocol.length_prediction import PREDICTION_FIELD
 from shared.protocol.moves import GatewayRequests, GatewayRequestsQuery, MoveCommand, MoveReply
@@ -107,6 +108,14 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SimE
                "d0": SimEngine(tmp, "decode", MODEL, TIME_SCALE, bootstrap_timeout_s=10, extra_args=oracle),
                "d1": SimEngine(tmp, "decode", MODEL, TIME_SCALE, bootstrap_timeout_s=10, extra_args=oracle)}
     yield from serving(started)
+
+
+@pytest.fixture
+def own_engines(tmp_path: Path) -> Iterator[dict[str, SimEngine]]:
+    """p0, d0 and d1 of one test alone: it kills one of them."""
+    yield from serving({"p0": SimEngine(tmp_path, "prefill", MODEL, TIME_SCALE, bootstrap_timeout_s=10),
+                        "d0": SimEngine(tmp_path, "decode", MODEL, TIME_SCALE, bootstrap_timeout_s=10),
+                        "d1": SimEngine(tmp_path, "decode", MODEL, TIME_SCALE, bootstrap_timeout_s=10)})
 
 
 @pytest_asyncio.fixture
@@ -244,35 +253,23 @@ async def test_poise_admin_migrate_goes_through_the_migrator(nats_server, etcd_s
 
 
 async def test_a_decode_engine_killed_mid_answer_loses_no_request(nats_server, etcd_server, registry,  # type: ignore[no-untyped-def]
-                                                                  tmp_path) -> None:
-    started = {"p0": SimEngine(tmp_path, "prefill", MODEL, TIME_SCALE, bootstrap_timeout_s=10),
-               "d0": SimEngine(tmp_path, "decode", MODEL, TIME_SCALE, bootstrap_timeout_s=10),
-               "d1": SimEngine(tmp_path, "decode", MODEL, TIME_SCALE, bootstrap_timeout_s=10)}
-    try:
-        for e in started.values():
-            wait_for_port("127.0.0.1", e.port, 30, e.proc.proc)
-        async with gateway(nats_server, etcd_server, registry, started) as (url, service):
-            want = await reference(url)
-            got = [Stream() for _ in range(N_REQUESTS)]
-            async with httpx.AsyncClient(timeout=60) as client:
-                tasks = [asyncio.create_task(stream(client, url, b, s)) for b, s in zip(bodies(), got, strict=True)]
-                await until(lambda: all(s.tokens >= 10 for s in got), 20)
-                on_d0 = sum(1 for f in service.flows.values() if f.attempt and f.attempt.decode.instance_id == "d0")
-                assert on_d0 > 0
-                started["d0"].proc.proc.kill()  # SIGKILL: no goodbye, the streams just break
-                await asyncio.gather(*tasks)
-            assert_same(got, want)
-            assert service.metrics.rescues._value.get() == on_d0  # type: ignore[attr-defined]
-    finally:
-        for e in started.values():
-            e.proc.stop()
+                                                                  own_engines) -> None:
+    async with gateway(nats_server, etcd_server, registry, own_engines) as (url, service):
+        want = await reference(url)
+        got = [Stream() for _ in range(N_REQUESTS)]
+        async with httpx.AsyncClient(timeout=60) as client:
+            tasks = [asyncio.create_task(stream(client, url, b, s)) for b, s in zip(bodies(), got, strict=True)]
+            await until(lambda: all(s.tokens >= 10 for s in got), 20)
+            on_d0 = sum(1 for f in service.flows.values() if f.attempt and f.attempt.decode.instance_id == "d0")
+            assert on_d0 > 0
+            own_engines["d0"].proc.proc.kill()  # SIGKILL: no goodbye, the streams just break
+            await asyncio.gather(*tasks)
+        assert_same(got, want)
+        assert service.metrics.rescues._value.get() == on_d0  # type: ignore[attr-defined]
 
 
 async def test_non_streaming_requests_move_and_survive_a_killed_engine(nats_server, etcd_server, registry,  # type: ignore[no-untyped-def]
-                                                                      tmp_path) -> None:
-    started = {"p0": SimEngine(tmp_path, "prefill", MODEL, TIME_SCALE, bootstrap_timeout_s=10),
-               "d0": SimEngine(tmp_path, "decode", MODEL, TIME_SCALE, bootstrap_timeout_s=10),
-               "d1": SimEngine(tmp_path, "decode", MODEL, TIME_SCALE, bootstrap_timeout_s=10)}
+                                                                      own_engines) -> None:
     requests = [whole(b) for b in bodies()]
 
     async def run(url: str) -> tuple[list[Stream], list[asyncio.Task[Stream]], httpx.AsyncClient]:
@@ -280,38 +277,32 @@ async def test_non_streaming_requests_move_and_survive_a_killed_engine(nats_serv
         got = [Stream() for _ in requests]
         return got, [asyncio.create_task(answer(client, url, b, s)) for b, s in zip(requests, got, strict=True)], client
 
-    try:
-        for e in started.values():
-            wait_for_port("127.0.0.1", e.port, 30, e.proc.proc)
-        async with gateway(nats_server, etcd_server, registry, started, move_non_streaming=True) as (url, service):
-            async with httpx.AsyncClient(timeout=60) as client:
-                want = list(await asyncio.gather(*(answer(client, url, b, Stream()) for b in requests)))
-            assert all(w.usage and w.usage["completion_tokens"] > 20 for w in want)
-            # Moved mid-answer, by both mechanisms: the client's body does not change.
-            got, tasks, client = await run(url)
-            async with client:
-                await until(lambda: len(service.movable_requests()) == len(requests)
-                            and all(r.generated_tokens >= 10 for r in service.movable_requests()), 20)
-                moves = await asyncio.gather(*(
-                    service.move(r.rid, "d1" if r.instance_id == "d0" else "d0", ("recompute", "kv-transfer")[i % 2])
-                    for i, r in enumerate(service.movable_requests())))
-                await asyncio.gather(*tasks)
-            assert all(m.ok for m in moves), [m.message for m in moves]
-            assert_same(got, want)
-            # A decode engine killed mid-answer: its requests resume elsewhere from the tokens they had.
-            got, tasks, client = await run(url)
-            async with client:
-                await until(lambda: len(service.movable_requests()) == len(requests)
-                            and all(r.generated_tokens >= 10 for r in service.movable_requests()), 20)
-                on_d0 = sum(1 for r in service.movable_requests() if r.instance_id == "d0")
-                assert on_d0 > 0
-                started["d0"].proc.proc.kill()
-                await asyncio.gather(*tasks)
-            assert_same(got, want)
-            assert service.metrics.rescues._value.get() == on_d0  # type: ignore[attr-defined]
-    finally:
-        for e in started.values():
-            e.proc.stop()
+    async with gateway(nats_server, etcd_server, registry, own_engines, move_non_streaming=True) as (url, service):
+        async with httpx.AsyncClient(timeout=60) as client:
+            want = list(await asyncio.gather(*(answer(client, url, b, Stream()) for b in requests)))
+        assert all(w.usage and w.usage["completion_tokens"] > 20 for w in want)
+        # Moved mid-answer, by both mechanisms: the client's body does not change.
+        got, tasks, client = await run(url)
+        async with client:
+            await until(lambda: len(service.movable_requests()) == len(requests)
+                        and all(r.generated_tokens >= 10 for r in service.movable_requests()), 20)
+            moves = await asyncio.gather(*(
+                service.move(r.rid, "d1" if r.instance_id == "d0" else "d0", ("recompute", "kv-transfer")[i % 2])
+                for i, r in enumerate(service.movable_requests())))
+            await asyncio.gather(*tasks)
+        assert all(m.ok for m in moves), [m.message for m in moves]
+        assert_same(got, want)
+        # A decode engine killed mid-answer: its requests resume elsewhere from the tokens they had.
+        got, tasks, client = await run(url)
+        async with client:
+            await until(lambda: len(service.movable_requests()) == len(requests)
+                        and all(r.generated_tokens >= 10 for r in service.movable_requests()), 20)
+            on_d0 = sum(1 for r in service.movable_requests() if r.instance_id == "d0")
+            assert on_d0 > 0
+            own_engines["d0"].proc.proc.kill()
+            await asyncio.gather(*tasks)
+        assert_same(got, want)
+        assert service.metrics.rescues._value.get() == on_d0  # type: ignore[attr-defined]
 
 
 def replay_slice() -> list[tuple[float, dict[str, Any]]]:
@@ -339,30 +330,21 @@ async def replay(url: str, items: list[tuple[float, dict[str, Any]]], got: list[
 
 
 async def test_a_decode_engine_killed_during_a_trace_replay_loses_no_request(nats_server, etcd_server, registry,  # type: ignore[no-untyped-def]
-                                                                         tmp_path) -> None:
-    started = {"p0": SimEngine(tmp_path, "prefill", MODEL, TIME_SCALE, bootstrap_timeout_s=10),
-               "d0": SimEngine(tmp_path, "decode", MODEL, TIME_SCALE, bootstrap_timeout_s=10),
-               "d1": SimEngine(tmp_path, "decode", MODEL, TIME_SCALE, bootstrap_timeout_s=10)}
+                                                                         own_engines) -> None:
     items = replay_slice()
-    try:
-        for e in started.values():
-            wait_for_port("127.0.0.1", e.port, 30, e.proc.proc)
-        async with gateway(nats_server, etcd_server, registry, started) as (url, service):
-            want = [Stream() for _ in items]
-            await replay(url, items, want)
-            got = [Stream() for _ in items]
-            task = asyncio.create_task(replay(url, items, got))
-            # Mid-replay: some answers under way on d0, later arrivals not sent yet. d0 stays registered (its
-            # lease outlives it), so those later requests are placed on it too and must be retried elsewhere.
-            await until(lambda: sum(1 for f in service.flows.values() if f.attempt is not None
-                                    and f.attempt.decode.instance_id == "d0" and f.delivered_tokens >= 5) >= 3, 20)
-            started["d0"].proc.proc.kill()
-            await task
-        assert_same(got, want)
-        assert service.metrics.rescues._value.get() >= 3  # type: ignore[attr-defined]
-    finally:
-        for e in started.values():
-            e.proc.stop()
+    async with gateway(nats_server, etcd_server, registry, own_engines) as (url, service):
+        want = [Stream() for _ in items]
+        await replay(url, items, want)
+        got = [Stream() for _ in items]
+        task = asyncio.create_task(replay(url, items, got))
+        # Mid-replay: some answers under way on d0, later arrivals not sent yet. d0 stays registered (its
+        # lease outlives it), so those later requests are placed on it too and must be retried elsewhere.
+        await until(lambda: sum(1 for f in service.flows.values() if f.attempt is not None
+                                and f.attempt.decode.instance_id == "d0" and f.delivered_tokens >= 5) >= 3, 20)
+        own_engines["d0"].proc.proc.kill()
+        await task
+    assert_same(got, want)
+    assert service.metrics.rescues._value.get() >= 3  # type: ignore[attr-defined]
 
 
 async def test_moves_forced_during_a_trace_replay_change_no_byte(nats_server, etcd_server, registry, engines) -> None:  # type: ignore[no-untyped-def]
