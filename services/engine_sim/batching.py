@@ -31,9 +31,10 @@ then. Each pass is reported back with ``observe(tokens, seconds)``, each decode 
 pass at its next operator boundary (``preemption_point``, ``cut``); with ``chunk`` a pass always runs to its end.
 
 KV is counted in tokens (kv.py). A request that outgrows its reservation takes free KV one token at a time;
-when there is not enough for the whole batch the newest running request is retracted (null: back to the
-waiting queue to be re-prefilled with its output, like SGLang's retract; decode: parked in the retracted
-queue, its KV notionally kept on the host, and resumed when it fits). KV in use never exceeds capacity.
+when there is not enough for the whole batch a running request is retracted in SGLang's order, fewest
+output tokens first (null: back to the waiting queue to be re-prefilled with its output, like SGLang's
+retract; decode: parked in the retracted queue, its KV notionally kept on the host, and resumed when it
+fits). KV in use never exceeds capacity.
 """
 
 from __future__ import annotations
@@ -389,7 +390,10 @@ def _ensure_growth(eng: SimEngine) -> int:
     running = eng.queues.running
     need = sum(1 for r in running if eng.kv.needs_growth(r))
     while need > eng.kv.free and running:
-        victim = running.pop()
+        # SGLang's order (ScheduleBatch._get_decode_retraction_order, 0.5.23), as loadgen/sim retracts too:
+        # the fewest output tokens first, then the longest prompt.
+        victim = min(running, key=lambda r: (len(r.output_ids), -r.prompt_tokens))
+        running.remove(victim)
         if eng.kv.needs_growth(victim):
             need -= 1
         _retract(eng, victim)
