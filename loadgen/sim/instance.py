@@ -52,6 +52,7 @@ from loadgen.sim.events import PRIORITY_STEP_END, PRIORITY_TRANSFER_DONE, EventQ
 from shared.latency import LatencyModel
 from shared.policies import EngineView, Preemption, make_decode_batch_policy, make_prefill_policy, preempts
 from shared.policies.prefill_order import MAX_PREFILL_TOKENS, fill, whole_prompts
+from shared.policies.retraction import retraction_key
 from shared.protocol.messages import Role
 
 SimStatus = Literal["starting", "ready", "draining", "switching", "stopped"]
@@ -123,9 +124,8 @@ class SimRequest:
 
 
 def retraction_order(req: SimRequest) -> tuple[int, int]:
-    """SGLang's decode retraction order (``ScheduleBatch._get_decode_retraction_order`` in 0.5.23): the
-    request with the fewest output tokens goes first, among those the longest prompt."""
-    return req.generated, -req.input_tokens
+    """SGLang's decode retraction order (``shared.policies.retraction``)."""
+    return retraction_key(req.generated, req.input_tokens)
 
 
 class SimInstance:

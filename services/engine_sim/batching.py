@@ -50,6 +50,7 @@ from services.engine_sim import transfer
 from services.engine_sim.requests import Phase, SimRequest, finish_length, finish_stop
 from services.engine_sim.tokens import EOS_TOKEN_ID
 from shared.policies.prefill_order import fill, preempts, whole_prompts
+from shared.policies.retraction import retraction_key
 
 if TYPE_CHECKING:
     from services.engine_sim.engine import SimEngine
@@ -390,9 +391,7 @@ def _ensure_growth(eng: SimEngine) -> int:
     running = eng.queues.running
     need = sum(1 for r in running if eng.kv.needs_growth(r))
     while need > eng.kv.free and running:
-        # SGLang's order (ScheduleBatch._get_decode_retraction_order, 0.5.23), as loadgen/sim retracts too:
-        # the fewest output tokens first, then the longest prompt.
-        victim = min(running, key=lambda r: (len(r.output_ids), -r.prompt_tokens))
+        victim = min(running, key=lambda r: retraction_key(len(r.output_ids), r.prompt_tokens))  # SGLang's order
         running.remove(victim)
         if eng.kv.needs_growth(victim):
             need -= 1
