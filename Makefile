@@ -55,6 +55,7 @@ bench: setup predictor-setup
 	$(PY) -m tests.bench.flip_latency --policy-s 150 --flip-s 90
 	$(PY) -m tests.bench.prefill_scheduling
 	$(PY) -m tests.bench.kairos
+	$(PY) -m tests.bench.kairos_traces
 	$(PY) -m tests.bench.length_batching
 	$(PY) -m tests.bench.predictor
 	$(PY) -m tests.bench.ares

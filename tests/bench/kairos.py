@@ -53,6 +53,19 @@ def decode_tps_median(result: ReplayResult) -> float | None:
     return statistics.median(rates) if rates else None
 
 
+def run_point(workload: Any, mix_name: str, slo: SLO, scale: float, model: LatencyModel) -> dict[str, Any]:
+    """One simulated run of ``MIXES[mix_name]`` at ``scale`` x the trace's rate: attainment and decode speed."""
+    t0 = time.perf_counter()
+    kwargs: dict[str, Any] = dict(MIXES[mix_name])
+    mix = make_mix(kwargs.pop("mix", "static-minload"), 8, "4P4D", **kwargs)
+    r = simulate(workload, mix, model, slo, rate_scale=scale)
+    s = r.summary
+    return {"mix": mix_name, "rate_scale": scale, "rate_rps": workload.mean_rate_rps * scale,
+            "ttft_attainment": s.ttft_attainment, "tpot_attainment": s.tpot_attainment,
+            "e2e_attainment": s.slo_attainment, "decode_tps_median": decode_tps_median(r),
+            "ttft_p90_s": s.ttft_p90_s, "tpot_p90_s": s.tpot_p90_s, "sim_wall_s": time.perf_counter() - t0}
+
+
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -84,20 +97,12 @@ def main() -> None:
     workload = load_trace(TRACE).slice(0.0, 600.0)
     rows: list[dict[str, Any]] = []
     for slo_name, slo in SLOS.items():
-        for mix_name, engine in MIXES.items():
+        for mix_name in MIXES:
             for scale in SCALES:
-                t0 = time.perf_counter()
-                kwargs = dict(engine)
-                mix = make_mix(kwargs.pop("mix", "static-minload"), 8, "4P4D", **kwargs)
-                r = simulate(workload, mix, model, slo, rate_scale=scale)
-                s = r.summary
-                rows.append({"slo": slo_name, "mix": mix_name, "rate_scale": scale,
-                             "rate_rps": workload.mean_rate_rps * scale, "ttft_attainment": s.ttft_attainment,
-                             "tpot_attainment": s.tpot_attainment, "e2e_attainment": s.slo_attainment,
-                             "decode_tps_median": decode_tps_median(r), "ttft_p90_s": s.ttft_p90_s,
-                             "tpot_p90_s": s.tpot_p90_s, "sim_wall_s": time.perf_counter() - t0})
-                print(f"  {slo_name} {mix_name} {scale}x: e2e {s.slo_attainment:.1%} "
-                      f"({time.perf_counter() - t0:.1f}s)", file=sys.stderr, flush=True)
+                row = {"slo": slo_name, **run_point(workload, mix_name, slo, scale, model)}
+                rows.append(row)
+                print(f"  {slo_name} {mix_name} {scale}x: e2e {row['e2e_attainment']:.1%} "
+                      f"({row['sim_wall_s']:.1f}s)", file=sys.stderr, flush=True)
     lines = ["# Kairos vs FCFS + continuous batching (Mooncake conversation)", "", f"Command: `{command}`", "",
              f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, simulator, 4P4D least-load, "
              "Llama-3.1-8B/H100 profile, first 10 min of the trace. Attainment in %; points = percentage points "
