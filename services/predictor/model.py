@@ -90,10 +90,11 @@ class LengthMLP(nn.Module):
     @torch.inference_mode()
     def predict_tokens(self, h: np.ndarray | torch.Tensor) -> np.ndarray:
         """Remaining tokens for each row of ``h``, clamped at 0 (float64 numpy)."""
-        x = torch.as_tensor(h, dtype=torch.float32)
+        # on the MLP's device: an engine on a GPU hands in the states where they are, and only [B] comes back
+        x = torch.as_tensor(h, dtype=torch.float32, device=self.input_mean.device)
         if x.dim() == 1:
             x = x.unsqueeze(0)
-        return (self(x).clamp_min(0.0) * Y_SCALE).double().numpy()
+        return (self(x).clamp_min(0.0) * Y_SCALE).double().cpu().numpy()
 
 
 def as_predict_fn(model: LengthMLP) -> Callable[[np.ndarray], np.ndarray]:

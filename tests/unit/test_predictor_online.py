@@ -100,3 +100,16 @@ def test_bad_inputs_are_rejected() -> None:
     bad = ContinuousPredictor(lambda h: np.zeros(h.shape[0] + 1), k=1)
     with pytest.raises(ValueError):
         bad.admit("a", 10, hidden=np.zeros(2))
+
+
+def test_a_prefill_batch_is_admitted_with_one_call() -> None:
+    fake = FakePredictor(40.0)
+    cp = ContinuousPredictor(fake, k=5)
+    cp.admit_batch(["a", "b", "c"], [100, 100, 10], np.zeros((3, 4)))
+    assert fake.calls == [3]
+    assert cp.remaining("a") == 40.0 and cp.remaining("c") == 10.0  # clamped to the cap
+    assert cp.predicted_at("a") == 0
+    cp.admit("d", 100)
+    assert cp.predicted_at("d") is None
+    with pytest.raises(ValueError, match="differ in length"):
+        cp.admit_batch(["x"], [1, 2], np.zeros((1, 4)))
