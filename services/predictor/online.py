@@ -51,6 +51,8 @@ class ContinuousPredictor:
         self._predict = predict
         self.k = k
         self._tracks: dict[str, _Track] = {}
+        self._predicted: set[str] = set()  # tracked rids that have an estimate
+        self._latest: dict[str, int] = {}  # generated counts at the last iteration (its rows only)
         self._iterations = 0
         self.calls = 0  # predictor invocations (one per predicting iteration)
         self.rows = 0  # hidden states predicted, over all calls
@@ -60,8 +62,10 @@ class ContinuousPredictor:
         (the initial estimate ARES's P->D handoff may carry) or None to wait for the first decode iteration."""
         track = _Track(max_new_tokens=max_new_tokens, generated=generated, generated_at=generated)
         self._tracks[rid] = track
+        self._predicted.discard(rid)
         if hidden is not None:
             track.predicted = float(self._run(np.asarray(hidden).reshape(1, -1))[0])
+            self._predicted.add(rid)
 
     def admit_batch(self, rids: Sequence[str], max_new_tokens: Sequence[int], hidden: HiddenSource) -> None:
         """``admit`` for the rows of one prefill pass, predicted in one call (rows of ``hidden`` in order)."""
@@ -73,9 +77,11 @@ class ContinuousPredictor:
         predicted = self._run(states if hasattr(states, "shape") else np.asarray(states))
         for rid, cap, value in zip(rids, max_new_tokens, predicted, strict=True):
             self._tracks[rid] = _Track(max_new_tokens=cap, predicted=float(value))
+        self._predicted.update(rids)
 
     def release(self, rid: str) -> None:
         self._tracks.pop(rid, None)
+        self._predicted.discard(rid)
 
     def __contains__(self, rid: str) -> bool:
         return rid in self._tracks
@@ -89,7 +95,13 @@ class ContinuousPredictor:
         if len(rids) != len(generated):
             raise ValueError("rids and generated differ in length")
         self._iterations += 1
+        # This runs every iteration: off the cycle, when every row has an estimate already (the usual case),
+        # it costs two C-level passes over the batch, not a Python loop (measured on an H100 decode loop:
+        # tests/bench/gpu/serving_overhead.py).
+        self._latest = dict(zip(rids, generated, strict=True))
         due = self._iterations % self.k == 0
+        if not due and self._predicted.issuperset(rids):
+            return False
         rows = []
         for i, (rid, gen) in enumerate(zip(rids, generated, strict=True)):
             track = self._tracks.get(rid)
@@ -98,8 +110,6 @@ class ContinuousPredictor:
             track.generated = gen
             if due or track.predicted is None:
                 rows.append(i)
-        if not rows:
-            return False
         states = hidden() if callable(hidden) else hidden
         if not hasattr(states, "shape"):
             states = np.asarray(states)
@@ -109,12 +119,13 @@ class ContinuousPredictor:
         for i, value in zip(rows, predicted, strict=True):
             track = self._tracks[rids[i]]
             track.predicted, track.generated_at = float(value), track.generated
+            self._predicted.add(rids[i])
         return True
 
     def remaining(self, rid: str, generated: int | None = None) -> float:
         """The estimate for ``rid`` now (at ``generated`` tokens, default the latest known)."""
         track = self._tracks[rid]
-        gen = track.generated if generated is None else generated
+        gen = self._latest.get(rid, track.generated) if generated is None else generated
         cap = max(track.max_new_tokens - gen, 0)
         if track.predicted is None:
             return float(cap)

@@ -82,3 +82,18 @@ def test_ares_overhead_script_runs(tmp_path: Path) -> None:
     assert {(r["hidden"], r["batch"]) for r in rows} == {(h, b) for h in ares_overhead.HIDDEN_SIZES
                                                          for b in ares_overhead.BATCHES}
     assert all(r["median_s"] > 0 for r in rows)
+
+
+def test_serving_overhead_script_runs(tmp_path: Path) -> None:
+    from tests.bench.gpu import serving_overhead
+
+    out = tmp_path / "serving.json"
+    assert serving_overhead.main(["--tiny", "--iterations", "25", "--rounds", "1", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["batch"] for r in rows] == [4, 16]
+    for r in rows:
+        assert set(r["median_s"]) == {"none", "k20", "k1"} and r["iterations"] == 25
+        assert r["mlp_s_per_call"]["k1"] > 0 and r["mlp_s_per_call"]["k20"] > 0  # k = 20 predicted once in 25
+    from tests.bench import gpu_latency_check as check
+
+    assert "served in a decode loop" in check.serving_section(json.loads(out.read_text()))
