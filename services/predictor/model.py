@@ -94,7 +94,8 @@ class LengthMLP(nn.Module):
         x = torch.as_tensor(h, dtype=torch.float32, device=self.input_mean.device)
         if x.dim() == 1:
             x = x.unsqueeze(0)
-        return (self(x).clamp_min(0.0) * Y_SCALE).double().cpu().numpy()
+        # clamp and scale on the host: on a GPU each would be one more kernel launch for B numbers
+        return np.maximum(self(x).cpu().numpy().astype(np.float64), 0.0) * Y_SCALE
 
 
 def as_predict_fn(model: LengthMLP) -> Callable[[np.ndarray], np.ndarray]:

@@ -53,6 +53,7 @@ class ContinuousPredictor:
         self._tracks: dict[str, _Track] = {}
         self._predicted: set[str] = set()  # tracked rids that have an estimate
         self._latest: dict[str, int] = {}  # generated counts at the last iteration (its rows only)
+        self.fresh: set[str] = set()  # rids predicted since the engine last took them (``take_fresh``)
         self._iterations = 0
         self.calls = 0  # predictor invocations (one per predicting iteration)
         self.rows = 0  # hidden states predicted, over all calls
@@ -66,6 +67,7 @@ class ContinuousPredictor:
         if hidden is not None:
             track.predicted = float(self._run(np.asarray(hidden).reshape(1, -1))[0])
             self._predicted.add(rid)
+            self.fresh.add(rid)
 
     def admit_batch(self, rids: Sequence[str], max_new_tokens: Sequence[int], hidden: HiddenSource) -> None:
         """``admit`` for the rows of one prefill pass, predicted in one call (rows of ``hidden`` in order)."""
@@ -78,10 +80,17 @@ class ContinuousPredictor:
         for rid, cap, value in zip(rids, max_new_tokens, predicted, strict=True):
             self._tracks[rid] = _Track(max_new_tokens=cap, predicted=float(value))
         self._predicted.update(rids)
+        self.fresh.update(rids)
 
     def release(self, rid: str) -> None:
         self._tracks.pop(rid, None)
         self._predicted.discard(rid)
+        self.fresh.discard(rid)
+
+    def take_fresh(self) -> set[str]:
+        """The rids predicted since the last call (empty off the cycle), and forget them."""
+        fresh, self.fresh = self.fresh, set()
+        return fresh
 
     def __contains__(self, rid: str) -> bool:
         return rid in self._tracks
@@ -120,6 +129,7 @@ class ContinuousPredictor:
             track = self._tracks[rids[i]]
             track.predicted, track.generated_at = float(value), track.generated
             self._predicted.add(rids[i])
+            self.fresh.add(rids[i])
         return True
 
     def remaining(self, rid: str, generated: int | None = None) -> float:

@@ -7,8 +7,10 @@ This is the engine-side half of ARES (spec §1.2.6). A decode engine calls
   the first estimate;
 - ``step`` once per decode iteration, with the hidden states as a callable, so they are read (and, on a GPU,
   never copied: the MLP runs where they are) only on the iterations that predict;
-- ``stream_field`` for each chunk it sends: the gateway reads ``poise_predicted_remaining`` every k tokens and
-  offers it to the migrator;
+- ``stream_fields`` once per iteration, for the chunks it is about to send: a field for each request just
+  predicted (all of them every k iterations, newcomers at once), nothing off the cycle, so the engine's
+  per-request work does not grow; the gateway reads ``poise_predicted_remaining`` and offers it to the
+  migrator;
 - ``release`` when the request leaves.
 
 The project's decode loop (``decode.Decoder``) runs it with SmolLM2 in ``poise predictor online``, and the GPU
@@ -52,7 +54,6 @@ class EnginePredictor:
             return out
 
         self.online = ContinuousPredictor(timed, k=self.k)
-        self._streamed: dict[str, int] = {}  # rid -> next generated count at which to stream an estimate
 
     @classmethod
     def load(cls, path: Path, *, hidden_size: int, model_name: str | None = None, k: int | None = None,
@@ -64,8 +65,6 @@ class EnginePredictor:
 
     def admit_batch(self, rids: Sequence[str], max_new_tokens: Sequence[int], hidden: HiddenSource) -> None:
         self.online.admit_batch(rids, max_new_tokens, hidden)
-        for rid in rids:
-            self._streamed[rid] = 0
 
     def step(self, rids: Sequence[str], generated: Sequence[int], hidden: HiddenSource) -> bool:
         return self.online.step(rids, generated, hidden)
@@ -74,15 +73,19 @@ class EnginePredictor:
         """Tokens ``rid`` still has to generate once it has ``generated`` of them."""
         return self.online.remaining(rid, generated)
 
-    def stream_field(self, rid: str, delivered: int) -> dict[str, float]:
-        """What to add to the chunk that brings ``rid`` to ``delivered`` tokens: the estimate of what is still
-        to come after it, on the first chunk and then every k-th (the cadence engine_sim streams at)."""
-        due = self._streamed.get(rid)
-        if due is None or delivered < due or rid not in self.online:
-            return {}
-        self._streamed[rid] = (delivered // self.k + 1) * self.k
-        return {PREDICTION_FIELD: round(self.online.remaining(rid, delivered), 1)}
+    def stream_fields(self) -> dict[str, dict[str, float]]:
+        """``{rid: {"poise_predicted_remaining": tokens}}`` to merge into the chunks of the requests predicted
+        since the last call: a request's first chunk, then one chunk in k, the cadence engine_sim streams at.
+
+        A pass run at ``g`` generated tokens produces token ``g + 1``, so its chunk carries what is still to come
+        after that token. Empty, at no cost, on the iterations that predict nothing."""
+        fresh = self.online.take_fresh()
+        out = {}
+        for rid in fresh:
+            at = self.online.predicted_at(rid)
+            if at is not None:
+                out[rid] = {PREDICTION_FIELD: round(self.online.remaining(rid, at + 1), 1)}
+        return out
 
     def release(self, rid: str) -> None:
         self.online.release(rid)
-        self._streamed.pop(rid, None)

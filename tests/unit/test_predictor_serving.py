@@ -59,16 +59,17 @@ def test_prefill_then_every_k_iterations_on_device_tensors(tmp_path: Path) -> No
     assert engine.online.calls == 3 and len(syncs) == 3 and engine.seconds > 0
 
 
-def test_stream_field_on_the_first_chunk_and_every_kth(tmp_path: Path) -> None:
+def test_stream_fields_for_the_first_chunk_and_then_one_in_k(tmp_path: Path) -> None:
     engine = EnginePredictor.load(constant_checkpoint(tmp_path, 50.0), hidden_size=HIDDEN)
-    engine.admit_batch(["a"], [200], np.zeros((1, HIDDEN), dtype=np.float32))
-    fields = {}
-    for delivered in range(1, 10):
-        engine.step(["a"], [delivered - 1], np.zeros((1, HIDDEN), dtype=np.float32))
-        fields[delivered] = engine.stream_field("a", delivered)
-    assert [d for d, f in fields.items() if f] == [1, 4, 8]
-    # After the chunk bringing "a" to 4 tokens: predicted 50 at g = 3 (the pass that made token 4), 1 since.
-    assert fields[4] == {PREDICTION_FIELD: 49.0}
-    assert engine.stream_field("unknown", 3) == {}
-    engine.release("a")
-    assert "a" not in engine.online and engine.stream_field("a", 12) == {}
+    state = np.zeros((1, HIDDEN), dtype=np.float32)
+    engine.admit_batch(["a"], [200], state)  # the prefill pass, which makes token 1
+    fields = {1: engine.stream_fields()}
+    for g in range(1, 10):  # the decode pass at g generated tokens makes token g + 1
+        engine.step(["a"], [g], state)
+        fields[g + 1] = engine.stream_fields()
+    assert [d for d, f in fields.items() if f] == [1, 5, 9]  # k = 4 iterations apart
+    # Token 5's chunk: predicted 50 (token 5 included) by the pass at g = 4, so 49 still to come after it.
+    assert fields[5] == {"a": {PREDICTION_FIELD: 49.0}}
+    engine.admit_batch(["b"], [200], state)
+    engine.release("b")
+    assert engine.stream_fields() == {}  # a released request gets no field

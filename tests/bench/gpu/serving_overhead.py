@@ -2,7 +2,7 @@
 
 ``ares_overhead.py`` timed the MLP alone. This times the component an engine runs (``EnginePredictor``: the
 schedule's per-request bookkeeping every iteration, the MLP on the states where they are every k iterations,
-B numbers back to the host, and the stream field read for every request after every step) inside a decode
+B numbers back to the host, and the stream fields of the requests just predicted) inside a decode
 loop of Llama-3.1-8B-shaped steps (``llama_forward.Llama``, random bf16 weights, replayed from a CUDA graph,
 the sampled ids copied to the host each step as an engine does). The same loop runs without the predictor,
 with it at k = 20 and at k = 1, interleaved in rounds so drift hits all three alike; the overhead is the
@@ -44,8 +44,8 @@ def loop(step: Any, ids: torch.Tensor, states: torch.Tensor, predictor: EnginePr
         if predictor is not None:
             generated = [start + it] * batch
             predictor.step(rids, generated, lambda: states)
-            for rid in rids:
-                predictor.stream_field(rid, start + it + 1)
+            for _rid, _field in predictor.stream_fields().items():  # merged into those requests' chunks
+                pass
         out.append(time.perf_counter() - t0)
     return out
 
@@ -59,7 +59,8 @@ def measure(model: Llama, clock: Clock, hidden: int, batch: int, context: int, i
     mlp = LengthMLP(hidden).to(model.device).eval()
     meta = PredictorMeta(model_name="random", hidden_size=hidden, widths=mlp.widths, k=20, data_sha256="0" * 64)
     sync = torch.cuda.synchronize if model.device.type == "cuda" else None
-    variants: dict[str, Any] = {"none": None, "k20": 20, "k1": 1}
+    # "none2" repeats "none" at the end of each round: their difference is the measurement's own noise
+    variants: dict[str, Any] = {"none": None, "k20": 20, "k1": 1, "none2": None}
     times: dict[str, list[float]] = {name: [] for name in variants}
     predictors: dict[str, EnginePredictor] = {}
     for name, k in variants.items():
@@ -73,12 +74,16 @@ def measure(model: Llama, clock: Clock, hidden: int, batch: int, context: int, i
             times[name] += loop(step, ids, states, predictors.get(name), iterations, r * iterations)
     med = {name: statistics.median(t) for name, t in times.items()}
     mean = {name: statistics.fmean(t) for name, t in times.items()}
+    times["none"] += times.pop("none2")
+    noise = {"median": med.pop("none2") / med["none"] - 1, "mean": mean.pop("none2") / mean["none"] - 1}
+    med["none"], mean["none"] = statistics.median(times["none"]), statistics.fmean(times["none"])
     return {"batch": batch, "context": context, "hidden": hidden, "iterations": iterations * rounds,
             "median_s": med, "mean_s": mean,
             # all iterations, the predicting ones included (1 in k): what the predictor costs the loop
             "overhead_k20": mean["k20"] / mean["none"] - 1, "overhead_k1": mean["k1"] / mean["none"] - 1,
             # a typical iteration at k = 20 predicts nothing: the schedule's bookkeeping and the stream fields
             "bookkeeping_k20": med["k20"] / med["none"] - 1,
+            "noise_none_vs_none": noise,  # the same loop twice: how far apart two runs of it land
             "mlp_s_per_call": {name: (p.seconds - base[name][0]) / max(1, p.online.calls - base[name][1])
                                for name, p in predictors.items()}}
 
@@ -106,7 +111,8 @@ def main(argv: list[str]) -> int:
             row = measure(model, clock, shape.hidden, batch, context, args.iterations, args.rounds)
             rows.append(row)
             print(f"batch {batch:>3}: step {row['median_s']['none'] * 1e3:.2f} ms, {row['overhead_k20']:+.2%} at "
-                  f"k = 20 ({row['bookkeeping_k20']:+.2%} typical iteration), {row['overhead_k1']:+.2%} at k = 1",
+                  f"k = 20 ({row['bookkeeping_k20']:+.2%} typical iteration), {row['overhead_k1']:+.2%} at k = 1; "
+                  f"none vs none {row['noise_none_vs_none']['mean']:+.2%}",
                   flush=True)
     result = {"device": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__,
               "shape": asdict(shape), "rows": rows,
