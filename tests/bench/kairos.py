@@ -66,6 +66,31 @@ def run_point(workload: Any, mix_name: str, slo: SLO, scale: float, model: Laten
             "ttft_p90_s": s.ttft_p90_s, "tpot_p90_s": s.tpot_p90_s, "sim_wall_s": time.perf_counter() - t0}
 
 
+TABLE_HEAD = ["| rate x | req/s | mix | TTFT att. | TPOT att. | E2E att. | E2E vs fcfs (points) | median decode tok/s "
+              "| vs fcfs |", "|---|---|---|---|---|---|---|---|---|"]
+
+
+def table_row(r: dict[str, Any], base: dict[str, Any]) -> str:
+    """One mix at one rate, against ``base`` (fcfs at the same rate)."""
+    tps, btps = r["decode_tps_median"], base["decode_tps_median"]
+    gain = f"{tps / btps - 1:+.1%}" if tps and btps else "-"
+    return (f"| {r['rate_scale']:g} | {r['rate_rps']:.2f} | {r['mix']} | {r['ttft_attainment']:.1%} | "
+            f"{r['tpot_attainment']:.1%} | {r['e2e_attainment']:.1%} | "
+            f"{(r['e2e_attainment'] - base['e2e_attainment']) * 100:+.1f} | "
+            f"{'-' if tps is None else f'{tps:.1f}'} | {gain} |")
+
+
+def write_results(name: str, lines: list[str], rows: list[dict[str, Any]], command: str,
+                  plot: Any) -> None:
+    """``<name>.md`` (``lines``), ``<name>.json`` (the rows and the command) and ``<name>.png`` in OUT."""
+    lines.append(f"Plot: `{name}.png`")
+    OUT.mkdir(parents=True, exist_ok=True)
+    plot(rows, OUT / f"{name}.png")
+    (OUT / f"{name}.md").write_text("\n".join(lines) + "\n")
+    (OUT / f"{name}.json").write_text(json.dumps({"command": command, "rows": rows}, indent=2))
+    print("\n".join(lines))
+
+
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -109,24 +134,12 @@ def main() -> None:
              "over fcfs at the same rate.", ""]
     for slo_name, slo in SLOS.items():
         lines += [f"## {slo_name}: TTFT {slo.ttft_s:g} s, TPOT {slo.tpot_s * 1e3:g} ms", "",
-                  "| rate x | req/s | mix | TTFT att. | TPOT att. | E2E att. | E2E vs fcfs (points) | median decode tok/s | vs fcfs |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  *TABLE_HEAD]
         for scale in SCALES:
             base = next(r for r in rows if r["slo"] == slo_name and r["mix"] == "fcfs" and r["rate_scale"] == scale)
-            for r in (r for r in rows if r["slo"] == slo_name and r["rate_scale"] == scale):
-                tps, btps = r["decode_tps_median"], base["decode_tps_median"]
-                gain = f"{tps / btps - 1:+.1%}" if tps and btps else "-"
-                lines.append(f"| {scale:g} | {r['rate_rps']:.2f} | {r['mix']} | {r['ttft_attainment']:.1%} | "
-                             f"{r['tpot_attainment']:.1%} | {r['e2e_attainment']:.1%} | "
-                             f"{(r['e2e_attainment'] - base['e2e_attainment']) * 100:+.1f} | "
-                             f"{'-' if tps is None else f'{tps:.1f}'} | {gain} |")
+            lines += [table_row(r, base) for r in rows if r["slo"] == slo_name and r["rate_scale"] == scale]
         lines.append("")
-    lines.append("Plot: `kairos.png`")
-    OUT.mkdir(parents=True, exist_ok=True)
-    _plot(rows, OUT / "kairos.png")
-    (OUT / "kairos.md").write_text("\n".join(lines) + "\n")
-    (OUT / "kairos.json").write_text(json.dumps({"command": command, "rows": rows}, indent=2))
-    print("\n".join(lines))
+    write_results("kairos", lines, rows, command, _plot)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ each trace's Arrow Table 1 SLO (the goodput benchmark's), at rates around fcfs' 
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 import time
@@ -20,7 +19,7 @@ from typing import Any
 from loadgen.slo import slo_for
 from loadgen.traces import load_trace
 from shared.latency import LatencyModel, load_profile
-from tests.bench.kairos import OUT, run_point
+from tests.bench.kairos import TABLE_HEAD, run_point, table_row, write_results
 
 TRACES = {"azure-code": [4.0, 6.0, 8.0, 10.0, 12.0], "azure-conv": [16.0, 20.0, 24.0, 28.0, 32.0]}
 MIXES = ("fcfs", "kairos", "poise")
@@ -75,23 +74,12 @@ def main() -> None:
         at = knee(part)
         lines += [f"## {trace}: TTFT {slo.ttft_s:g} s, TPOT {slo.tpot_s * 1e3:g} ms; fcfs' knee: "
                   + (f"{at:g}x" if at is not None else "not reached"), "",
-                  "| rate x | req/s | mix | TTFT att. | TPOT att. | E2E att. | E2E vs fcfs (points) | median decode tok/s |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  *TABLE_HEAD]
         for scale in TRACES[trace]:
             base = next(r for r in part if r["mix"] == "fcfs" and r["rate_scale"] == scale)
-            for r in (r for r in part if r["rate_scale"] == scale):
-                tps = r["decode_tps_median"]
-                lines.append(f"| {scale:g} | {r['rate_rps']:.2f} | {r['mix']} | {r['ttft_attainment']:.1%} | "
-                             f"{r['tpot_attainment']:.1%} | {r['e2e_attainment']:.1%} | "
-                             f"{(r['e2e_attainment'] - base['e2e_attainment']) * 100:+.1f} | "
-                             f"{'-' if tps is None else f'{tps:.1f}'} |")
+            lines += [table_row(r, base) for r in part if r["rate_scale"] == scale]
         lines.append("")
-    lines.append("Plot: `kairos_traces.png`")
-    OUT.mkdir(parents=True, exist_ok=True)
-    _plot(rows, OUT / "kairos_traces.png")
-    (OUT / "kairos_traces.md").write_text("\n".join(lines) + "\n")
-    (OUT / "kairos_traces.json").write_text(json.dumps({"command": command, "rows": rows}, indent=2))
-    print("\n".join(lines))
+    write_results("kairos_traces", lines, rows, command, _plot)
 
 
 if __name__ == "__main__":
