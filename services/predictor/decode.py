@@ -13,6 +13,7 @@ recorded: the hidden state of the pass and how many tokens the request had gener
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -184,8 +185,6 @@ class Decoder:
         return batch
 
     def _decode(self, batch: _Batch) -> None:
-        import time
-
         t0 = time.perf_counter()
         batch.mask = torch.cat([batch.mask, torch.ones(len(batch), 1, dtype=batch.mask.dtype)], dim=-1)
         batch.position = batch.position + 1
@@ -242,8 +241,6 @@ def time_decode_step(model: Any, tokenizer: Any, batch_size: int, *, steps: int 
                      clock: Callable[[], float] | None = None) -> list[float]:
     """Seconds of each of ``steps`` decode iterations (body + LM head + argmax) at ``batch_size``, ~60 tokens of
     context, after ``warmup`` untimed ones."""
-    import time
-
     from transformers import DynamicCache
 
     now = clock or time.perf_counter

@@ -32,7 +32,7 @@ from services.predictor.llm import LoadedLLM
 from services.predictor.model import PredictorCheckpointError
 from services.predictor.prompts import Prompt
 from services.predictor.serving import EnginePredictor
-from services.predictor.train import BUCKETS, bucket_label, mean_by_position
+from services.predictor.train import mae_by_bucket, mean_by_position
 
 ONLINE = "ARES MLP, online"
 BASELINES = ("max_tokens", "mean, counted down", "mean by position")
@@ -67,14 +67,7 @@ def evaluate(records: list[Generated], baselines: dict[str, Callable[[np.ndarray
     truth = np.array([len(r.tokens) - pos for r in records for pos, _, _ in r.estimates])
     methods = {ONLINE: est, **{name: f(g) for name, f in baselines.items()}}
     errors = {name: np.abs(pred - truth) for name, pred in methods.items()}
-    by_bucket: dict[str, list[tuple[str, float, int]]] = {}
-    for name, err in errors.items():
-        rows = []
-        for lo, hi in BUCKETS:
-            sel = (g >= lo) & (g <= hi)
-            if sel.any():
-                rows.append((bucket_label(lo, hi), float(err[sel].mean()), int(sel.sum())))
-        by_bucket[name] = rows
+    by_bucket = {name: mae_by_bucket(err, g) for name, err in errors.items()}
     return {"points": int(len(g)), "predicted_points": int(fresh.sum()),
             "mae": {n: float(e.mean()) for n, e in errors.items()},
             "mae_where_predicted": {n: float(e[fresh].mean()) for n, e in errors.items()},

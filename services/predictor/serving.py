@@ -14,7 +14,7 @@ This is the engine-side half of ARES (spec §1.2.6). A decode engine calls
 - ``release`` when the request leaves.
 
 The project's decode loop (``decode.Decoder``) runs it with SmolLM2 in ``poise predictor online``, and the GPU
-benchmark (``tests/bench/predictor_gpu.py``) at 8B scale. An SGLang decode worker needs the same four calls in
+benchmark (``tests/bench/gpu/serving_overhead.py``) at 8B scale. An SGLang decode worker needs the same four calls in
 its model runner; that hook is not written (services/predictor/README.md, "SGLang").
 """
 
