@@ -52,7 +52,9 @@ class ContinuousPredictor:
         self.k = k
         self._tracks: dict[str, _Track] = {}
         self._predicted: set[str] = set()  # tracked rids that have an estimate
-        self._latest: dict[str, int] = {}  # generated counts at the last iteration (its rows only)
+        # The last iteration's rows and their generated counts, as a dict only once ``remaining`` needs it
+        self._last_rows: tuple[tuple[str, ...], tuple[int, ...]] = ((), ())
+        self._latest: dict[str, int] | None = {}
         self.fresh: set[str] = set()  # rids predicted since the engine last took them (``take_fresh``)
         self._iterations = 0
         self.calls = 0  # predictor invocations (one per predicting iteration)
@@ -105,9 +107,9 @@ class ContinuousPredictor:
             raise ValueError("rids and generated differ in length")
         self._iterations += 1
         # This runs every iteration: off the cycle, when every row has an estimate already (the usual case),
-        # it costs two C-level passes over the batch, not a Python loop (measured on an H100 decode loop:
+        # it costs C-level passes over the batch, not a Python loop (measured on an H100 decode loop:
         # tests/bench/gpu/serving_overhead.py).
-        self._latest = dict(zip(rids, generated, strict=True))
+        self._last_rows, self._latest = (tuple(rids), tuple(generated)), None
         due = self._iterations % self.k == 0
         if not due and self._predicted.issuperset(rids):
             return False
@@ -135,11 +137,14 @@ class ContinuousPredictor:
     def remaining(self, rid: str, generated: int | None = None) -> float:
         """The estimate for ``rid`` now (at ``generated`` tokens, default the latest known)."""
         track = self._tracks[rid]
-        gen = self._latest.get(rid, track.generated) if generated is None else generated
-        cap = max(track.max_new_tokens - gen, 0)
+        if generated is None:
+            if self._latest is None:
+                self._latest = dict(zip(*self._last_rows, strict=True))
+            generated = self._latest.get(rid, track.generated)
+        cap = max(track.max_new_tokens - generated, 0)
         if track.predicted is None:
             return float(cap)
-        counted_down = max(1.0, track.predicted - (gen - track.generated_at))
+        counted_down = max(1.0, track.predicted - (generated - track.generated_at))
         return float(min(counted_down, cap))
 
     def predicted_at(self, rid: str) -> int | None:

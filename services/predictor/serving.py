@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from services.predictor.model import LengthMLP, PredictorMeta, as_predict_fn, load_checkpoint
-from services.predictor.online import ContinuousPredictor, HiddenSource
+from services.predictor.online import ContinuousPredictor, HiddenSource, PredictFn
 from shared.protocol.length_prediction import PREDICTION_FIELD
 
 
@@ -38,12 +38,13 @@ class EnginePredictor:
     """
 
     def __init__(self, model: LengthMLP, meta: PredictorMeta, *, k: int | None = None,
-                 sync: Any = None) -> None:
+                 sync: Any = None, predict: PredictFn | None = None) -> None:
+        """``predict`` replaces the model's own call, e.g. with a replay of it captured in a CUDA graph."""
         self.meta = meta
         self.k = k or meta.k
         self._sync = sync
         self.seconds = 0.0
-        mlp = as_predict_fn(model)
+        mlp = predict or as_predict_fn(model)
 
         def timed(states: Any) -> Any:
             t0 = time.perf_counter()

@@ -24,9 +24,10 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+import numpy as np
 import torch
 
-from services.predictor.model import LengthMLP, PredictorMeta
+from services.predictor.model import Y_SCALE, LengthMLP, PredictorMeta
 from services.predictor.serving import EnginePredictor
 from tests.bench.gpu.llama_forward import TINY, Clock, Llama, Shape, capture
 
@@ -50,6 +51,26 @@ def loop(step: Any, ids: torch.Tensor, states: torch.Tensor, predictor: EnginePr
     return out
 
 
+def graphed(mlp: LengthMLP, states: torch.Tensor) -> Any:
+    """The MLP on the static ``states`` buffer, replayed from a CUDA graph (as an engine would run it inside
+    its own decode graph): one launch instead of one per operator, then B numbers to the host."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            mlp(states)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = mlp(states)
+
+    def predict(_states: Any) -> np.ndarray:  # the states are the buffer the graph reads
+        graph.replay()
+        return np.maximum(out.cpu().numpy().astype(np.float64), 0.0) * Y_SCALE
+
+    return predict
+
+
 def measure(model: Llama, clock: Clock, hidden: int, batch: int, context: int, iterations: int,
             rounds: int) -> dict[str, Any]:
     eager = model.decode_step_fn(batch, context)
@@ -61,11 +82,14 @@ def measure(model: Llama, clock: Clock, hidden: int, batch: int, context: int, i
     sync = torch.cuda.synchronize if model.device.type == "cuda" else None
     # "none2" repeats "none" at the end of each round: their difference is the measurement's own noise
     variants: dict[str, Any] = {"none": None, "k20": 20, "k1": 1, "none2": None}
+    if clock.cuda:  # k = 20 with the MLP replayed from a CUDA graph
+        variants = {"none": None, "k20": 20, "k20-graph": 20, "k1": 1, "none2": None}
     times: dict[str, list[float]] = {name: [] for name in variants}
     predictors: dict[str, EnginePredictor] = {}
     for name, k in variants.items():
         if k is not None:
-            predictors[name] = p = EnginePredictor(mlp, meta, k=k, sync=sync)
+            predict = graphed(mlp, states) if name.endswith("-graph") else None
+            predictors[name] = p = EnginePredictor(mlp, meta, k=k, sync=sync, predict=predict)
             p.admit_batch([f"r{i}" for i in range(batch)], [1 << 20] * batch, states)  # also warms the MLP up
     base = {name: (p.seconds, p.online.calls) for name, p in predictors.items()}
     loop(step, ids, states, None, 5, 0)  # warm-up
@@ -83,6 +107,7 @@ def measure(model: Llama, clock: Clock, hidden: int, batch: int, context: int, i
             "overhead_k20": mean["k20"] / mean["none"] - 1, "overhead_k1": mean["k1"] / mean["none"] - 1,
             # a typical iteration at k = 20 predicts nothing: the schedule's bookkeeping and the stream fields
             "bookkeeping_k20": med["k20"] / med["none"] - 1,
+            **({"overhead_k20_graph": mean["k20-graph"] / mean["none"] - 1} if "k20-graph" in mean else {}),
             "noise_none_vs_none": noise,  # the same loop twice: how far apart two runs of it land
             "mlp_s_per_call": {name: (p.seconds - base[name][0]) / max(1, p.online.calls - base[name][1])
                                for name, p in predictors.items()}}
@@ -112,7 +137,8 @@ def main(argv: list[str]) -> int:
             rows.append(row)
             print(f"batch {batch:>3}: step {row['median_s']['none'] * 1e3:.2f} ms, {row['overhead_k20']:+.2%} at "
                   f"k = 20 ({row['bookkeeping_k20']:+.2%} typical iteration), {row['overhead_k1']:+.2%} at k = 1; "
-                  f"none vs none {row['noise_none_vs_none']['mean']:+.2%}",
+                  f"none vs none {row['noise_none_vs_none']['mean']:+.2%}"
+                  + (f"; k = 20, graphed MLP {row['overhead_k20_graph']:+.2%}" if "overhead_k20_graph" in row else ""),
                   flush=True)
     result = {"device": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__,
               "shape": asdict(shape), "rows": rows,
