@@ -186,8 +186,15 @@ def load_trace(path_or_name: str | os.PathLike[str], traces_dir: str | os.PathLi
 
     Short names resolve against ``traces_dir`` (default `default_traces_dir`).
     ``.csv`` files are read as Azure traces, ``.jsonl`` as Mooncake traces.
+    The stress-set names (``stress-step``...) build that `loadgen.stress` workload
+    from the traces in ``traces_dir``.
     """
+    # Imported here: loadgen.stress reads its length pools through this module.
+    from loadgen.stress import STRESS_WORKLOADS, load_stress
+
     text = os.fspath(path_or_name)
+    if text in STRESS_WORKLOADS:
+        return load_stress(text, traces_dir)
     if text in TRACE_FILES:
         directory = Path(traces_dir) if traces_dir is not None else default_traces_dir()
         path = directory / TRACE_FILES[text]
@@ -200,7 +207,8 @@ def load_trace(path_or_name: str | os.PathLike[str], traces_dir: str | os.PathLi
         path = Path(text)
         name = None
         if not path.is_file():
-            raise FileNotFoundError(f"trace file not found: {path} (known short names: {', '.join(TRACE_FILES)})")
+            known = ", ".join([*TRACE_FILES, *STRESS_WORKLOADS])
+            raise FileNotFoundError(f"trace file not found: {path} (known short names: {known})")
     suffix = path.suffix.lower()
     if suffix == ".csv":
         return read_azure_csv(path, name=name)

@@ -11,6 +11,8 @@ What an interval counts:
   about one request latency; the total over time is exact.
 - ``completed`` and the means/percentiles: the subset with ``status == "ok"``; ``mean_*_tokens`` are 0 and
   the p90s ``None`` when nothing completed (or no latency was reported).
+- ``mean_input_tokens_sq``, ``mean_output_tokens_sq``, ``mean_input_output_tokens``: second moments of the
+  completed requests' lengths (what prefill and decode work depend on).
 - ``local_prefilled`` and ``mean_local_input_tokens``: the completed requests that no prefill instance
   prefilled (``prefill_id`` None: DOPD's local prefill on the decode instance, or a colocated engine).
 - ``mean_running_reqs``: for each instance, the mean of ``num_running_reqs`` over its healthy load samples in
@@ -42,6 +44,9 @@ class _Interval:
     output_tokens: int = 0
     local: int = 0  # completed requests prefilled where they were decoded (no prefill instance)
     local_input_tokens: int = 0
+    input_sq: float = 0.0
+    output_sq: float = 0.0
+    input_output: float = 0.0
     ttfts: list[float] = field(default_factory=list)
     tpots: list[float] = field(default_factory=list)
     running_sum: dict[str, float] = field(default_factory=dict)  # instance -> sum of running reqs samples
@@ -63,6 +68,9 @@ class SeriesBuilder:
         cur.completed += 1
         cur.input_tokens += event.input_tokens
         cur.output_tokens += event.output_tokens
+        cur.input_sq += float(event.input_tokens) ** 2
+        cur.output_sq += float(event.output_tokens) ** 2
+        cur.input_output += float(event.input_tokens) * event.output_tokens
         if event.prefill_id is None:
             cur.local += 1
             cur.local_input_tokens += event.input_tokens
@@ -96,6 +104,9 @@ class SeriesBuilder:
             tpot_p90_s=percentile(cur.tpots, 90),
             local_prefilled=cur.local,
             mean_local_input_tokens=cur.local_input_tokens / cur.local if cur.local else 0.0,
+            mean_input_tokens_sq=cur.input_sq / cur.completed if cur.completed else 0.0,
+            mean_output_tokens_sq=cur.output_sq / cur.completed if cur.completed else 0.0,
+            mean_input_output_tokens=cur.input_output / cur.completed if cur.completed else 0.0,
         )
         self.start_unix_s = now_unix_s
         self._cur = _Interval()

@@ -170,7 +170,8 @@ POISE_ENGINE = EngineSpec(prefill_policy="flowprefill", preemption="operator", c
 def _poise(instances: int, split: str | None) -> PolicyMix:
     roles, layout = _roles(instances, split)
     return PolicyMix("poise", roles, LeastLoad(),
-                     f"starts {layout}; DOPD's forecast sets the P:D target, Arrow dispatches and flips within ±1; "
+                     f"starts {layout}; scores every split on the served mix (latency model), flips one at a time "
+                     f"towards a clearly better one; Arrow's SLO-aware dispatch; "
                      f"prompts <= {DOPD_LOCAL_PREFILL.max_local_prefill_tokens} tokens prefilled on decode; "
                      f"engines: {POISE_ENGINE.describe()}", engine=POISE_ENGINE, local_prefill=DOPD_LOCAL_PREFILL,
                      bind=lambda model, ctx: {"dispatch": ArrowDispatch(model, ctx), "pools": PoisePools(model, ctx)})

@@ -50,6 +50,10 @@ _ID_PREFIX = {"prefill": "p", "decode": "d", "null": "c"}
 @dataclass(frozen=True)
 class SimCosts:
     start_s: float = 30.0  # ours: SGLang with an 8B model starts in tens of seconds (weights, CUDA graphs)
+    # A flip's drain ends by this deadline or is called off, the instance back to work in its old role: the
+    # live sidecar's drain timeout (services/planner/config.py drain_timeout_s). Without it a prefill instance
+    # with a deep queue, or a decode instance with long answers, drains for minutes and is lost to both sides.
+    drain_timeout_s: float = 60.0
 
 
 @dataclass
@@ -59,6 +63,7 @@ class Lifecycle:
     timeline: list[tuple[float, int, int]] = field(default_factory=list)  # (t, prefill, decode) provisioned
     events: list[tuple[float, str, str]] = field(default_factory=list)  # (t, instance, what happened)
     flips: int = 0
+    flips_called_off: int = 0  # drains past SimCosts.drain_timeout_s: the flip was abandoned
     starts: int = 0
     stops: int = 0
     migrations: int = 0
@@ -94,6 +99,7 @@ class SimCluster:
         self.lifecycle = Lifecycle()
         self._started_at: dict[str, float] = {}
         self._pending_role: dict[str, Role | None] = {}  # draining instances: the role they come back in, or None
+        self._drain_started: dict[str, float] = {}  # flips being drained: when the drain began
         self._backlog: list[Role] = []  # starts waiting for a GPU that a draining replica will free
         self._prefill_hook: Callable[[SimInstance, list[tuple[SimRequest, int]], float], None] | None = None
         self._next_number = {"prefill": 0, "decode": 0, "null": 0}
@@ -275,7 +281,25 @@ class SimCluster:
         self._pending_role[inst.instance_id] = new_role
         self._log(inst, f"drain to flip to {new_role}")
         self._check_drained(inst)
+        if inst.status == "draining":
+            started = self.queue.now_s
+            self._drain_started[inst.instance_id] = started
+            self.queue.at(started + self.costs.drain_timeout_s, PRIORITY_STEP_END,
+                          lambda: self._drain_deadline(inst, started))
         return True
+
+    def _drain_deadline(self, inst: SimInstance, started_s: float) -> None:
+        """Call off a flip whose drain outlived the deadline: the instance serves on in its old role."""
+        if inst.status != "draining" or self._pending_role.get(inst.instance_id) is None:
+            return
+        if self._drain_started.get(inst.instance_id) != started_s:
+            return  # a later drain of the same instance: its own deadline applies
+        self._pending_role.pop(inst.instance_id)
+        inst.status = "ready"
+        self.lifecycle.flips_called_off += 1
+        self._log(inst, f"drain past {self.costs.drain_timeout_s:g} s: flip called off, ready as {inst.role}")
+        inst.kick()
+        self._release()
 
     def _check_drained(self, inst: SimInstance) -> None:
         if inst.status == "draining" and inst.empty:
@@ -396,7 +420,7 @@ class SimCluster:
 
 def lifecycle_json(lifecycle: Lifecycle) -> dict[str, object]:
     return msgspec.to_builtins({
-        "flips": lifecycle.flips, "starts": lifecycle.starts, "stops": lifecycle.stops,
+        "flips": lifecycle.flips, "flips_called_off": lifecycle.flips_called_off, "starts": lifecycle.starts, "stops": lifecycle.stops,
         "migrations": lifecycle.migrations, "migrations_refused": lifecycle.migrations_refused,
         "gpu_seconds": lifecycle.gpu_seconds, "timeline": [list(p) for p in lifecycle.timeline], "events": [list(e) for e in lifecycle.events],
     })

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 import msgspec
 
 from loadgen.metrics import summarize
+from loadgen.rate_scaling import RateMode, scale_load
 from loadgen.records import RequestRecord
 from loadgen.replay import ReplayResult
 from loadgen.sim.baselines import PolicyMix
@@ -29,8 +30,14 @@ from shared.policies.migration_cost import make_migration_mechanism
 
 def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, *, rate_scale: float = 1.0,
              first_token_delay: FirstTokenDelay = LIVE_STACK_DELAY, slo_classes: SLOClasses | None = None,
-             costs: SimCosts | None = None, control: ControlParams | None = None) -> ReplayResult:
-    """Replay ``workload`` (timestamps divided by ``rate_scale``) against ``mix``; deterministic.
+             costs: SimCosts | None = None, control: ControlParams | None = None,
+             rate_mode: RateMode = "compress", warmup_s: float = 0.0, seed: int = 0) -> ReplayResult:
+    """Replay ``workload`` at ``rate_scale`` times its rate against ``mix``; deterministic.
+
+    ``rate_mode`` says how the rate is raised (``loadgen.rate_scaling``: ``natural`` keeps the trace's clock,
+    ``compress`` divides the timestamps, Arrow's method); ``seed`` draws the natural mode's added arrivals.
+    Requests arriving in the first ``warmup_s`` simulated seconds are served but left out of the summary
+    (every record is still returned).
 
     ``first_token_delay`` is the serving path's handoff delay (default: calibrated on the live stack;
     ``NO_DELAY`` for the bare latency model). With ``slo_classes``, each request gets its class's SLO
@@ -48,7 +55,7 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
     cluster = SimCluster(mix.roles, model, mix.dispatch, queue, first_token_delay, engine=mix.engine, late_binding=late,
                          costs=costs, max_instances=budget, handshake_s=first_token_delay.handshake_s,
                          mechanism=make_migration_mechanism(mix.migration_mechanism, model))
-    scaled = workload.scale_rate(rate_scale)
+    scaled = scale_load(workload, rate_scale, rate_mode, seed=seed)
     if slo_classes is not None:
         scaled = Workload(name=scaled.name, requests=[
             r if r.slo_class is not None else msgspec.structs.replace(r, slo_class=slo_classes.class_for(r.index))
@@ -91,7 +98,7 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
         "local_prefills": getattr(mix.dispatch, "local", 0),
         "first_token_delay_ms": {"median": first_token_delay.median_s * 1e3, "p90": first_token_delay.p90_s * 1e3,
                                  "handshake": first_token_delay.handshake_s * 1e3},
-        "rate_scale": rate_scale, "requests": len(records), "events": queue.processed, "sim_wall_s": wall,
+        "rate_scale": rate_scale, "rate_mode": rate_mode, "warmup_s": warmup_s, "requests": len(records), "events": queue.processed, "sim_wall_s": wall,
         "sim_seconds_per_wall_second": makespan / wall if wall > 0 else None,
         "slo_classes": slo_classes.specs if slo_classes is not None else [],
         "lifecycle": lifecycle_json(cluster.lifecycle),
@@ -99,7 +106,9 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
         "decode_balance": loop.balance.summary() if loop is not None else None,
         "engine_forecast_isl": [list(x) for x in loop.relayed_isl] if loop is not None else [],
     }
-    return ReplayResult(records=records, summary=summarize(records, slo, makespan, slo_classes), wall_s=makespan,
+    counted = [r for r in records if r.arrival_s >= warmup_s] if warmup_s > 0 else records
+    span = makespan - min(warmup_s, makespan)
+    return ReplayResult(records=records, summary=summarize(counted, slo, span, slo_classes), wall_s=makespan,
                         started_at=datetime.now(UTC).isoformat(), config=config)
 
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import httpx
 import msgspec
@@ -39,6 +39,7 @@ from shared.settings import ServiceSettings, parse_settings, settings_config
 
 if TYPE_CHECKING:
     from loadgen.sim.baselines import PolicyMix
+    from loadgen.sim.goodput import Yardstick
 
 
 class SLOClassSettings(ServiceSettings):
@@ -222,6 +223,30 @@ class _SimFields(ReplaySettings):
     decode_kv: str | None = Field(None, description="How simulated decode engines admit KV: whole (prompt + whole output reserved up front, never out of memory; default) or grow (prompt + 512 reserved, growing per token, the newest request retracted when a step does not fit: SGLang's and engine_sim's).")
     local_prefill_max_tokens: int | None = Field(None, ge=0, description="DOPD's local prefill: prompts up to this many tokens are prefilled on their decode instance, with no KV transfer (0 = never; unset = the mix's default).")
     replica_start_s: float = Field(30.0, ge=0.0, description="Seconds a replica the scaling mixes start takes to become ready.")
+    drain_timeout_s: float = Field(60.0, gt=0.0, description="A flip's drain is called off after this many seconds (the planner's drain_timeout_s).")
+    rate_mode: Literal["natural", "compress"] = Field("natural", description="How --rate-scale raises the load: natural (s x the trace's own rate curve at the trace's clock; an hour stays an hour) or compress (timestamps divided by the scale: Arrow's method, to compare with the papers).")
+    warmup_s: float | None = Field(None, ge=0.0, description="Requests arriving in the first this-many simulated seconds are served but not counted (unset: 120 s with --rate-mode natural, at most a fifth of the run; 0 with compress).")
+    seed: int = Field(0, description="Seed of the natural rate mode's added arrivals.")
+    slo_ttft_s: float | None = Field(None, gt=0.0, description="TTFT SLO in seconds (unset: the trace's, Arrow Table 1; required for a trace of your own).")
+    slo_tpot_s: float | None = Field(None, gt=0.0, description="TPOT SLO in seconds (unset: the trace's; required for a trace of your own).")
+
+    def yardstick(self) -> Yardstick:
+        from loadgen.sim.goodput import COMPRESSED, Yardstick
+
+        base = COMPRESSED if self.rate_mode == "compress" else Yardstick()
+        warm = base.warmup_s if self.warmup_s is None else self.warmup_s
+        return Yardstick(rate_mode=self.rate_mode, warmup_s=warm, seed=self.seed)
+
+    def slo_of(self, workload_name: str) -> SLO:
+        """--slo-ttft-s/--slo-tpot-s, each falling back to the trace's own SLO; a PoiseError when neither has one."""
+        from loadgen.slo import TRACE_SLOS
+
+        known = TRACE_SLOS.get(workload_name)
+        ttft = self.slo_ttft_s if self.slo_ttft_s is not None else (known.ttft_s if known else None)
+        tpot = self.slo_tpot_s if self.slo_tpot_s is not None else (known.tpot_s if known else None)
+        if ttft is None or tpot is None:
+            raise PoiseError(f"no SLO known for workload {workload_name!r}: pass --slo-ttft-s and --slo-tpot-s")
+        return SLO(ttft_s=ttft, tpot_s=tpot)
 
     def mix_builder(self, name: str) -> Callable[[], PolicyMix]:
         """A factory of fresh mixes (policies keep state between runs); a bad name or override is a PoiseError."""
@@ -248,11 +273,14 @@ class SimSettings(SLOClassSettings, _SimFields):
 
 # Not SLO classes (yet): the goodput search in loadgen/sim judges attainment against the trace's one SLO.
 class GoodputSettings(_SimFields):
-    """Search the goodput (highest rate with >= 90% SLO attainment) of several policy mixes on one trace."""
+    """Search the goodput (highest rate at which SLO attainment, and attainment at every lower rate tried, is
+    >= the target) of several policy mixes on one trace, on the sustained yardstick (loadgen/sim/goodput.py)."""
 
     model_config = settings_config("POISE_GOODPUT_")
 
-    duration_s: float | None = Field(600.0, description="Length of the slice in trace seconds (Arrow uses 10 minutes of Mooncake).")
+    duration_s: float | None = Field(None, description="Length of the slice in trace seconds (unset = the whole trace, the yardstick; Arrow used 10 minutes of Mooncake).")
+    bisections: int = Field(5, ge=0, description="Bisections between the last passing and the first failing scale (each halves the bracket).")
+    probe_above: int = Field(1, ge=0, description="Scales tried past the first failure (x1.25 apart): a pass there flags the curve non-monotone.")
     policies: list[str] = Field(default_factory=lambda: ["colocated", "static-rr", "static-minload", "static-best",
                                                          "dynamo-load", "dynamo-sla"],
                                 description="Policy mixes to compare (repeat the flag or give a JSON list); static-best tries every split.")
@@ -261,27 +289,34 @@ class GoodputSettings(_SimFields):
 
 def cmd_sim_goodput(argv: list[str]) -> int:
     from loadgen.sim.cluster import SimCosts
-    from loadgen.sim.goodput import search_goodput, static_best
+    from loadgen.sim.goodput import CurvePoint, search_goodput, static_best
     from loadgen.sim.goodput_report import goodput_table, write_goodput_report
-    from loadgen.slo import slo_for
     from services.cli.replay_job import select_workload
     from shared.latency import LatencyModel, load_profile
 
     settings = parse_settings(GoodputSettings, argv, prog="poise sim goodput")
     workload = select_workload(settings)
-    slo = slo_for(workload.name)
+    slo = settings.slo_of(workload.name)
     model = LatencyModel(load_profile(settings.profile))
+    yardstick = settings.yardstick()
+    _print(f"{workload.name}: {len(workload)} requests over {workload.duration_s:.0f} s; {yardstick.describe()}")
     results = []
     for name in settings.policies:
         t0 = time.monotonic()
-        costs = SimCosts(start_s=settings.replica_start_s)
+        costs = SimCosts(start_s=settings.replica_start_s, drain_timeout_s=settings.drain_timeout_s)
+
+        def progress(p: CurvePoint, name: str = name) -> None:
+            _print(f"  {name} at {p.rate_scale:.3g}x: {p.attainment:.1%} attainment")
+
+        search = dict(target=settings.target, costs=costs, yardstick=yardstick, bisections=settings.bisections,
+                      probe_above=settings.probe_above, progress=progress)
         if name == "static-best":
-            result = static_best(workload, settings.instances, model, slo, target=settings.target)
+            result = static_best(workload, settings.instances, model, slo, **search)
         else:
-            result = search_goodput(workload, settings.mix_builder(name), model, slo, target=settings.target,
-                                    costs=costs)
+            result = search_goodput(workload, settings.mix_builder(name), model, slo, **search)  # type: ignore[arg-type]
         _print(f"{name}: goodput {result.goodput_scale:.2f}x ({result.goodput_rps:.2f} req/s), "
-               f"{len(result.points)} runs in {time.monotonic() - t0:.1f}s")
+               f"{len(result.points)} runs in {time.monotonic() - t0:.1f}s"
+               + ("; the curve is not monotone" if result.non_monotone else ""))
         results.append(result)
     out = settings.out_dir or Path(".poise") / "results" / f"goodput-{time.strftime('%Y%m%d-%H%M%S')}"
     command = shlex.join(["poise", "sim", "goodput", *argv])
@@ -289,6 +324,9 @@ def cmd_sim_goodput(argv: list[str]) -> int:
                                  command=command)
     print(goodput_table(results, workload.name, slo, workload.mean_rate_rps))
     print(f"report: {paths['md']}  {paths['json']}  {paths['png']}")
+    if settings.json_out is not None:
+        settings.json_out.parent.mkdir(parents=True, exist_ok=True)
+        settings.json_out.write_bytes(paths["json"].read_bytes())
     return 0
 
 
@@ -298,7 +336,6 @@ def cmd_sim(argv: list[str]) -> int:
     from loadgen.report import format_table, write_report
     from loadgen.sim.cluster import SimCosts
     from loadgen.sim.run import simulate
-    from loadgen.slo import slo_for
     from services.cli.replay_job import select_workload
     from shared.latency import LatencyModel, load_profile
 
@@ -308,13 +345,17 @@ def cmd_sim(argv: list[str]) -> int:
     mix = settings.mix_builder(settings.policy)()
     check_slo_classes(settings)
     workload = select_workload(settings)
-    slo = slo_for(workload.name)
+    slo = settings.slo_of(workload.name)
     classes = slo_classes(settings, slo)
     if classes is not None:
         workload = classes.assign(workload)
         _print(f"SLO classes: {classes.describe()}")
+    yardstick = settings.yardstick()
     result = simulate(workload, mix, LatencyModel(load_profile(settings.profile)), slo, rate_scale=settings.rate_scale,
-                      slo_classes=classes, costs=SimCosts(start_s=settings.replica_start_s))
+                      slo_classes=classes, costs=SimCosts(start_s=settings.replica_start_s,
+                                                          drain_timeout_s=settings.drain_timeout_s),
+                      rate_mode=yardstick.rate_mode, warmup_s=yardstick.warmup_for(workload, settings.rate_scale),
+                      seed=yardstick.seed)
     out = settings.out_dir or Path(".poise") / "results" / f"sim-{time.strftime('%Y%m%d-%H%M%S')}"
     title = f"poise sim: {workload.name}, {mix.description}"
     files = write_report(result, out, title=title, command=shlex.join(["poise", "sim", *argv]), slo=slo,

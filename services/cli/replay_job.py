@@ -24,7 +24,7 @@ from shared.settings import ServiceSettings
 class ReplaySettings(ServiceSettings):
     """Which slice of which trace to replay, and where the report goes."""
 
-    trace: str = Field("azure-conv", description="Trace: azure-code, azure-conv, mooncake-conv, mooncake-synthetic, or a path to an Azure CSV / Mooncake JSONL file.")
+    trace: str = Field("azure-conv", description="Trace: azure-code, azure-conv, mooncake-conv, mooncake-synthetic, a stress-set workload (stress-step, stress-ramp, stress-bursts, stress-mix-shift, stress-diurnal; held out for evaluation, see loadgen/stress.py), or a path to an Azure CSV / Mooncake JSONL file.")
     start_s: float = Field(0.0, description="Where the slice starts in the trace, in seconds.")
     duration_s: float | None = Field(180.0, description="Length of the slice in trace seconds (unset = to the end).")
     max_requests: int | None = Field(None, description="Stop the slice after this many requests.")

@@ -2,7 +2,7 @@
 ``ServiceStatus.details``).
 
 Policies expose different state (Arrow its bounds, DOPD its target split and the model evaluation behind
-it, Poise both), so this reads it with ``getattr`` and defaults instead of widening the PoolPolicy
+it, Poise its target and every split it scored), so this reads it with ``getattr`` and defaults instead of widening the PoolPolicy
 protocol. The planner calls :func:`policy_view` only between decisions, on the event loop, so it never
 reads a policy while the decider thread changes it.
 """
@@ -36,7 +36,11 @@ def target_prefill(policy: Any) -> int | None:
 
 
 def split_reason(policy: Any) -> str:
-    """One line on the model evaluation behind the target (DOPD's last split), empty when there is none."""
+    """One line on the model evaluation behind the target (DOPD's last split, Poise's last scoring), empty when
+    there is none."""
+    describe = getattr(policy, "describe_split", None)
+    if describe is not None:
+        return str(describe())
     dopd = _dopd(policy)
     split = getattr(dopd, "last_split", None) if dopd is not None else None
     if split is None:
@@ -68,6 +72,10 @@ def policy_view(policy: Any) -> dict[str, Any]:
         view["dopd"] = {"target_prefill": getattr(dopd, "target_prefill", None),
                         "last_split": msgspec.to_builtins(split) if split is not None else None,
                         "forecasts": _forecast_stats(getattr(dopd, "decision_s", None) or [])}
+    loads = getattr(policy, "last_loads", None)
+    if loads:
+        view["splits"] = [msgspec.to_builtins(s) for s in loads]
+        view["split_reason"] = split_reason(policy)
     arrow = _arrow(policy)
     if arrow is not None:
         bounds = getattr(arrow, "bounds", None)

@@ -1,111 +1,181 @@
-"""Poise's default pool policy: DOPD's forecast sets the split, Arrow's flips react within it.
+"""Poise's pool policy: score every P:D split of the instances on the traffic it serves, move only when a
+clearly better split holds up, one flip at a time.
 
-How the two are arbitrated. DOPD works on the minute scale: every ``interval_s`` it forecasts ISL and OSL,
-computes the optimal ratio (Eq. 14) and turns it into a target number of prefill instances. Arrow works on
-the second scale: its triggers (TPOT breach, full or busy decode, TTFT pressure) flip single instances. The
-target bounds Arrow: Arrow may move the prefill count at most ``slack`` instances away from DOPD's target,
-and when the count is outside that band (the forecast moved, or at start) DOPD's own flip comes first.
-Arrow may not take a prefill instance below the target while the observed TTFT is already at risk. When
-Arrow's trigger for the side it moved the count to has been quiet for ``settle_s`` (not merely no flip: at
-the band's edge Arrow flips no more while the pressure lasts) and the forecast gave the same target
-``confirm`` intervals in a row, the count drifts back to the target one flip at a time. So a burst gets
-Arrow's quick reaction, and the split returns to the forecast's optimum afterwards, but not to a target seen
-once: a flip drains an instance for as long as its longest request, and the first forecasts (one interval of
-data) swing.
+Every ``interval_s`` the controller reads the monitor's series over the last ``window_s`` (request rate and
+length moments: :class:`shared.policies.split_capacity.Mix`) and the prefill work already queued, and scores
+every split with the capacity model in ``split_capacity`` (the latency profile the engines run on: the same
+model DOPD's Eq. 11-14 come from, generalised to length distributions and local prefill). It then flips one
+instance towards the best split when
+
+- the best split's score is below ``1 - min_gain`` of the current one's, or the current split is past a
+  side's capacity (score > 1) and the best is better at all; and
+- the same direction came out ``confirm`` evaluations in a row (one interval's mix can be an outlier).
+
+What keeps it stable, and why each rule is there:
+
+- No flip while one is in flight: the next decision sees the last flip's effect (a flip drains an instance,
+  so two at once take two instances away from serving).
+- ``cooldown_s`` after a flip before the next, and an instance that flipped stays ``min_dwell_s`` in its new
+  role: at most one flip per instance per ``min_dwell_s``, so no ping-pong.
+- The hysteresis ``min_gain`` and the smoothing ``window_s``: a split is only worth a drain when the model
+  says it is clearly better over minutes, not seconds; the drain costs the instance's work for its length.
+- A drain has a deadline (the planner's ``drain_timeout_s``; the simulator's ``SimCosts.drain_timeout_s``):
+  after it the flip is called off and the instance keeps its role.
+
+The controller does not forecast: the splits it scores are flat in the rate (both sides' loads are linear
+in it), so what moves the best split is the length mix, which the window tracks; the load level only sets
+whether a move is worth its drain. The queued prefill work counts as extra load spread over
+``backlog_horizon_s``, so a burst that outruns the window still shows.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 
 import msgspec
 
 from shared.latency import LatencyModel
-from shared.policies.arrow import ArrowParams, ArrowPools
 from shared.policies.context import PolicyContext
-from shared.policies.dopd import DopdParams, DopdPools, flip_towards
-from shared.policies.pools import PoolDecision
-from shared.protocol.messages import ClusterSnapshot
-
-
-def _arrow_inside_poise() -> ArrowParams:
-    # With DOPD provisioning ahead of the load, Arrow only answers breaches: D→P once the TTFT SLO would be
-    # missed (Arrow's own threshold, not the earlier one Arrow alone needs), and no idle-prefill rule (the
-    # forecast ratio covers that case). With the idle rule and the early threshold, Poise lost 8% goodput on
-    # Mooncake to drains; without them it matched static-best (python -m tests.bench.sim_goodput).
-    # Poise's engines prefill by deadline (FlowPrefill), which Arrow's FCFS TTFT prediction does not model:
-    # a D→P flip also needs the observed TTFT P90 past half the SLO. Without that check Poise flipped a decode
-    # instance on a predicted breach the engines never had and lost to FlowPrefill on a static 4P4D on Azure
-    # conversation's mixed-SLO benchmark (23.5x vs 24.0x); with it, 24.0x, and Azure code's rose from 15.5x
-    # to 17.0x, with the single-SLO goodput unchanged on all three traces (tests/bench/prefill_scheduling.py,
-    # sim_goodput.py).
-    return ArrowParams(d2p_ttft_frac=1.0, idle_s=math.inf, d2p_observed_frac=0.5)
+from shared.policies.pools import PoolDecision, RoleChange
+from shared.policies.split_capacity import Mix, SideLoad, best_split, split_loads
+from shared.protocol.messages import ClusterSnapshot, InstanceLoad, SeriesPoint
 
 
 class PoiseParams(msgspec.Struct, frozen=True, kw_only=True):
-    slack: int = 1  # Arrow may flip this many instances away from DOPD's target
-    settle_s: float = 30.0  # after this long with Arrow's pressure over (and no flip), drift back to DOPD's target
-    # Drift only to a target the forecast gave this many intervals in a row (spec-arrow-dopd.md erratum 7's
-    # "two consecutive intervals"). Without it, Poise drained a decode instance for 22 s on Azure
-    # conversation's first forecast and flipped it back 30 s later (tests/bench/prefill_scheduling.py).
-    confirm: int = 2
-    arrow: ArrowParams = msgspec.field(default_factory=_arrow_inside_poise)
-    dopd: DopdParams = msgspec.field(default_factory=DopdParams)
+    interval_s: float = 10.0  # how often the splits are scored
+    window_s: float = 120.0  # the traffic mix planned for: the series' last window
+    prefill_target: float = 0.8  # prefill utilisation that counts as full (queues need headroom for bursts)
+    decode_target: float = 0.95  # decode utilisation that counts as full (the TPOT SLO is already in it)
+    min_gain: float = 0.25  # move only to a split scoring this much lower than the current one
+    confirm: int = 2  # the same direction in this many evaluations in a row
+    cooldown_s: float = 30.0  # after a flip, before the next
+    min_dwell_s: float = 300.0  # an instance that flipped keeps its new role at least this long
+    backlog_horizon_s: float = 60.0  # queued prefill work is load spread over this many seconds
 
 
 class PoisePools:
     name = "poise"
-    note = "poise: DOPD's forecast sets the P:D target, Arrow flips within ±1 of it"
+    note = "poise: scores every P:D split on the served mix (latency model), flips one at a time towards a clearly better one"
 
     def __init__(self, model: LatencyModel, ctx: PolicyContext, params: PoiseParams | None = None) -> None:
+        self.model, self.ctx = model, ctx
         self.params = params or PoiseParams()
-        self.dopd = DopdPools(model, ctx, self.params.dopd)
-        self.arrow = ArrowPools(model, ctx, self.params.arrow)
-        self.interval_s = self.arrow.interval_s
-        self._next_forecast = float("-inf")
-        self._streak = 0  # consecutive forecasts that gave the current target
+        self.interval_s = self.params.interval_s
+        self._last_flip_s = float("-inf")
+        self._flipped_at: dict[str, float] = {}
+        self._streak = 0  # evaluations in a row that wanted the current direction
+        self._direction = 0  # +1: more prefill, -1: more decode, 0: stay
+        self.last_loads: list[SideLoad] = []  # the newest scoring, for logs, status and tests
+        self.last_mix: Mix | None = None
+        self.decisions = 0
+
+    @property
+    def target_prefill(self) -> int | None:
+        """The best split's prefill count at the newest scoring (None before the first)."""
+        return best_split(self.last_loads).prefill if self.last_loads else None
+
+    def describe_split(self) -> str:
+        """One line on the newest scoring: the mix and the best split (for the planner's events and status)."""
+        if not self.last_loads or self.last_mix is None:
+            return ""
+        m, best = self.last_mix, best_split(self.last_loads)
+        return (f"mix {m.rate_rps:.1f} req/s, ISL {m.isl:.0f}, OSL {m.osl:.0f} -> best {best.prefill}P{best.decode}D "
+                f"(score {best.score:.2f}: P {best.rho_prefill:.2f}, D {best.rho_decode:.2f})")
 
     def decide(self, snapshot: ClusterSnapshot, now_s: float) -> PoolDecision | None:
-        if now_s >= self._next_forecast:
-            self._next_forecast = now_s + self.dopd.interval_s
-            before = self.dopd.target_prefill
-            self.dopd.update_target(snapshot)
-            self._streak = self._streak + 1 if self.dopd.target_prefill == before else 1
-        target = self.dopd.target_prefill
-        if target is None:
-            return self.arrow.decide(snapshot, now_s)  # no forecast yet: Arrow alone
-        slack = self.params.slack
-        # Below the target only while TTFT is not already at risk: with decode full too, both sides are short.
-        # Arrow gives decode priority, but a prefill instance taken below the forecast's split only moves the
-        # shortage; the ratio, which prices both sides, arbitrates (Mooncake at 2x under a 25 ms TPOT: 61.0%
-        # to 65.5% E2E attainment).
-        self.arrow.bounds = (target if self._ttft_at_risk(snapshot) else target - slack, target + slack)
-        prefills = sum(1 for i in snapshot.instances if i.info.role == "prefill" and i.info.status == "ready")
-        if not target - slack <= prefills <= target + slack:
-            changes = flip_towards(snapshot, target, "poise (dopd target)")
-            for change in changes:
-                self.arrow.note_flip(change.instance_id, now_s)
-            return PoolDecision(changes=changes)
-        decision = self.arrow.decide(snapshot, now_s)
-        if decision is not None and decision.changes:
-            return decision
-        if prefills != target and self._settled(prefills > target, now_s) and self._streak >= self.params.confirm:
-            # The burst Arrow reacted to is over: back to the forecast's optimum.
-            changes = flip_towards(snapshot, target, "poise (back to the dopd target)")
-            for change in changes:
-                self.arrow.note_flip(change.instance_id, now_s)
-            return PoolDecision(changes=changes)
+        if any(i.info.status in ("draining", "switching") for i in snapshot.instances):
+            return None  # one flip at a time: the next decision sees this one's effect
+        mix = mix_of(snapshot.series, self.params.window_s)
+        if mix is None:
+            return None
+        ready = [i for i in snapshot.instances if i.info.status == "ready" and i.load is not None
+                 and i.info.role in ("prefill", "decode")]
+        prefills = [i for i in ready if i.info.role == "prefill"]
+        decodes = [i for i in ready if i.info.role == "decode"]
+        if not prefills or not decodes:
+            return None
+        total = len(prefills) + len(decodes)
+        backlog_s = sum(self._queued_prefill_s(i, mix) for i in prefills)
+        loads = split_loads(self.model, mix, total, self.ctx.tpot_slo_s, prefill_target=self.params.prefill_target,
+                            decode_target=self.params.decode_target, min_per_role=self.ctx.min_per_role,
+                            prefill_backlog_s=backlog_s / self.params.backlog_horizon_s)
+        self.last_loads, self.last_mix = loads, mix
+        self.decisions += 1
+        current = next(s for s in loads if s.prefill == len(prefills))
+        best = best_split(loads, len(prefills))
+        worth = best.score < current.score * (1.0 - self.params.min_gain) or (current.score > 1.0 and best.score < current.score)
+        direction = 0 if best.prefill == current.prefill or not worth else (1 if best.prefill > current.prefill else -1)
+        self._streak = self._streak + 1 if direction == self._direction and direction != 0 else int(direction != 0)
+        self._direction = direction
+        if direction == 0 or self._streak < self.params.confirm or now_s - self._last_flip_s < self.params.cooldown_s:
+            return None
+        change = self._flip(decodes if direction > 0 else prefills, "prefill" if direction > 0 else "decode",
+                            now_s, f"poise: {current.prefill}P{current.decode}D scores {current.score:.2f} "
+                                   f"(P {current.rho_prefill:.2f}, D {current.rho_decode:.2f}), "
+                                   f"{best.prefill}P{best.decode}D {best.score:.2f}")
+        return PoolDecision(changes=[change] if change is not None else [])
+
+    def _flip(self, side: Sequence[InstanceLoad], new_role: str, now_s: float, reason: str) -> RoleChange | None:
+        """The instance of ``side`` that drains soonest, among those not dwelling after a flip of their own."""
+        if len(side) <= self.ctx.min_per_role:
+            return None
+        movable = [i for i in side if now_s - self._flipped_at.get(i.info.instance_id, float("-inf"))
+                   >= self.params.min_dwell_s]
+        if not movable:
+            return None
+        victim = min(movable, key=lambda i: (_work(i), i.info.instance_id))
+        self._last_flip_s = now_s
+        self._flipped_at[victim.info.instance_id] = now_s
+        self._streak = 0
+        return RoleChange(instance_id=victim.info.instance_id, new_role=new_role,  # type: ignore[arg-type]
+                          reason=reason)
+
+    def _queued_prefill_s(self, inst: InstanceLoad, mix: Mix) -> float:
+        """Prefill seconds waiting on ``inst``: its queued uncached tokens at the mix's mean prompt length."""
+        load = inst.load
+        if load is None or load.num_waiting_uncached_tokens <= 0:
+            return 0.0
+        tokens = load.num_waiting_uncached_tokens
+        p = self.model.profile
+        n = max(1, load.num_waiting_reqs)
+        mean = tokens / n
+        return (n * p.prefill_overhead_s + p.prefill_s_per_token * tokens
+                + p.prefill_s_per_token2 * tokens * mean) * self.model.time_scale
+
+
+def _work(inst: InstanceLoad) -> float:
+    """How long ``inst`` takes to drain, roughly: its queued and running requests and the tokens they hold."""
+    load = inst.load
+    if load is None:
+        return 0.0
+    running = load.num_running_tokens if load.num_running_tokens is not None else load.num_used_tokens
+    return load.num_waiting_reqs + load.num_running_reqs + load.prefill_queue_reqs + running / 1e4
+
+
+def mix_of(series: Sequence[SeriesPoint], window_s: float) -> Mix | None:
+    """The traffic of the series' last ``window_s``: arrival rate and the completed requests' length moments
+    (None until something completed)."""
+    if not series:
+        return None
+    end = series[-1].start_unix_s + series[-1].interval_s
+    window = [p for p in series if p.start_unix_s + p.interval_s > end - window_s]
+    done = sum(p.completed for p in window)
+    span = sum(p.interval_s for p in window)
+    if done == 0 or span <= 0:
         return None
 
-    def _settled(self, above: bool, now_s: float) -> bool:
-        """No flip for ``settle_s``, and Arrow's trigger for the side it moved the count to quiet as long: an
-        Arrow held at the band's edge flips no more, but its pressure is not over (the side it moved to is
-        prefill when the count is above the target)."""
-        quiet_since = max(self.arrow.last_flip_s, self.arrow.wanted_s["prefill" if above else "decode"])
-        return now_s - quiet_since >= self.params.settle_s
+    def mean(field: str) -> float:
+        return sum(getattr(p, field) * p.completed for p in window) / done
 
-    def _ttft_at_risk(self, snapshot: ClusterSnapshot) -> bool:
-        """The monitor's latest TTFT P90 past the share of the SLO that Arrow's D→P check also requires."""
-        frac = self.params.arrow.d2p_observed_frac
-        observed = next((p.ttft_p90_s for p in reversed(snapshot.series) if p.ttft_p90_s is not None), None)
-        return frac is not None and observed is not None and observed > frac * self.arrow.ctx.ttft_slo_s
+    local = sum(p.local_prefilled for p in window)
+    isl, osl = mean("mean_input_tokens"), mean("mean_output_tokens")
+
+    def moment(field: str, fallback: float) -> float:
+        # A monitor that sends no second moments (0.0) is read as equal lengths.
+        value = mean(field)
+        return value if value > 0 else fallback
+
+    return Mix(rate_rps=sum(p.arrivals for p in window) / span, isl=isl, osl=osl,
+               isl_sq=moment("mean_input_tokens_sq", isl * isl), osl_sq=moment("mean_output_tokens_sq", osl * osl),
+               isl_osl=moment("mean_input_output_tokens", isl * osl), local_share=local / done,
+               local_isl=sum(p.mean_local_input_tokens * p.local_prefilled for p in window) / local if local else 0.0)

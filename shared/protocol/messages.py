@@ -118,6 +118,12 @@ class SeriesPoint(msgspec.Struct, frozen=True, kw_only=True):
     # DOPD's ratio prices prefill instances only for the rest.
     local_prefilled: int = 0
     mean_local_input_tokens: float = 0.0
+    # Second moments of the completed requests' lengths (0 when none completed): prefill time is quadratic in
+    # the prompt and a decode step reads every running request's context, so the work a mix costs depends on
+    # them, not on the means alone (shared/policies/split_capacity.py).
+    mean_input_tokens_sq: float = 0.0
+    mean_output_tokens_sq: float = 0.0
+    mean_input_output_tokens: float = 0.0
 
 
 class DecodeRequestInfo(msgspec.Struct, frozen=True, kw_only=True):

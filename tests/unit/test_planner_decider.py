@@ -108,7 +108,7 @@ def test_policy_view_reads_what_each_policy_keeps(name: str) -> None:
     view = policy_view(policy)
     assert view["name"] == name and view["note"]
     assert ("dopd" in view) == (name in ("dopd", "poise"))
-    assert ("arrow" in view) == (name in ("arrow", "poise"))
+    assert ("arrow" in view) == (name == "arrow")
     assert target_prefill(policy) is None  # no forecast before the first decision
 
 

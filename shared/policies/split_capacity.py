@@ -1,0 +1,103 @@
+"""How loaded each P:D split of a fixed GPU count would be under a given traffic mix: the model the Poise
+controller scores candidate splits with.
+
+The traffic is a request rate and the moments of its lengths (:class:`Mix`). Each side's load is a
+utilisation, 1.0 meaning the side can no longer meet its SLO on average:
+
+- prefill: ``rho_P = rate * W_P / p``, with ``W_P`` the mean prefill seconds one request costs
+  (``overhead + a * E[L] + b * E[L^2]`` on the latency profile, exact for its quadratic shape), less the prompts
+  that DOPD's local prefill keeps on the decode instances;
+- decode: a decode instance with per-instance rate ``r`` runs ``n = r * OSL * T`` requests holding
+  ``K = r * T * E[OSL * ISL + OSL^2 / 2]`` context tokens (Little's law per step), and a step costs
+  ``T = o + s * n + c * K`` on the profile. Solved for ``T``: ``T = o / (1 - u)`` with
+  ``u = r * (s * E[OSL] + c * E[OSL * ISL + OSL^2 / 2])`` (plus the local prefill work), so the TPOT SLO
+  holds while ``u <= 1 - o / SLO``: ``rho_D = u / (1 - o / SLO)``. KV in use (whole outputs reserved, as the
+  engines admit) and the running-request cap bound it too.
+
+The split's load is the larger of the two, each over its own target (prefill queues need headroom for
+bursts; a decode batch runs at its SLO up to the line). Pure arithmetic, no state.
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+
+from shared.latency import LatencyModel
+
+
+class Mix(msgspec.Struct, frozen=True, kw_only=True):
+    """Traffic as the capacity model needs it: a rate and length moments (tokens)."""
+
+    rate_rps: float
+    isl: float
+    osl: float
+    isl_sq: float  # E[ISL^2]
+    osl_sq: float  # E[OSL^2]
+    isl_osl: float  # E[ISL * OSL]
+    local_share: float = 0.0  # share of requests prefilled on their decode instance (DOPD's local prefill)
+    local_isl: float = 0.0  # their mean prompt length
+
+
+class SideLoad(msgspec.Struct, frozen=True, kw_only=True):
+    prefill: int
+    decode: int
+    rho_prefill: float
+    rho_decode: float
+    score: float  # max of the two over their targets: > 1 means a side is past what it can serve
+
+
+def prefill_seconds(model: LatencyModel, mix: Mix) -> float:
+    """Mean prefill-instance seconds per request (averaged over every request; local ones cost none)."""
+    p = model.profile
+    f = min(1.0, max(0.0, mix.local_share))
+    loc = mix.local_isl if f > 0 else 0.0
+    linear = max(0.0, mix.isl - f * loc)
+    quad = max(0.0, mix.isl_sq - f * loc * loc)
+    return ((1.0 - f) * p.prefill_overhead_s + p.prefill_s_per_token * linear + p.prefill_s_per_token2 * quad) \
+        * model.time_scale
+
+
+def decode_rho(model: LatencyModel, mix: Mix, decode: int, tpot_slo_s: float) -> float:
+    """Decode load of ``decode`` instances: the largest of the TPOT, KV and running-request bounds."""
+    if decode <= 0:
+        return math.inf
+    p = model.profile
+    r = mix.rate_rps / decode
+    ctx_steps = mix.isl_osl + mix.osl_sq / 2.0  # context tokens read over a request's decode steps
+    local = mix.local_share * model.prefill_work_s(int(mix.local_isl)) if mix.local_share > 0 else 0.0
+    u = r * ((p.decode_s_per_seq * mix.osl + p.decode_s_per_context_token * ctx_steps) * model.time_scale + local)
+    overhead = p.decode_overhead_s * model.time_scale
+    room = 1.0 - overhead / tpot_slo_s
+    if room <= 0:
+        return math.inf
+    rho_tpot = u / room
+    step = overhead / (1.0 - u) if u < 1.0 else tpot_slo_s
+    step = min(step, tpot_slo_s)
+    kv = r * step * (mix.isl_osl + mix.osl_sq) / p.kv_capacity_tokens  # whole outputs reserved while running
+    running = r * step * mix.osl / p.max_running_requests
+    return max(rho_tpot, kv, running)
+
+
+def split_loads(model: LatencyModel, mix: Mix, instances: int, tpot_slo_s: float, *,
+                prefill_target: float = 0.8, decode_target: float = 0.95, min_per_role: int = 1,
+                prefill_backlog_s: float = 0.0) -> list[SideLoad]:
+    """Every split of ``instances`` with at least ``min_per_role`` a side, with its loads and score;
+    ``prefill_backlog_s`` is prefill work already queued, in instance-seconds per second."""
+    w_p = prefill_seconds(model, mix)
+    out = []
+    for p in range(min_per_role, instances - min_per_role + 1):
+        d = instances - p
+        rho_p = (mix.rate_rps * w_p + prefill_backlog_s) / p
+        rho_d = decode_rho(model, mix, d, tpot_slo_s)
+        out.append(SideLoad(prefill=p, decode=d, rho_prefill=rho_p, rho_decode=rho_d,
+                            score=max(rho_p / prefill_target, rho_d / decode_target)))
+    return out
+
+
+def best_split(loads: list[SideLoad], current: int | None = None) -> SideLoad:
+    """The split with the lowest score; among near-equal ones (within 2%), the closest to ``current``."""
+    low = min(s.score for s in loads)
+    near = [s for s in loads if s.score <= low * 1.02 + 1e-12]
+    return min(near, key=lambda s: (abs(s.prefill - current) if current is not None else 0, s.score))

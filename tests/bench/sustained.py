@@ -1,0 +1,186 @@
+"""Sustained serving: the adaptive P:D controller against every fixed split and colocated serving, on whole
+traces at natural time and on the held-out stress set (8 instances, Llama-3.1-8B/H100 profile).
+
+The yardstick is ``loadgen.sim.goodput``'s default: the load raised at natural time (``s`` times the trace's
+own rate curve), the first 120 s not counted, goodput the highest scale at which attainment there and at
+every lower scale tried is >= 90%, one scale past the first failure probed for a non-monotone curve.
+
+Which workloads parameters may be tuned on (docs/evaluation.md): ``TUNE`` (the two Azure 2023 traces); the
+rest (``HELD_OUT``: Mooncake conversation and the stress set of ``loadgen/stress.py``) is only reported.
+
+Per workload: every fixed split (the oracle ``static-best`` is the best of them), colocated, and poise
+starting from the even split 4P4D. Then the controller's goals are checked on the same runs:
+
+- never below the split it starts from at a scale where that split holds >= 90% (poise is simulated at each
+  such scale it was not already);
+- goodput >= static-best and >= colocated (the margins are reported; the goal is 1.3x);
+- at most one flip per instance in any 5 minutes, at every scale simulated;
+- TTFT P99 <= 10x the SLO at every scale where the start split holds >= 95%;
+- the mix simulating at >= 150 simulated seconds per wall second.
+
+Writes ``tests/bench/results/sustained/<workload>.{md,json,png}`` and ``sustained.md`` (the summary).
+``--workloads a,b`` runs a subset (written to ``sustained-subset/``); ``--jobs N`` runs N simulations at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import shlex
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+
+from loadgen.sim.baselines import make_mix
+from loadgen.sim.goodput import CurvePoint, GoodputResult, Yardstick, curve_point, search_goodput
+from loadgen.sim.goodput_report import write_goodput_report
+from loadgen.slo import SLO, slo_for
+from loadgen.traces import load_trace
+from shared.latency import LatencyModel, load_profile
+
+OUT = Path("tests/bench/results")
+TUNE = ["azure-code", "azure-conv"]
+HELD_OUT = ["mooncake-conv", "stress-step", "stress-ramp", "stress-bursts", "stress-mix-shift", "stress-diurnal"]
+INSTANCES = 8
+START = "4P4D"
+SPLITS = [f"{p}P{INSTANCES - p}D" for p in range(1, INSTANCES)]
+TARGET = 0.9
+BISECTIONS = 4
+MODEL = LatencyModel(load_profile())
+
+
+def _task(workload: str, policy: str) -> GoodputResult:
+    """One goodput search: ``static-<split>``, ``colocated`` or ``poise`` (starting at 4P4D)."""
+    w = load_trace(workload)
+    slo = slo_for(workload)
+    if policy.startswith("static-"):
+        build = functools.partial(make_mix, "static-minload", INSTANCES, policy.removeprefix("static-"))
+    elif policy == "colocated":
+        build = functools.partial(make_mix, "colocated", INSTANCES)
+    else:
+        build = functools.partial(make_mix, policy, INSTANCES, START)
+    t0 = time.monotonic()
+    result = search_goodput(w, build, MODEL, slo, target=TARGET, bisections=BISECTIONS, probe_above=1)
+    result.policy = policy
+    print(f"  {workload} {policy}: {result.goodput_scale:.2f}x ({len(result.points)} runs, "
+          f"{time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
+    return result
+
+
+def _point(workload: str, policy: str, scale: float) -> CurvePoint:
+    return curve_point(load_trace(workload), make_mix(policy, INSTANCES, START), MODEL, slo_for(workload), scale,
+                       yardstick=Yardstick())
+
+
+def _checks(start: GoodputResult, poise: GoodputResult, slo: SLO) -> dict[str, object]:
+    by_scale = {p.rate_scale: p for p in poise.points}
+    below = [(p.rate_scale, p.attainment, by_scale[p.rate_scale].attainment) for p in start.points
+             if p.attainment >= TARGET and by_scale[p.rate_scale].attainment < p.attainment - 1e-9
+             and by_scale[p.rate_scale].attainment < TARGET]
+    ttft = [(p.rate_scale, by_scale[p.rate_scale].ttft_p99_s) for p in start.points if p.attainment >= 0.95]
+    ttft_bad = [(s, t) for s, t in ttft if t is not None and t > 10 * slo.ttft_s]
+    speeds = [p.sim_speed for p in poise.points if p.sim_speed]
+    return {
+        "below_start_where_it_holds": below,
+        "ttft_p99_over_10x_slo": ttft_bad,
+        "max_flips_per_instance_5min": max((p.max_flips_per_instance_5min for p in poise.points), default=0),
+        "flips_called_off": sum(p.flips_called_off for p in poise.points),
+        "min_sim_speed": min(speeds) if speeds else None,
+    }
+
+
+def run_workload(workload: str, pool: ProcessPoolExecutor, out: Path, command: str) -> dict[str, object]:
+    w = load_trace(workload)
+    slo = slo_for(workload)
+    names = [f"static-{s}" for s in SPLITS] + ["colocated", "poise"]
+    futures = {n: pool.submit(_task, workload, n) for n in names}
+    results = {n: f.result() for n, f in futures.items()}
+    start, poise = results[f"static-{START}"], results["poise"]
+    # Poise at every scale where the start split holds and poise has no point: the "never below" check.
+    have = {p.rate_scale for p in poise.points}
+    missing = sorted(p.rate_scale for p in start.points if p.attainment >= TARGET and p.rate_scale not in have)
+    missing += sorted(p.rate_scale for p in start.points if p.attainment >= 0.95 and p.rate_scale not in have
+                      and p.rate_scale not in missing)
+    for scale, point in zip(missing, pool.map(functools.partial(_point, workload, "poise"), missing), strict=True):
+        poise.points.append(point)
+    poise.points.sort(key=lambda p: p.rate_scale)
+    best = max((results[f"static-{s}"] for s in SPLITS), key=lambda r: r.goodput_scale)
+    oracle = dataclasses.replace(best, policy="static-best",
+                                 description=f"best fixed split: {best.policy.removeprefix('static-')}")
+    shown = [results[f"static-{START}"], oracle, results["colocated"], poise]
+    write_goodput_report(shown, out, trace=workload, slo=slo, trace_rps=w.mean_rate_rps,
+                         command=f"{command}  # {workload}")
+    (out / f"{workload}-all.json").write_text(json.dumps(
+        {n: asdict(r) for n, r in results.items()}, indent=1, default=str))
+    for ext in ("md", "json", "png"):
+        (out / f"goodput.{ext}").rename(out / f"{workload}.{ext}")
+
+    def ratio(a: float, b: float) -> float | None:
+        return a / b if b > 0 else None
+
+    return {
+        "workload": workload, "set": "tune" if workload in TUNE else "held-out", "requests": len(w),
+        "duration_s": w.duration_s, "rate_rps": w.mean_rate_rps,
+        "goodput": {n: r.goodput_scale for n, r in results.items()},
+        "non_monotone": [n for n, r in results.items() if r.non_monotone],
+        "static_best_split": best.policy.removeprefix("static-"),
+        "poise_vs_static_best": ratio(poise.goodput_scale, best.goodput_scale),
+        "poise_vs_colocated": ratio(poise.goodput_scale, results["colocated"].goodput_scale),
+        "poise_vs_start": ratio(poise.goodput_scale, start.goodput_scale),
+        "checks": _checks(start, poise, slo),
+    }
+
+
+def summary_table(rows: list[dict[str, object]]) -> str:
+    lines = ["| workload | set | start 4P4D | static-best (split) | colocated | poise | poise / static-best | "
+             "poise / colocated | below start where it holds | TTFT P99 > 10x SLO | max flips / instance / 5 min | "
+             "slowest sim (s/s) |", "|---" * 12 + "|"]
+    for r in rows:
+        g: dict[str, float] = r["goodput"]  # type: ignore[assignment]
+        c: dict[str, object] = r["checks"]  # type: ignore[assignment]
+        best = max(g[f"static-{s}"] for s in SPLITS)
+
+        def fmt(x: object) -> str:
+            return f"{x:.2f}x" if isinstance(x, float) else "-"
+
+        below = c["below_start_where_it_holds"]
+        ttft = c["ttft_p99_over_10x_slo"]
+        lines.append(
+            f"| {r['workload']} | {r['set']} | {g[f'static-{START}']:.2f}x | {best:.2f}x ({r['static_best_split']}) | "
+            f"{g['colocated']:.2f}x | {g['poise']:.2f}x | {fmt(r['poise_vs_static_best'])} | "
+            f"{fmt(r['poise_vs_colocated'])} | {'none' if not below else below} | {'none' if not ttft else ttft} | "
+            f"{c['max_flips_per_instance_5min']} | {fmt(c['min_sim_speed']).rstrip('x')} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", default=",".join(TUNE + HELD_OUT))
+    parser.add_argument("--jobs", type=int, default=2)
+    args = parser.parse_args()
+    workloads = args.workloads.split(",")
+    subset = workloads != TUNE + HELD_OUT
+    out = OUT / ("sustained-subset" if subset else "sustained")
+    out.mkdir(parents=True, exist_ok=True)
+    command = shlex.join(["python", "-m", "tests.bench.sustained", *sys.argv[1:]])
+    rows = []
+    t0 = time.monotonic()
+    with ProcessPoolExecutor(args.jobs) as pool:
+        for workload in workloads:
+            print(f"{workload} ({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
+            rows.append(run_workload(workload, pool, out, command))
+            (out / "sustained.json").write_text(json.dumps({"command": command, "rows": rows}, indent=1, default=str))
+            (out / "sustained.md").write_text(
+                f"# Sustained serving: poise against every fixed split and colocated\n\nCommand: `{command}`\n\n"
+                f"Yardstick: {Yardstick().describe()}; goodput at {TARGET:.0%} attainment, 8 instances, "
+                f"{BISECTIONS} bisections. Tuned on: {', '.join(TUNE)}; held out: {', '.join(HELD_OUT)}.\n\n"
+                + summary_table(rows))
+    print((out / "sustained.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
