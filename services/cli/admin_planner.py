@@ -51,7 +51,11 @@ def render_pools(reply: AdminReply) -> str:
               f"({pause.get('reason') or 'no reason'})" if d.get("paused") else "running")]
     state = d.get("policy_state") or {}
     dopd = state.get("dopd")
-    if dopd is not None:
+    if state.get("splits") is not None or status.policy == "poise":
+        target = (dopd or {}).get("target_prefill")
+        out.append(f"  poise target: {target} prefill  ({state.get('split_reason')})" if target is not None
+                   else "  poise target: none yet (nothing completed to score the splits on)")
+    elif dopd is not None:
         target = dopd.get("target_prefill")
         line = f"  dopd target: {target} prefill" if target is not None else "  dopd target: none yet (no forecast)"
         split = dopd.get("last_split")

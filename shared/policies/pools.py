@@ -47,7 +47,7 @@ class StaticPools:
     """Keeps the registered roles: the P:D split is whatever the operator launched."""
 
     name = "static"
-    note = "static: keeps the registered roles; adaptive P:D (Arrow/DOPD) comes in a later release"
+    note = "static: keeps the registered roles (the split the engines were launched with; poise adapts it)"
     interval_s = 5.0
 
     def decide(self, snapshot: ClusterSnapshot, now_s: float) -> PoolDecision | None:

@@ -18,8 +18,9 @@ starting from the even split 4P4D. Then the controller's goals are checked on th
 - TTFT P99 <= 10x the SLO at every scale where the start split holds >= 95%;
 - the mix simulating at >= 150 simulated seconds per wall second.
 
-Writes ``tests/bench/results/sustained/<workload>.{md,json,png}`` and ``sustained.md`` (the summary).
-``--workloads a,b`` runs a subset (written to ``sustained-subset/``); ``--jobs N`` runs N simulations at once.
+Writes ``tests/bench/results/sustained/<workload>.{md,json,png}`` and ``sustained.{md,json}`` (the summary).
+``--workloads a,b`` runs some workloads and replaces their rows in the summary (each row keeps the command
+that produced it); ``--jobs N`` runs N simulations at once.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def run_workload(workload: str, pool: ProcessPoolExecutor, out: Path, command: s
     missing = sorted(p.rate_scale for p in start.points if p.attainment >= TARGET and p.rate_scale not in have)
     missing += sorted(p.rate_scale for p in start.points if p.attainment >= 0.95 and p.rate_scale not in have
                       and p.rate_scale not in missing)
-    for scale, point in zip(missing, pool.map(functools.partial(_point, workload, "poise"), missing), strict=True):
+    for _scale, point in zip(missing, pool.map(functools.partial(_point, workload, "poise"), missing), strict=True):
         poise.points.append(point)
     poise.points.sort(key=lambda p: p.rate_scale)
     best = max((results[f"static-{s}"] for s in SPLITS), key=lambda r: r.goodput_scale)
@@ -152,7 +153,7 @@ def summary_table(rows: list[dict[str, object]]) -> str:
         lines.append(
             f"| {r['workload']} | {r['set']} | {g[f'static-{START}']:.2f}x | {best:.2f}x ({r['static_best_split']}) | "
             f"{g['colocated']:.2f}x | {g['poise']:.2f}x | {fmt(r['poise_vs_static_best'])} | "
-            f"{fmt(r['poise_vs_colocated'])} | {'none' if not below else below} | {'none' if not ttft else ttft} | "
+            f"{fmt(r['poise_vs_colocated'])} | {below if below else 'none'} | {ttft if ttft else 'none'} | "
             f"{c['max_flips_per_instance_5min']} | {fmt(c['min_sim_speed']).rstrip('x')} |")
     return "\n".join(lines) + "\n"
 
@@ -163,19 +164,27 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
     workloads = args.workloads.split(",")
-    subset = workloads != TUNE + HELD_OUT
-    out = OUT / ("sustained-subset" if subset else "sustained")
+    unknown = sorted(set(workloads) - set(TUNE + HELD_OUT))
+    if unknown:
+        raise SystemExit(f"unknown workload: {', '.join(unknown)}; known: {', '.join(TUNE + HELD_OUT)}")
+    out = OUT / "sustained"
     out.mkdir(parents=True, exist_ok=True)
     command = shlex.join(["python", "-m", "tests.bench.sustained", *sys.argv[1:]])
-    rows = []
+    summary = out / "sustained.json"
+    kept = json.loads(summary.read_text())["rows"] if summary.exists() else []
+    rows = [r for r in kept if r["workload"] not in workloads]
     t0 = time.monotonic()
     with ProcessPoolExecutor(args.jobs) as pool:
         for workload in workloads:
             print(f"{workload} ({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
-            rows.append(run_workload(workload, pool, out, command))
-            (out / "sustained.json").write_text(json.dumps({"command": command, "rows": rows}, indent=1, default=str))
+            rows.append({**run_workload(workload, pool, out, command), "command": command})
+            order = {w: k for k, w in enumerate(TUNE + HELD_OUT)}
+            rows.sort(key=lambda r: order[str(r["workload"])])
+            summary.write_text(json.dumps({"rows": rows}, indent=1, default=str))
+            commands = sorted({str(r["command"]) for r in rows})
             (out / "sustained.md").write_text(
-                f"# Sustained serving: poise against every fixed split and colocated\n\nCommand: `{command}`\n\n"
+                "# Sustained serving: poise against every fixed split and colocated\n\nCommands (each row names its "
+                "own in sustained.json): " + ", ".join(f"`{c}`" for c in commands) + "\n\n"
                 f"Yardstick: {Yardstick().describe()}; goodput at {TARGET:.0%} attainment, 8 instances, "
                 f"{BISECTIONS} bisections. Tuned on: {', '.join(TUNE)}; held out: {', '.join(HELD_OUT)}.\n\n"
                 + summary_table(rows))

@@ -21,7 +21,7 @@ from services.planner.config import PlannerSettings
 from services.planner.service import PlannerService
 from shared.bus import Bus
 from shared.devservers import EtcdServer, NatsServer, free_port
-from shared.policies.pools import PoolDecision, RoleChange
+from shared.policies.pools import PoolDecision, RoleChange, StaticPools
 from shared.protocol import (
     AdminCommand,
     AdminReply,
@@ -235,7 +235,7 @@ async def test_static_planner_status_and_one_leader_of_two(nats_server: NatsServ
         assert seen.get("a", True) is True and seen.get("b", False) is False
         status = replies[0].status
         assert status is not None and status.policy == "static"
-        assert status.policy_note == "static: keeps the registered roles; adaptive P:D (Arrow/DOPD) comes in a later release"
+        assert status.policy_note == StaticPools.note
         await _until(lambda: a._ticker.ticks > 0)
         assert a._ticker.errors == 0 and a.last_decision is not None and a.last_decision.changes == []
         await a.stop()

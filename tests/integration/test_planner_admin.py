@@ -208,7 +208,7 @@ async def test_admin_cli_pools_flip_pause_and_events(nats_server: NatsServer, et
             code, out, err = await _admin("pools", nats_url=url, ns=ns)
             assert code == 0, err
             assert "PAUSED" in out and "d0" in out and "decode" in out and "policy poise" in out
-            assert "dopd target" in out and "decisions:" in out
+            assert "poise target" in out and "decisions:" in out
             code, out, err = await _admin("flip", "d0", "--to", "prefill", "--reason", "cli", nats_url=url, ns=ns)
             assert code == 0 and "decode -> prefill" in out, (out, err)
 
