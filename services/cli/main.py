@@ -151,6 +151,10 @@ def cmd_up(argv: list[str]) -> int:
         _print(f"try: curl -s {stack.gateway_url}/v1/completions -H 'content-type: application/json' {auth}"
                f"-d '{{\"model\": \"{settings.model}\", \"prompt\": \"Hello\", \"max_tokens\": 8}}'")
         _print("     poise admin status      (Ctrl-C stops the stack)")
+        if settings.planner_policy != "static":
+            _print(f"     poise admin events      (the {settings.planner_policy} planner's flips as they happen)")
+            _print("     poise bench --trace stress-mix-shift --start-s 720 --duration-s 1080 --rate-scale 6   "
+                   "(load whose best split moves)")
         while True:
             time.sleep(1.0)
             dead = stack.check_alive()
@@ -165,7 +169,10 @@ def cmd_up(argv: list[str]) -> int:
 
 
 def cmd_run(argv: list[str]) -> int:
-    settings = parse_settings(RunSettings, argv, prog="poise run")
+    # The main job's defaults (a slice whose load shifts) and its split-over-time comparison: services/cli/run_job.py.
+    from services.cli.run_job import MainJobSettings, run_main_job
+
+    settings = parse_settings(MainJobSettings, argv, prog="poise run")
     check_slo_classes(settings)
     try:
         stack = start_stack(settings)
@@ -174,8 +181,7 @@ def cmd_run(argv: list[str]) -> int:
     try:
         title = (f"poise run: {settings.trace}, {settings.prefill}P{settings.decode}D engine_sim ({settings.profile}), "
                  f"planner {settings.planner_policy}, dispatch {settings.dispatch_policy}")
-        result = replay_with_classes(settings, gateway_url=stack.gateway_url, model=settings.model, title=title,
-                                     label="run")
+        result = run_main_job(settings, stack, title)
         dead = stack.check_alive()
         if dead:
             _print(f"warning: process(es) died during the run: {', '.join(dead)}")

@@ -41,9 +41,13 @@ def select_workload(settings: ReplaySettings) -> Workload:
 
 
 def run_replay(settings: ReplaySettings, *, gateway_url: str, model: str, title: str, label: str,
-               classes: Callable[[SLO], SLOClasses | None] | None = None) -> tuple[ReplayResult, Path]:
+               classes: Callable[[SLO], SLOClasses | None] | None = None,
+               extra: Callable[[ReplayResult, Path, SLO, SLOClasses | None], str | None] | None = None,
+               ) -> tuple[ReplayResult, Path]:
     """Replay the selected slice and write the report. ``classes(trace_slo)`` gives the SLO classes, if any:
-    the requests are then labelled with them and judged by their class's SLO."""
+    the requests are then labelled with them and judged by their class's SLO. ``extra(result, out_dir, slo,
+    classes)``, called once the replay is done, may write more files into the report directory and return
+    Markdown for the report, placed after the table (and printed after it)."""
     workload = select_workload(settings)
     slo = slo_for(workload.name)
     slo_classes = classes(slo) if classes is not None else None
@@ -62,8 +66,11 @@ def run_replay(settings: ReplaySettings, *, gateway_url: str, model: str, title:
         progress=print_progress,
     ))
     out = settings.out_dir or Path(".poise") / "results" / f"{label}-{time.strftime('%Y%m%d-%H%M%S')}"
+    more = extra(result, out, slo, slo_classes) if extra is not None else None
     files = write_report(result, out, title=title, command=shlex.join(["poise", *sys.argv[1:]]), slo=slo,
-                         classes=slo_classes)
+                         classes=slo_classes, extra_markdown=more)
     print(format_table(result.summary, slo))
+    if more:
+        print("\n" + more.rstrip("\n"))
     print(f"\nreport: {files.md}  {files.json}  {files.png}")
     return result, out

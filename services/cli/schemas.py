@@ -9,7 +9,8 @@ from pathlib import Path
 
 from pydantic_settings import BaseSettings
 
-from services.cli.main import BenchSettings, GoodputSettings, RunSettings, SimSettings
+from services.cli.main import BenchSettings, GoodputSettings, SimSettings
+from services.cli.run_job import MainJobSettings
 from services.cli.stack import StackSettings
 from services.engine_sim.config import EngineSimSettings
 from services.gateway.config import GatewaySettings
@@ -28,7 +29,7 @@ SETTINGS: dict[str, type[BaseSettings]] = {
     "migrator": MigratorSettings,
     "engine_sim": EngineSimSettings,
     "stack": StackSettings,
-    "run": RunSettings,
+    "run": MainJobSettings,
     "bench": BenchSettings,
     "sim": SimSettings,
     "goodput": GoodputSettings,

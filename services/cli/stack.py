@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -38,6 +39,14 @@ ENV_PREFIX = {"services.monitor": "POISE_MONITOR_", "services.planner": "POISE_P
               "services.migrator": "POISE_MIGRATOR_", "services.gateway": "POISE_GATEWAY_",
               "services.worker": "POISE_WORKER_"}
 ROLE_PREFIX = {"prefill": "p", "decode": "d", "null": "c"}  # instance ids: p0, d1, c0 (as the local connector's)
+DEFAULT_DISPATCH_POLICY = "least-load"  # with every planner policy but poise
+DEFAULT_PLANNER_POLICY = "poise"  # the P:D controller (shared/policies/poise.py); --planner-policy static turns it off
+#: What the poise planner policy brings with it, unless set: the rest of the simulator's ``poise`` mix
+#: (loadgen/sim/baselines.py ``_poise``: Arrow's SLO-aware dispatch, FlowPrefill in the engines with operator
+#: preemption and no chunks), so the live stack runs the mix the simulator and the report's comparison model.
+#: DOPD's local prefill of short prompts comes with it too (`StackSettings.local_prefill_tokens`).
+POISE_STACK_DEFAULTS: dict[str, Any] = {"dispatch_policy": "arrow", "prefill_policy": "flowprefill",
+                                        "preemption": "operator", "chunked_prefill_size": -1}
 
 
 class StackSettings(ServiceSettings):
@@ -62,15 +71,15 @@ class StackSettings(ServiceSettings):
     gateway_args: list[str] = Field(default_factory=list, description="Extra flags for the gateway (JSON list).")
     planner_args: list[str] = Field(default_factory=list, description="Extra flags for the planner (JSON list), e.g. [\"--tick-interval-s\", \"1\"].")
     ready_timeout_s: float = Field(60.0, description="How long to wait for every engine to register.")
-    planner_policy: str = Field("static", description="The planner's pool policy: static, arrow, dopd or poise.")
-    dispatch_policy: str = Field("least-load", description="The gateway's dispatch policy: least-load, round-robin or arrow.")
+    planner_policy: str = Field(DEFAULT_PLANNER_POLICY, description="The planner's pool policy: poise (the P:D controller: scores every split on the served mix, flips one instance at a time towards a clearly better one), static (roles never change), arrow or dopd. poise also sets, unless given, --dispatch-policy arrow, --prefill-policy flowprefill, --preemption operator, --chunked-prefill-size -1 (the simulator's poise mix) and local prefill of prompts up to 512 tokens.")
+    dispatch_policy: str = Field(None, validate_default=False, description="The gateway's dispatch policy: least-load, round-robin or arrow; unset = arrow with --planner-policy poise, least-load with the others.")  # type: ignore[assignment]  # always set by _planner_policy_implies
     slo_ttft_s: float | None = Field(None, gt=0.0, description="TTFT SLO (s) the planner and gateway policies plan for; unset = the trace's (poise run) or Arrow Table 1's Azure conversation value, 2 s.")
     slo_tpot_s: float | None = Field(None, gt=0.0, description="TPOT SLO (s) the policies plan for; unset = the trace's (poise run) or 0.15 s (Azure conversation).")
     # -- engine scheduling (every engine_sim; see services/engine_sim/config.py) ------------------------------
-    prefill_policy: str | None = Field(None, description="Prefill scheduling policy of every engine (shared.policies PREFILL_POLICIES: fcfs, edf, ...); unset = engine_sim's default (fcfs).")
+    prefill_policy: str | None = Field(None, description="Prefill scheduling policy of every engine (shared.policies PREFILL_POLICIES: fcfs, edf, ...); unset = flowprefill with --planner-policy poise, else engine_sim's default (fcfs).")
     decode_policy: str | None = Field(None, description="Decode batch policy of every engine (shared.policies DECODE_BATCH_POLICIES: continuous, ...); unset = engine_sim's default.")
-    preemption: str | None = Field(None, description="Where prefill engines may switch to a more urgent prompt: chunk (SGLang, at chunk boundaries) or operator (FlowPrefill); unset = chunk.")
-    chunked_prefill_size: int | None = Field(None, description="Prefill chunk size in tokens of every engine (SGLang --chunked-prefill-size); -1 = no chunking; unset = the profile's.")
+    preemption: str | None = Field(None, description="Where prefill engines may switch to a more urgent prompt: chunk (SGLang, at chunk boundaries) or operator (FlowPrefill); unset = operator with --planner-policy poise, else chunk.")
+    chunked_prefill_size: int | None = Field(None, description="Prefill chunk size in tokens of every engine (SGLang --chunked-prefill-size); -1 = no chunking; unset = -1 with --planner-policy poise, else the profile's.")
     # -- decode-to-decode migration (ARES; services/migrator, services/gateway/flow.py) ------------------------
     migration_policy: str = Field("none", description="The migrator's policy (shared.policies MIGRATION_POLICIES: none, ares, llumnix-like, ...).")
     migration_mechanism: str = Field("recompute", description="How moves are carried out: recompute (re-prefill; works with stock SGLang) or kv-transfer (engine_sim's decode-to-decode KV copy).")
@@ -86,6 +95,22 @@ class StackSettings(ServiceSettings):
     auth: bool = Field(True, description="NATS users with per-service permissions, etcd authentication and a gateway API key, with credentials made for this run (<run dir>/credentials.json); --no-auth turns all three off (debugging).")
     api_key: str | None = Field(None, description="The gateway's API key (clients send 'Authorization: Bearer <key>'; poise run's replay does); unset = a random one with auth on (in stack.json), none with --no-auth.")
     spare_worker_ids: int = Field(16, ge=0, description="With auth and the planner's local connector: NATS users made for this many more engine ids per role, for the engines the connector starts.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _planner_policy_implies(cls, data: Any) -> Any:
+        """The poise planner brings the rest of its mix (`POISE_STACK_DEFAULTS`) for every field left unset,
+        the other planners least-load dispatch; a flag or env var given for a field wins. The data here is
+        flags and env merged."""
+        if not isinstance(data, dict):
+            return data
+        poise = data.get("planner_policy", DEFAULT_PLANNER_POLICY) == "poise"
+        implied = POISE_STACK_DEFAULTS if poise else {"dispatch_policy": DEFAULT_DISPATCH_POLICY}
+        merged = dict(data)
+        for field, value in implied.items():
+            if merged.get(field) is None:
+                merged[field] = value
+        return merged
 
     @field_validator("planner_policy", "dispatch_policy", "prefill_policy", "late_binding_policy", "decode_policy")
     @classmethod

@@ -22,11 +22,20 @@ def test_poise_run_replays_and_cleans_up(tmp_path: Path) -> None:
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "first token served" in proc.stderr and "stack stopped" in proc.stderr
+    assert "planner policy poise, dispatch arrow" in proc.stderr  # the default: the P:D controller's mix
     assert "SLO attainment" in proc.stdout  # the report table
     doc = json.loads((out / "report.json").read_text())
     assert doc["summary"]["requests_failed"] == 0 and doc["summary"]["requests_total"] > 0
     assert doc["command"].startswith("poise run")
     assert (out / "report.png").stat().st_size > 10_000 and (out / "report.md").exists()
+    # The split over time: recorded live (as the admin user, auth on) and simulated for the same slice.
+    split = json.loads((out / "split.json").read_text())
+    assert split["live"]["samples"][0]["prefill"] == 2 and split["live"]["samples"][0]["decode"] == 2
+    assert [s["key"] for s in split["simulated"]] == ["poise", "fixed", "static"]
+    assert (out / "split.png").stat().st_size > 10_000
+    report = (out / "report.md").read_text()
+    assert "**Live** (this run): SLO attainment" in report and "**Simulated**" in report
+    assert "**Live** (this run)" in proc.stdout and "(split.png)" in report
     # Nothing of the stack is left running: every process logged to the run dir and is gone.
     leftovers = subprocess.run(["pgrep", "-f", str(tmp_path / "run")], capture_output=True, text=True).stdout
     assert leftovers.strip() == ""

@@ -29,7 +29,10 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     run_dir = tmp_path_factory.mktemp("stack")
-    settings = StackSettings(prefill=2, decode=2, gateway_port=0, monitor_port=0, run_dir=run_dir, model=MODEL)
+    # The static planner: these tests check the plumbing and the roles they set themselves, so no policy flip
+    # may move an engine under them (the default poise planner would, under the replay's load).
+    settings = StackSettings(prefill=2, decode=2, gateway_port=0, monitor_port=0, run_dir=run_dir, model=MODEL,
+                             planner_policy="static")
     s = Stack(settings, progress=print)
     s.start()
     yield s

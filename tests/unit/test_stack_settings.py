@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.cli.main import RunSettings
+from services.cli.run_job import MainJobSettings
 from services.cli.stack import StackSettings
 from shared.errors import ConfigError, PoiseError
 from shared.settings import load_settings, parse_settings
@@ -12,8 +13,44 @@ from shared.settings import load_settings, parse_settings
 
 def test_up_plans_for_arrow_table1_azure_conv_by_default() -> None:
     s = load_settings(StackSettings)
-    assert (s.planner_policy, s.dispatch_policy) == ("static", "least-load")
+    assert (s.planner_policy, s.dispatch_policy) == ("poise", "arrow")
     assert s.planning_slo() == (2.0, 0.15)
+
+
+def test_the_poise_planner_is_the_default_and_brings_its_mix() -> None:
+    # `poise up` and `poise run` run the controller on the simulator's poise mix: Arrow's dispatch, FlowPrefill
+    # engines (operator preemption, no chunks) and local prefill of short prompts.
+    for s in (load_settings(StackSettings), parse_settings(RunSettings, []), parse_settings(MainJobSettings, [])):
+        assert (s.planner_policy, s.dispatch_policy) == ("poise", "arrow")
+        assert s.engine_args() == ["--prefill-policy", "flowprefill", "--preemption", "operator",
+                                   "--chunked-prefill-size", "-1"]
+        args = s.gateway_policy_args()
+        assert args[args.index("--local-prefill-max-tokens") + 1] == "512"
+    # --planner-policy static is the old stack: fixed roles, least-load, stock engines, no local prefill.
+    static = parse_settings(StackSettings, ["--planner-policy", "static"])
+    assert (static.planner_policy, static.dispatch_policy) == ("static", "least-load")
+    assert static.engine_args() == [] and static.gateway_policy_args() == []
+    # What is given wins over what the planner brings.
+    mine = parse_settings(RunSettings, ["--dispatch-policy", "least-load", "--prefill-policy", "fcfs",
+                                        "--chunked-prefill-size", "4096"])
+    assert (mine.planner_policy, mine.dispatch_policy, mine.prefill_policy) == ("poise", "least-load", "fcfs")
+    assert mine.chunked_prefill_size == 4096 and mine.preemption == "operator"
+
+
+def test_poise_run_replays_a_slice_whose_load_shifts_by_default() -> None:
+    s = parse_settings(MainJobSettings, [])
+    assert (s.trace, s.start_s, s.duration_s, s.rate_scale, s.compare) == ("stress-mix-shift", 720.0, 1080.0, 6.0, True)
+    assert s.planning_slo() == (2.0, 0.15)  # the stress set is judged by Azure conversation's SLO
+    assert parse_settings(MainJobSettings, ["--rate-scale", "5"]).start_s == 720.0  # a knob of the main job's slice
+    # Another --trace replays from its start, 180 s at its own rate, as before (and poise bench does).
+    other = parse_settings(MainJobSettings, ["--trace", "azure-code", "--no-compare"])
+    assert (other.start_s, other.duration_s, other.rate_scale, other.compare) == (0.0, 180.0, 1.0, False)
+    assert other.planning_slo() == (3.0, 0.1)
+    # poise bench keeps its own defaults (the Azure conversation trace at its own rate).
+    from services.cli.main import BenchSettings
+
+    bench = parse_settings(BenchSettings, [])
+    assert (bench.trace, bench.start_s, bench.rate_scale) == ("azure-conv", 0.0, 1.0)
 
 
 def test_run_plans_for_the_traces_slo_unless_told_otherwise() -> None:
@@ -33,13 +70,13 @@ def test_unknown_policies_fail_before_anything_starts(field: str) -> None:
 def test_local_prefill_follows_the_dopd_based_planners_unless_set() -> None:
     # DOPD's local prefill of ultra-short prompts: on (the spec's 512 tokens) with the planners whose
     # simulated mixes keep it on, off otherwise; an explicit value, 0 included, wins.
-    assert "--local-prefill-max-tokens" not in load_settings(StackSettings).gateway_policy_args()
+    assert "--local-prefill-max-tokens" not in load_settings(StackSettings, planner_policy="static").gateway_policy_args()
     for policy in ("dopd", "poise"):
         args = parse_settings(RunSettings, ["--planner-policy", policy]).gateway_policy_args()
         assert args[args.index("--local-prefill-max-tokens") + 1] == "512"
     off = parse_settings(RunSettings, ["--planner-policy", "poise", "--local-prefill-max-tokens", "0"])
     assert "--local-prefill-max-tokens" not in off.gateway_policy_args()
-    on = parse_settings(RunSettings, ["--local-prefill-max-tokens", "256"]).gateway_policy_args()
+    on = parse_settings(RunSettings, ["--planner-policy", "static", "--local-prefill-max-tokens", "256"]).gateway_policy_args()
     assert on[on.index("--local-prefill-max-tokens") + 1] == "256"
 
 
@@ -47,6 +84,8 @@ def test_a_migration_policy_makes_the_gateway_stream_non_streaming_legs() -> Non
     from services.gateway.config import GatewaySettings
 
     assert not parse_settings(GatewaySettings, load_settings(StackSettings).gateway_policy_args()).move_non_streaming
+    assert not parse_settings(GatewaySettings, load_settings(StackSettings, planner_policy="static")
+                              .gateway_policy_args()).move_non_streaming
     args = parse_settings(RunSettings, ["--migration-policy", "ares"]).gateway_policy_args()
     assert parse_settings(GatewaySettings, args).move_non_streaming
 
