@@ -11,8 +11,9 @@ What an interval counts:
   about one request latency; the total over time is exact.
 - ``completed`` and the means/percentiles: the subset with ``status == "ok"``; ``mean_*_tokens`` are 0 and
   the p90s ``None`` when nothing completed (or no latency was reported).
-- ``mean_input_tokens_sq``, ``mean_output_tokens_sq``, ``mean_input_output_tokens``: second moments of the
-  completed requests' lengths (what prefill and decode work depend on).
+- ``mean_input_tokens_sq``, ``mean_output_tokens_sq``, ``mean_input_output_tokens``, ``mean_input_tokens_cube``,
+  ``mean_input_sq_output_tokens``: higher moments of the completed requests' lengths (what prefill work, decode
+  work and the KV a prompt holds while it is prefilled depend on).
 - ``local_prefilled`` and ``mean_local_input_tokens``: the completed requests that no prefill instance
   prefilled (``prefill_id`` None: DOPD's local prefill on the decode instance, or a colocated engine).
 - ``mean_running_reqs``: for each instance, the mean of ``num_running_reqs`` over its healthy load samples in
@@ -47,6 +48,8 @@ class _Interval:
     input_sq: float = 0.0
     output_sq: float = 0.0
     input_output: float = 0.0
+    input_cube: float = 0.0
+    input_sq_output: float = 0.0
     ttfts: list[float] = field(default_factory=list)
     tpots: list[float] = field(default_factory=list)
     running_sum: dict[str, float] = field(default_factory=dict)  # instance -> sum of running reqs samples
@@ -71,6 +74,8 @@ class SeriesBuilder:
         cur.input_sq += float(event.input_tokens) ** 2
         cur.output_sq += float(event.output_tokens) ** 2
         cur.input_output += float(event.input_tokens) * event.output_tokens
+        cur.input_cube += float(event.input_tokens) ** 3
+        cur.input_sq_output += float(event.input_tokens) ** 2 * event.output_tokens
         if event.prefill_id is None:
             cur.local += 1
             cur.local_input_tokens += event.input_tokens
@@ -107,6 +112,8 @@ class SeriesBuilder:
             mean_input_tokens_sq=cur.input_sq / cur.completed if cur.completed else 0.0,
             mean_output_tokens_sq=cur.output_sq / cur.completed if cur.completed else 0.0,
             mean_input_output_tokens=cur.input_output / cur.completed if cur.completed else 0.0,
+            mean_input_tokens_cube=cur.input_cube / cur.completed if cur.completed else 0.0,
+            mean_input_sq_output_tokens=cur.input_sq_output / cur.completed if cur.completed else 0.0,
         )
         self.start_unix_s = now_unix_s
         self._cur = _Interval()

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 import msgspec
@@ -314,12 +314,13 @@ def cmd_sim_goodput(argv: list[str]) -> int:
         def progress(p: CurvePoint, name: str = name) -> None:
             _print(f"  {name} at {p.rate_scale:.3g}x: {p.attainment:.1%} attainment")
 
-        search = dict(target=settings.target, costs=costs, yardstick=yardstick, bisections=settings.bisections,
-                      probe_above=settings.probe_above, progress=progress)
+        search: dict[str, Any] = dict(target=settings.target, costs=costs, yardstick=yardstick,
+                                      bisections=settings.bisections, probe_above=settings.probe_above,
+                                      progress=progress)
         if name == "static-best":
             result = static_best(workload, settings.instances, model, slo, **search)
         else:
-            result = search_goodput(workload, settings.mix_builder(name), model, slo, **search)  # type: ignore[arg-type]
+            result = search_goodput(workload, settings.mix_builder(name), model, slo, **search)
         _print(f"{name}: goodput {result.goodput_scale:.2f}x ({result.goodput_rps:.2f} req/s), "
                f"{len(result.points)} runs in {time.monotonic() - t0:.1f}s"
                + ("; the curve is not monotone" if result.non_monotone else ""))

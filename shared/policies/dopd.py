@@ -192,7 +192,24 @@ def forecast_split(policy: object) -> Split | None:
 
 
 class DopdScaling(_Forecasting):
-    """DOPD's PD Manager for elastic clusters: replica counts from the forecast, burst fast path, step limit."""
+    """DOPD's PD Manager for elastic clusters: replica counts from the forecast, burst fast path, step limit.
+
+    Floors on scale-in (ours; the spec has only the streak of lower results). Neither the periodic target nor
+    the GPU budget, when it makes one role give way to the other, takes a role below
+
+    - the fast path's own count on the current measurements: ceil(queued prompts / ``queue_per_prefill``)
+      prefill, ceil(ready decode instances x mean KV use / ``kv_high``) decode. Below it the fast path adds
+      the replicas straight back: the lower count is contradicted by the measurement;
+    - its current count while any of its replicas is still starting. Until they are ready the load observed
+      is the load on fewer replicas, so a lower count says nothing about whether they are needed; and a stop
+      takes a starting replica first, so removing one now wastes its start.
+
+    A lower result below a floor does not count towards the streak, and every fast-path scale-out restarts
+    it: a replica the fast path adds serves ``scale_in_after`` intervals after it is ready, however long it
+    takes to start, before a forecast can remove it. Without the floors a lower forecast (or the budget
+    trading a GPU to the other role) stops the fast path's replicas while they start and the fast path adds
+    them back a second later: starts that never serve.
+    """
 
     name = "dopd"
     note = "dopd: ARIMA forecast of ISL/OSL/concurrency -> optimal P:D counts (Eq. 11-14), burst fast path"
@@ -205,8 +222,13 @@ class DopdScaling(_Forecasting):
 
     def decide(self, snapshot: ClusterSnapshot, now_s: float) -> ScalingTarget | None:
         n_p, n_d = len(active(snapshot, "prefill")), len(active(snapshot, "decode"))
-        burst = self._burst(snapshot, n_p, n_d)
+        floor_p, floor_d = self._floors(snapshot, n_p, n_d)
+        burst = self._burst(snapshot, n_p, n_d, floor_p, floor_d)
         if burst is not None:
+            if burst.prefill > n_p:
+                self._lower_streak["prefill"] = 0
+            if burst.decode > n_d:
+                self._lower_streak["decode"] = 0
             return burst
         if now_s < self._next_periodic:
             return None
@@ -214,9 +236,9 @@ class DopdScaling(_Forecasting):
         split = self._forecast_split(snapshot)
         if split is None:
             return None
-        prefill = self._step("prefill", n_p, split.prefill)
-        decode = self._step("decode", n_d, split.decode)
-        prefill, decode = fit_budget(prefill, decode, self.ctx)
+        prefill = self._step("prefill", n_p, max(split.prefill, floor_p))
+        decode = self._step("decode", n_d, max(split.decode, floor_d))
+        prefill, decode = self._fit(prefill, decode, floor_p, floor_d)
         if (prefill, decode) == (n_p, n_d):
             return None
         return ScalingTarget(prefill=prefill, decode=decode,
@@ -234,7 +256,29 @@ class DopdScaling(_Forecasting):
             self._lower_streak[role] = 0
         return have + max(-self.params.max_step, min(self.params.max_step, want - have))
 
-    def _burst(self, snapshot: ClusterSnapshot, n_p: int, n_d: int) -> ScalingTarget | None:
+    def _floors(self, snapshot: ClusterSnapshot, n_p: int, n_d: int) -> tuple[int, int]:
+        """The counts below which the roles may not be taken now (the class docstring), at most what they have."""
+        ready = [i for i in snapshot.instances if i.info.status == "ready"]
+        queued = sum(_queued(i) for i in ready if i.info.role == "prefill")
+        kv_used = sum(i.load.token_usage for i in ready if i.info.role == "decode" and i.load)
+        floors = []
+        for role, have, need in (("prefill", n_p, math.ceil(queued / self.params.queue_per_prefill)),
+                                 ("decode", n_d, math.ceil(kv_used / self.params.kv_high))):
+            starting = any(i.info.role == role and i.info.status == "starting" for i in snapshot.instances)
+            floors.append(have if starting else min(need, have))
+        return floors[0], floors[1]
+
+    def _fit(self, prefill: int, decode: int, floor_p: int, floor_d: int) -> tuple[int, int]:
+        """``fit_budget``, except that a role it shrinks to make room for the other keeps its floor."""
+        prefill, decode = fit_budget(prefill, decode, self.ctx)
+        cap = self.ctx.max_instances
+        if prefill < floor_p:  # the floors fit (each is at most what the role has): at most one is broken
+            prefill, decode = floor_p, min(decode, cap - floor_p)
+        elif decode < floor_d:
+            prefill, decode = min(prefill, cap - floor_d), floor_d
+        return prefill, decode
+
+    def _burst(self, snapshot: ClusterSnapshot, n_p: int, n_d: int, floor_p: int, floor_d: int) -> ScalingTarget | None:
         prefills = [i for i in snapshot.instances if i.info.role == "prefill" and i.info.status == "ready"]
         decodes = [i for i in snapshot.instances if i.info.role == "decode" and i.info.status == "ready"]
         if not prefills or not decodes:
@@ -248,7 +292,7 @@ class DopdScaling(_Forecasting):
             add_d = min(self.params.max_step, math.ceil(n_d * kv / self.params.kv_high) - n_d)
         if add_p <= 0 and add_d <= 0:
             return None
-        prefill, decode = fit_budget(n_p + max(add_p, 0), n_d + max(add_d, 0), self.ctx)
+        prefill, decode = self._fit(n_p + max(add_p, 0), n_d + max(add_d, 0), floor_p, floor_d)
         if (prefill, decode) == (n_p, n_d):
             return None
         return ScalingTarget(prefill=prefill, decode=decode,

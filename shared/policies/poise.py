@@ -44,12 +44,17 @@ from shared.protocol.messages import ClusterSnapshot, InstanceLoad, SeriesPoint
 class PoiseParams(msgspec.Struct, frozen=True, kw_only=True):
     interval_s: float = 10.0  # how often the splits are scored
     window_s: float = 120.0  # the traffic mix planned for: the series' last window
+    min_completed: int = 30  # fewer finished requests in the window are too few to judge a mix by: no move
     prefill_target: float = 0.8  # prefill utilisation that counts as full (queues need headroom for bursts)
     decode_target: float = 0.95  # decode utilisation that counts as full (the TPOT SLO is already in it)
     min_gain: float = 0.25  # move only to a split scoring this much lower than the current one
     confirm: int = 2  # the same direction in this many evaluations in a row
     cooldown_s: float = 30.0  # after a flip, before the next
     min_dwell_s: float = 300.0  # an instance that flipped keeps its new role at least this long
+    reverse_after_s: float = 300.0  # a flip against the direction of the last one waits this long
+    backoff_s: float = 60.0  # after a flip was called off (drain past its deadline), that direction waits this
+    #                          long, doubling with each call-off in a row, up to ``max_backoff_s``
+    max_backoff_s: float = 600.0
     backlog_horizon_s: float = 60.0  # queued prefill work is load spread over this many seconds
 
 
@@ -65,6 +70,10 @@ class PoisePools:
         self._flipped_at: dict[str, float] = {}
         self._streak = 0  # evaluations in a row that wanted the current direction
         self._direction = 0  # +1: more prefill, -1: more decode, 0: stay
+        self._last_direction = 0  # of the last flip
+        self._pending: tuple[str, str] | None = None  # the last flip (instance, new role), until it is seen done
+        self._called_off = 0  # flips called off in a row
+        self._blocked_until = {1: float("-inf"), -1: float("-inf")}  # per direction, after call-offs
         self.last_loads: list[SideLoad] = []  # the newest scoring, for logs, status and tests
         self.last_mix: Mix | None = None
         self.decisions = 0
@@ -85,7 +94,8 @@ class PoisePools:
     def decide(self, snapshot: ClusterSnapshot, now_s: float) -> PoolDecision | None:
         if any(i.info.status in ("draining", "switching") for i in snapshot.instances):
             return None  # one flip at a time: the next decision sees this one's effect
-        mix = mix_of(snapshot.series, self.params.window_s)
+        self._check_pending(snapshot, now_s)
+        mix = mix_of(snapshot.series, self.params.window_s, self.params.min_completed)
         if mix is None:
             return None
         ready = [i for i in snapshot.instances if i.info.status == "ready" and i.load is not None
@@ -96,18 +106,23 @@ class PoisePools:
             return None
         total = len(prefills) + len(decodes)
         backlog_s = sum(self._queued_prefill_s(i, mix) for i in prefills)
-        loads = split_loads(self.model, mix, total, self.ctx.tpot_slo_s, prefill_target=self.params.prefill_target,
+        loads = split_loads(self.model, mix, total, self.ctx.tpot_slo_s, ttft_slo_s=self.ctx.ttft_slo_s,
+                            prefill_target=self.params.prefill_target,
                             decode_target=self.params.decode_target, min_per_role=self.ctx.min_per_role,
                             prefill_backlog_s=backlog_s / self.params.backlog_horizon_s)
         self.last_loads, self.last_mix = loads, mix
         self.decisions += 1
         current = next(s for s in loads if s.prefill == len(prefills))
         best = best_split(loads, len(prefills))
-        worth = best.score < current.score * (1.0 - self.params.min_gain) or (current.score > 1.0 and best.score < current.score)
+        worth = best.score < current.score * (1.0 - self.params.min_gain)
         direction = 0 if best.prefill == current.prefill or not worth else (1 if best.prefill > current.prefill else -1)
         self._streak = self._streak + 1 if direction == self._direction and direction != 0 else int(direction != 0)
         self._direction = direction
         if direction == 0 or self._streak < self.params.confirm or now_s - self._last_flip_s < self.params.cooldown_s:
+            return None
+        if direction == -self._last_direction and now_s - self._last_flip_s < self.params.reverse_after_s:
+            return None  # no back and forth: the last flip's direction holds for reverse_after_s
+        if now_s < self._blocked_until[direction]:
             return None
         change = self._flip(decodes if direction > 0 else prefills, "prefill" if direction > 0 else "decode",
                             now_s, f"poise: {current.prefill}P{current.decode}D scores {current.score:.2f} "
@@ -125,10 +140,30 @@ class PoisePools:
             return None
         victim = min(movable, key=lambda i: (_work(i), i.info.instance_id))
         self._last_flip_s = now_s
+        self._last_direction = 1 if new_role == "prefill" else -1
         self._flipped_at[victim.info.instance_id] = now_s
+        self._pending = (victim.info.instance_id, new_role)
         self._streak = 0
         return RoleChange(instance_id=victim.info.instance_id, new_role=new_role,  # type: ignore[arg-type]
                           reason=reason)
+
+    def _check_pending(self, snapshot: ClusterSnapshot, now_s: float) -> None:
+        """Once the last flip is over, see whether it happened: an instance back in its old role means the drain
+        outlived its deadline and the flip was called off, so that direction backs off (doubling)."""
+        if self._pending is None:
+            return
+        instance_id, new_role = self._pending
+        inst = next((i for i in snapshot.instances if i.info.instance_id == instance_id), None)
+        self._pending = None
+        if inst is None or inst.info.role == new_role:
+            self._called_off = 0
+            return
+        self._called_off += 1
+        direction = 1 if new_role == "prefill" else -1
+        wait = min(self.params.max_backoff_s, self.params.backoff_s * 2 ** (self._called_off - 1))
+        self._blocked_until[direction] = now_s + wait
+        self._flipped_at.pop(instance_id, None)  # it never changed role: no dwell
+        self._last_direction = 0  # nor does the reverse direction have to wait for it
 
     def _queued_prefill_s(self, inst: InstanceLoad, mix: Mix) -> float:
         """Prefill seconds waiting on ``inst``: its queued uncached tokens at the mix's mean prompt length."""
@@ -152,16 +187,16 @@ def _work(inst: InstanceLoad) -> float:
     return load.num_waiting_reqs + load.num_running_reqs + load.prefill_queue_reqs + running / 1e4
 
 
-def mix_of(series: Sequence[SeriesPoint], window_s: float) -> Mix | None:
+def mix_of(series: Sequence[SeriesPoint], window_s: float, min_completed: int = 1) -> Mix | None:
     """The traffic of the series' last ``window_s``: arrival rate and the completed requests' length moments
-    (None until something completed)."""
+    (None while fewer than ``min_completed`` requests completed in it)."""
     if not series:
         return None
     end = series[-1].start_unix_s + series[-1].interval_s
     window = [p for p in series if p.start_unix_s + p.interval_s > end - window_s]
     done = sum(p.completed for p in window)
     span = sum(p.interval_s for p in window)
-    if done == 0 or span <= 0:
+    if done < max(1, min_completed) or span <= 0:
         return None
 
     def mean(field: str) -> float:
@@ -177,5 +212,7 @@ def mix_of(series: Sequence[SeriesPoint], window_s: float) -> Mix | None:
 
     return Mix(rate_rps=sum(p.arrivals for p in window) / span, isl=isl, osl=osl,
                isl_sq=moment("mean_input_tokens_sq", isl * isl), osl_sq=moment("mean_output_tokens_sq", osl * osl),
-               isl_osl=moment("mean_input_output_tokens", isl * osl), local_share=local / done,
+               isl_osl=moment("mean_input_output_tokens", isl * osl),
+               isl_cube=mean("mean_input_tokens_cube"), isl_sq_osl=mean("mean_input_sq_output_tokens"),
+               local_share=local / done,
                local_isl=sum(p.mean_local_input_tokens * p.local_prefilled for p in window) / local if local else 0.0)

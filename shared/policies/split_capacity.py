@@ -11,8 +11,13 @@ utilisation, 1.0 meaning the side can no longer meet its SLO on average:
   ``K = r * T * E[OSL * ISL + OSL^2 / 2]`` context tokens (Little's law per step), and a step costs
   ``T = o + s * n + c * K`` on the profile. Solved for ``T``: ``T = o / (1 - u)`` with
   ``u = r * (s * E[OSL] + c * E[OSL * ISL + OSL^2 / 2])`` (plus the local prefill work), so the TPOT SLO
-  holds while ``u <= 1 - o / SLO``: ``rho_D = u / (1 - o / SLO)``. KV in use (whole outputs reserved, as the
-  engines admit) and the running-request cap bound it too.
+  holds while ``u <= 1 - o / SLO``: ``rho_D = u / (1 - o / SLO)``. The running-request cap bounds it too, and
+  so does KV: a decode instance reserves prompt + whole output when the request is dispatched (SGLang's
+  decode side pre-allocates before the prefill starts), so a request holds ``ISL + OSL`` tokens through its
+  prefill queue wait, its prefill and the KV transfer as well as its decode steps. Where prompts are long
+  (Mooncake) the prefill phase is most of that, and a split short of prefill fills decode KV with prompts
+  that wait: the prefill wait is M/M/1's ``E[S] * rho / (1 - rho)`` at the candidate's steady prefill load
+  (at most the prefill target), at most the TTFT SLO.
 
 The split's load is the larger of the two, each over its own target (prefill queues need headroom for
 bursts; a decode batch runs at its SLO up to the line). Pure arithmetic, no state.
@@ -36,6 +41,8 @@ class Mix(msgspec.Struct, frozen=True, kw_only=True):
     isl_sq: float  # E[ISL^2]
     osl_sq: float  # E[OSL^2]
     isl_osl: float  # E[ISL * OSL]
+    isl_cube: float = 0.0  # E[ISL^3]; 0 = unknown (read as a log-normal's, from the lower moments)
+    isl_sq_osl: float = 0.0  # E[ISL^2 * OSL]; 0 = unknown (read as E[ISL^2] * E[OSL])
     local_share: float = 0.0  # share of requests prefilled on their decode instance (DOPD's local prefill)
     local_isl: float = 0.0  # their mean prompt length
 
@@ -59,8 +66,23 @@ def prefill_seconds(model: LatencyModel, mix: Mix) -> float:
         * model.time_scale
 
 
-def decode_rho(model: LatencyModel, mix: Mix, decode: int, tpot_slo_s: float) -> float:
-    """Decode load of ``decode`` instances: the largest of the TPOT, KV and running-request bounds."""
+def prefill_kv_seconds(model: LatencyModel, mix: Mix, wait_s: float) -> float:
+    """E[(ISL + OSL) * (wait + prefill + transfer)]: the decode KV token-seconds a request holds before its
+    first token, when it waits ``wait_s`` for a prefill instance."""
+    p = model.profile
+    kv = mix.isl + mix.osl
+    cube = mix.isl_cube if mix.isl_cube > 0 else (mix.isl_sq**3 / mix.isl**3 if mix.isl > 0 else 0.0)
+    sq_osl = mix.isl_sq_osl if mix.isl_sq_osl > 0 else mix.isl_sq * mix.osl
+    # (L + O) * S(L) with S = o + a L + b L^2, and (L + O) * transfer(L) with transfer = t0 + L * bytes / bandwidth
+    prefill = (p.prefill_overhead_s * kv + p.prefill_s_per_token * (mix.isl_sq + mix.isl_osl)
+               + p.prefill_s_per_token2 * (cube + sq_osl))
+    transfer = p.transfer_overhead_s * kv + (mix.isl_sq + mix.isl_osl) * p.kv_bytes_per_token / p.transfer_bytes_per_s
+    return wait_s * kv + (prefill + transfer) * model.time_scale
+
+
+def decode_rho(model: LatencyModel, mix: Mix, decode: int, tpot_slo_s: float, prefill_wait_s: float = 0.0) -> float:
+    """Decode load of ``decode`` instances: the largest of the TPOT, KV and running-request bounds, for requests
+    that wait ``prefill_wait_s`` for a prefill instance while their decode KV is reserved."""
     if decode <= 0:
         return math.inf
     p = model.profile
@@ -75,22 +97,31 @@ def decode_rho(model: LatencyModel, mix: Mix, decode: int, tpot_slo_s: float) ->
     rho_tpot = u / room
     step = overhead / (1.0 - u) if u < 1.0 else tpot_slo_s
     step = min(step, tpot_slo_s)
-    kv = r * step * (mix.isl_osl + mix.osl_sq) / p.kv_capacity_tokens  # whole outputs reserved while running
+    # Whole outputs reserved from dispatch: through the prefill phase, and for OSL steps of decode.
+    kv = r * (prefill_kv_seconds(model, mix, prefill_wait_s) + step * (mix.isl_osl + mix.osl_sq)) / p.kv_capacity_tokens
     running = r * step * mix.osl / p.max_running_requests
     return max(rho_tpot, kv, running)
 
 
 def split_loads(model: LatencyModel, mix: Mix, instances: int, tpot_slo_s: float, *,
-                prefill_target: float = 0.8, decode_target: float = 0.95, min_per_role: int = 1,
-                prefill_backlog_s: float = 0.0) -> list[SideLoad]:
+                ttft_slo_s: float = math.inf, prefill_target: float = 0.8, decode_target: float = 0.95,
+                min_per_role: int = 1, prefill_backlog_s: float = 0.0) -> list[SideLoad]:
     """Every split of ``instances`` with at least ``min_per_role`` a side, with its loads and score;
     ``prefill_backlog_s`` is prefill work already queued, in instance-seconds per second."""
     w_p = prefill_seconds(model, mix)
+    served = 1.0 - min(1.0, max(0.0, mix.local_share))
+    s_mean = w_p / served if served > 0 else 0.0  # one remotely prefilled request's prefill time
     out = []
     for p in range(min_per_role, instances - min_per_role + 1):
         d = instances - p
-        rho_p = (mix.rate_rps * w_p + prefill_backlog_s) / p
-        rho_d = decode_rho(model, mix, d, tpot_slo_s)
+        steady = mix.rate_rps * w_p / p
+        rho_p = steady + prefill_backlog_s / p
+        # The prefill wait decode KV is held through: at the steady load, and at most the prefill target's
+        # (past it the prefill side's own score says the split is short; a backlog passes, so it moves prefill
+        # instances, not decode ones).
+        x = min(steady, prefill_target)
+        wait = min(ttft_slo_s, s_mean * x / (1.0 - x)) if x < 1.0 else ttft_slo_s
+        rho_d = decode_rho(model, mix, d, tpot_slo_s, wait if math.isfinite(wait) else 0.0)
         out.append(SideLoad(prefill=p, decode=d, rho_prefill=rho_p, rho_decode=rho_d,
                             score=max(rho_p / prefill_target, rho_d / decode_target)))
     return out

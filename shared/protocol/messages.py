@@ -124,6 +124,10 @@ class SeriesPoint(msgspec.Struct, frozen=True, kw_only=True):
     mean_input_tokens_sq: float = 0.0
     mean_output_tokens_sq: float = 0.0
     mean_input_output_tokens: float = 0.0
+    # Third moments: a decode instance holds a request's KV from dispatch, through its prefill (quadratic in
+    # the prompt), so the KV-seconds a prompt costs there grow with its length cubed.
+    mean_input_tokens_cube: float = 0.0
+    mean_input_sq_output_tokens: float = 0.0
 
 
 class DecodeRequestInfo(msgspec.Struct, frozen=True, kw_only=True):

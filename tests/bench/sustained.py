@@ -94,12 +94,33 @@ def _checks(start: GoodputResult, poise: GoodputResult, slo: SLO) -> dict[str, o
     }
 
 
-def run_workload(workload: str, pool: ProcessPoolExecutor, out: Path, command: str) -> dict[str, object]:
+def _load_results(path: Path) -> dict[str, GoodputResult]:
+    """The searches an earlier run of this bench wrote for a workload (``<workload>-all.json``)."""
+    if not path.exists():
+        return {}
+    out = {}
+    for name, r in json.loads(path.read_text()).items():
+        points = [CurvePoint(**p) for p in r.pop("points")]
+        out[name] = GoodputResult(**{**r, "points": points, "yardstick": Yardstick(**r["yardstick"])})
+    return out
+
+
+def run_workload(workload: str, pool: ProcessPoolExecutor, out: Path, command: str,
+                 only: list[str] | None = None, resume: bool = False) -> dict[str, object]:
+    """Every search of one workload; with ``only``, just those policies, the rest read from the last run; with
+    ``resume``, only the searches the last run did not finish."""
     w = load_trace(workload)
     slo = slo_for(workload)
     names = [f"static-{s}" for s in SPLITS] + ["colocated", "poise"]
-    futures = {n: pool.submit(_task, workload, n) for n in names}
-    results = {n: f.result() for n, f in futures.items()}
+    cache = out / f"{workload}-all.json"
+    earlier = _load_results(cache) if only or resume else {}
+    todo = [n for n in names if (only is not None and n in only) or n not in earlier]
+    futures = {n: pool.submit(_task, workload, n) for n in todo}
+    results = {n: earlier[n] for n in names if n not in futures}
+    for n in todo:  # each search lands in the cache as it ends, so an interrupted run resumes (--resume)
+        results[n] = futures[n].result()
+        cache.write_text(json.dumps({k: asdict(r) for k, r in results.items()}, indent=1, default=str))
+    results = {n: results[n] for n in names}
     start, poise = results[f"static-{START}"], results["poise"]
     # Poise at every scale where the start split holds and poise has no point: the "never below" check.
     have = {p.rate_scale for p in poise.points}
@@ -109,14 +130,13 @@ def run_workload(workload: str, pool: ProcessPoolExecutor, out: Path, command: s
     for _scale, point in zip(missing, pool.map(functools.partial(_point, workload, "poise"), missing), strict=True):
         poise.points.append(point)
     poise.points.sort(key=lambda p: p.rate_scale)
+    cache.write_text(json.dumps({k: asdict(r) for k, r in results.items()}, indent=1, default=str))
     best = max((results[f"static-{s}"] for s in SPLITS), key=lambda r: r.goodput_scale)
     oracle = dataclasses.replace(best, policy="static-best",
                                  description=f"best fixed split: {best.policy.removeprefix('static-')}")
     shown = [results[f"static-{START}"], oracle, results["colocated"], poise]
     write_goodput_report(shown, out, trace=workload, slo=slo, trace_rps=w.mean_rate_rps,
                          command=f"{command}  # {workload}")
-    (out / f"{workload}-all.json").write_text(json.dumps(
-        {n: asdict(r) for n, r in results.items()}, indent=1, default=str))
     for ext in ("md", "json", "png"):
         (out / f"goodput.{ext}").rename(out / f"{workload}.{ext}")
 
@@ -162,6 +182,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", default=",".join(TUNE + HELD_OUT))
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--policies", default=None,
+                        help="re-run only these searches (static-<split>, colocated, poise); the others are read "
+                             "from the workload's last <workload>-all.json")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the searches an interrupted run already finished (<workload>-all.json)")
     args = parser.parse_args()
     workloads = args.workloads.split(",")
     unknown = sorted(set(workloads) - set(TUNE + HELD_OUT))
@@ -177,7 +202,8 @@ def main() -> None:
     with ProcessPoolExecutor(args.jobs) as pool:
         for workload in workloads:
             print(f"{workload} ({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
-            rows.append({**run_workload(workload, pool, out, command), "command": command})
+            only = args.policies.split(",") if args.policies else None
+            rows.append({**run_workload(workload, pool, out, command, only, args.resume), "command": command})
             order = {w: k for k, w in enumerate(TUNE + HELD_OUT)}
             rows.sort(key=lambda r: order[str(r["workload"])])
             summary.write_text(json.dumps({"rows": rows}, indent=1, default=str))

@@ -110,7 +110,7 @@ def test_moves_one_flip_at_a_time_after_confirmation_towards_the_best_split() ->
 
 
 def test_an_instance_that_flipped_does_not_flip_back_within_its_dwell_time() -> None:
-    params = PoiseParams(confirm=1, cooldown_s=0.0, min_dwell_s=300.0)
+    params = PoiseParams(confirm=1, cooldown_s=0.0, min_dwell_s=300.0, reverse_after_s=0.0)
     pools = PoisePools(MODEL, CTX, params)
     decision = pools.decide(snap(cluster(4, 4), series(2048, 28, 20.0)), 0.0)
     assert decision is not None
@@ -121,9 +121,34 @@ def test_an_instance_that_flipped_does_not_flip_back_within_its_dwell_time() -> 
     after = [inst(moved, "prefill"), *busy, *[inst(f"d{i}", "decode") for i in range(4)]]
     back = pools.decide(snap(after, series(300, 1000, 20.0)), 10.0)
     assert back is not None and [c.instance_id for c in back.changes] == ["p1"]
-    # Past its dwell time it may move again.
-    later = pools.decide(snap(after, series(300, 1000, 20.0)), 400.0)
+    # p1's flip went through; past its dwell time the first instance may move again.
+    done = [inst(moved, "prefill"), *busy[1:], inst("p9", "prefill", waiting=9, waiting_tokens=2_000),
+            inst("p1", "decode"), *[inst(f"d{i}", "decode") for i in range(3)]]
+    later = pools.decide(snap(done, series(300, 1000, 20.0)), 400.0)
     assert later is not None and [c.instance_id for c in later.changes] == [moved]
+
+
+def test_no_reversal_within_reverse_after_and_a_called_off_flip_backs_off() -> None:
+    pools = PoisePools(MODEL, CTX, PoiseParams(confirm=1, cooldown_s=0.0, min_dwell_s=0.0))
+    code, chat = series(2048, 28, 20.0), series(300, 1000, 20.0)
+    first = pools.decide(snap(cluster(4, 4), code), 0.0)
+    assert first is not None and first.changes[0].new_role == "prefill"
+    moved = first.changes[0].instance_id
+    after = [inst(moved, "prefill"), *cluster(4, 3)]
+    # The mix reverses at once: a flip back waits reverse_after_s.
+    assert pools.decide(snap(after, chat), 10.0) is None
+    back = pools.decide(snap(after, chat), 10.0 + pools.params.reverse_after_s)
+    assert back is not None and back.changes[0].new_role == "decode"
+    # That flip is called off: at the next decision the instance is ready in its old role. Decode-ward flips
+    # then wait backoff_s, and twice as long after a second call-off in a row.
+    seen = 10.0 + pools.params.reverse_after_s + 10.0
+    assert pools.decide(snap(after, chat), seen) is None
+    retry = pools.decide(snap(after, chat), seen + pools.params.backoff_s)
+    assert retry is not None and retry.changes[0].new_role == "decode"
+    seen2 = seen + pools.params.backoff_s + 10.0
+    assert pools.decide(snap(after, chat), seen2) is None  # called off again
+    assert pools.decide(snap(after, chat), seen2 + 2 * pools.params.backoff_s - 1.0) is None
+    assert pools.decide(snap(after, chat), seen2 + 2 * pools.params.backoff_s) is not None
 
 
 def test_no_flip_when_the_gain_is_small_but_a_queued_backlog_counts() -> None:
