@@ -194,21 +194,22 @@ def forecast_split(policy: object) -> Split | None:
 class DopdScaling(_Forecasting):
     """DOPD's PD Manager for elastic clusters: replica counts from the forecast, burst fast path, step limit.
 
-    Floors on scale-in (ours; the spec has only the streak of lower results). Neither the periodic target nor
-    the GPU budget, when it makes one role give way to the other, takes a role below
+    Floors on scale-in (ours; the spec recommends a cool-down after a scale-out and a streak of lower results
+    before a scale-in, B11 item 7). Neither the periodic target nor the GPU budget, when it makes one role give way
+    to the other, takes a role below
 
+    - its current count while it is held: from any scale-out of the role until its replicas have all been
+      ready for ``scale_in_after`` intervals, the time a lower forecast must persist before the periodic path
+      believes it. Until then the load observed is not yet the load on the new replicas, so a lower count
+      says nothing about whether they are needed; and a stop takes a starting replica first, so removing one
+      wastes its start. The hold follows the replicas' own status, not an assumed start time;
     - the fast path's own count on the current measurements: ceil(queued prompts / ``queue_per_prefill``)
       prefill, ceil(ready decode instances x mean KV use / ``kv_high``) decode. Below it the fast path adds
-      the replicas straight back: the lower count is contradicted by the measurement;
-    - its current count while any of its replicas is still starting. Until they are ready the load observed
-      is the load on fewer replicas, so a lower count says nothing about whether they are needed; and a stop
-      takes a starting replica first, so removing one now wastes its start.
+      the replicas straight back: the measurement contradicts the lower count.
 
-    A lower result below a floor does not count towards the streak, and every fast-path scale-out restarts
-    it: a replica the fast path adds serves ``scale_in_after`` intervals after it is ready, however long it
-    takes to start, before a forecast can remove it. Without the floors a lower forecast (or the budget
-    trading a GPU to the other role) stops the fast path's replicas while they start and the fast path adds
-    them back a second later: starts that never serve.
+    A lower result below a floor does not count towards the streak. Without the floors a lower forecast, or
+    the budget trading a GPU to the other role, stops the fast path's replicas while they start and the fast
+    path adds them back a second later: starts that never serve.
     """
 
     name = "dopd"
@@ -219,17 +220,20 @@ class DopdScaling(_Forecasting):
         self.interval_s = min(self.params.interval_s, 1.0)  # the fast path looks every second
         self._next_periodic = -math.inf
         self._lower_streak = {"prefill": 0, "decode": 0}
+        self._held_until = {"prefill": -math.inf, "decode": -math.inf}  # no scale-in of the role before
 
     def decide(self, snapshot: ClusterSnapshot, now_s: float) -> ScalingTarget | None:
         n_p, n_d = len(active(snapshot, "prefill")), len(active(snapshot, "decode"))
-        floor_p, floor_d = self._floors(snapshot, n_p, n_d)
-        burst = self._burst(snapshot, n_p, n_d, floor_p, floor_d)
-        if burst is not None:
-            if burst.prefill > n_p:
-                self._lower_streak["prefill"] = 0
-            if burst.decode > n_d:
-                self._lower_streak["decode"] = 0
-            return burst
+        floor_p, floor_d = self._floors(snapshot, now_s, n_p, n_d)
+        target = self._burst(snapshot, n_p, n_d, floor_p, floor_d)
+        if target is None:
+            target = self._periodic(snapshot, now_s, n_p, n_d, floor_p, floor_d)
+        if target is not None:
+            self._hold_grown(now_s, target.prefill > n_p, target.decode > n_d)
+        return target
+
+    def _periodic(self, snapshot: ClusterSnapshot, now_s: float, n_p: int, n_d: int, floor_p: int,
+                  floor_d: int) -> ScalingTarget | None:
         if now_s < self._next_periodic:
             return None
         self._next_periodic = now_s + self.params.interval_s
@@ -256,17 +260,26 @@ class DopdScaling(_Forecasting):
             self._lower_streak[role] = 0
         return have + max(-self.params.max_step, min(self.params.max_step, want - have))
 
-    def _floors(self, snapshot: ClusterSnapshot, n_p: int, n_d: int) -> tuple[int, int]:
+    def _hold_grown(self, now_s: float, prefill: bool, decode: bool) -> None:
+        """Hold the roles that grew (or still have a replica starting) for ``scale_in_after`` intervals from now."""
+        until = now_s + self.params.scale_in_after * self.params.interval_s
+        if prefill:
+            self._held_until["prefill"] = max(self._held_until["prefill"], until)
+        if decode:
+            self._held_until["decode"] = max(self._held_until["decode"], until)
+
+    def _floors(self, snapshot: ClusterSnapshot, now_s: float, n_p: int, n_d: int) -> tuple[int, int]:
         """The counts below which the roles may not be taken now (the class docstring), at most what they have."""
         ready = [i for i in snapshot.instances if i.info.status == "ready"]
         queued = sum(_queued(i) for i in ready if i.info.role == "prefill")
-        kv_used = sum(i.load.token_usage for i in ready if i.info.role == "decode" and i.load)
-        floors = []
-        for role, have, need in (("prefill", n_p, math.ceil(queued / self.params.queue_per_prefill)),
-                                 ("decode", n_d, math.ceil(kv_used / self.params.kv_high))):
-            starting = any(i.info.role == role and i.info.status == "starting" for i in snapshot.instances)
-            floors.append(have if starting else min(need, have))
-        return floors[0], floors[1]
+        kv_used = sum(i.load.token_usage for i in ready if i.info.role == "decode" and i.load)  # instances' worth
+        starting = {i.info.role for i in snapshot.instances if i.info.status == "starting"}
+        self._hold_grown(now_s, "prefill" in starting, "decode" in starting)
+        need_p = math.ceil(queued / self.params.queue_per_prefill)
+        need_d = math.ceil(kv_used / self.params.kv_high)
+        floor_p = n_p if now_s < self._held_until["prefill"] else min(n_p, need_p)
+        floor_d = n_d if now_s < self._held_until["decode"] else min(n_d, need_d)
+        return floor_p, floor_d
 
     def _fit(self, prefill: int, decode: int, floor_p: int, floor_d: int) -> tuple[int, int]:
         """``fit_budget``, except that a role it shrinks to make room for the other keeps its floor."""
@@ -289,7 +302,9 @@ class DopdScaling(_Forecasting):
         if queued / n_p > self.params.queue_per_prefill:
             add_p = min(self.params.max_step, math.ceil(queued / self.params.queue_per_prefill) - n_p)
         if kv > self.params.kv_high:
-            add_d = min(self.params.max_step, math.ceil(n_d * kv / self.params.kv_high) - n_d)
+            # The KV the ready instances hold, spread at kv_high: a starting instance holds none yet, so the
+            # count is len(decodes), not n_d (with n_d, each second of a start would add another replica).
+            add_d = min(self.params.max_step, math.ceil(len(decodes) * kv / self.params.kv_high) - n_d)
         if add_p <= 0 and add_d <= 0:
             return None
         prefill, decode = self._fit(n_p + max(add_p, 0), n_d + max(add_d, 0), floor_p, floor_d)

@@ -137,6 +137,75 @@ def test_dopd_burst_fast_path_adds_prefill_without_waiting_for_the_interval() ->
     assert target is not None and target.decode == 3
 
 
+def _periodic_decode(policy: DopdScaling, cluster: list[InstanceLoad], times: range) -> dict[int, int]:
+    """Decode counts the periodic decisions at ``times`` ask for (light load: the forecast wants 4P1D)."""
+    out = {}
+    for t in times:
+        target = policy.decide(snap(cluster, series(t // 5 + 2, 1000, 100, 5)), float(t))
+        if target is not None:
+            out[t] = target.decode
+    return out
+
+
+def test_dopd_scale_in_waits_for_the_fast_paths_replicas_to_start_and_serve() -> None:
+    assert optimal_split(MODEL, CTX, 1000, 100, 5.0, 4.0).decode == 1
+    policy = DopdScaling(MODEL, CTX)  # 10-s interval, scale in after 6 lower results
+    prefills = [inst(f"p{i}", "prefill") for i in range(4)]
+    # Light load on 4 decode instances: six lower forecasts in a row, then a step down.
+    assert _periodic_decode(policy, [*prefills, *(inst(f"d{i}", "decode", kv=0.3) for i in range(4))],
+                            range(0, 60, 10)) == {50: 2}
+    # KV fills on the 2 left: the fast path adds one.
+    two = [inst("d0", "decode", kv=0.97), inst("d1", "decode", kv=0.97)]
+    burst = policy.decide(snap([*prefills, *two], series(12, 1000, 100, 5)), 51.0)
+    assert burst is not None and burst.decode == 3 and "burst" in burst.reason
+    # The forecast still says 1 decode instance, but the new one is starting (30 s here) and then serves: no
+    # scale-in until it has been ready for scale_in_after intervals and six lower results follow.
+    eased = [inst("d0", "decode", kv=0.3), inst("d1", "decode", kv=0.3)]
+    assert _periodic_decode(policy, [*prefills, *eased, inst("d2", "decode", status="starting")],
+                            range(60, 90, 10)) == {}
+    ready = [*prefills, *eased, inst("d2", "decode", kv=0.3)]
+    held_until = 80 + 6 * 10  # last seen starting at 80
+    later = _periodic_decode(policy, ready, range(90, 260, 10))
+    assert later and min(later) == held_until + 5 * 10  # the sixth lower result after the hold
+    assert later[min(later)] == 1
+
+
+def test_dopd_fast_path_adds_decode_for_the_kv_of_the_ready_instances_once() -> None:
+    policy = DopdScaling(MODEL, CTX, DopdParams(interval_s=600))
+    policy.decide(snap([inst("p0", "prefill"), inst("d0", "decode")], series(2, 1000, 100, 5)), 0.0)
+    full = [inst("p0", "prefill"), inst("d0", "decode", kv=0.97), inst("d1", "decode", kv=0.97)]
+    target = policy.decide(snap(full, series(2, 1000, 100, 5)), 1.0)
+    assert target is not None and target.decode == 3  # 2 x 0.97 / 0.9 -> 3
+    # The next second the KV is still full (the new instance is starting): 3 instances hold it, none more.
+    assert policy.decide(snap([*full, inst("d2", "decode", status="starting")], series(2, 1000, 100, 5)), 2.0) is None
+
+
+def test_dopd_periodic_target_keeps_the_decode_instances_the_kv_needs() -> None:
+    prefills = [inst(f"p{i}", "prefill") for i in range(4)]
+    # KV above the fast path's threshold on a full budget (the fast path cannot add): the forecast's 1 decode
+    # instance would put the fast path straight back into action, so the periodic path removes none.
+    policy = DopdScaling(MODEL, CTX)
+    full = [*prefills, *(inst(f"d{i}", "decode", kv=0.95) for i in range(4))]
+    assert _periodic_decode(policy, full, range(0, 200, 10)) == {}
+    # KV half used: down to ceil(4 x 0.5 / 0.9) = 3, not to the forecast's 1.
+    policy = DopdScaling(MODEL, CTX)
+    half = [*prefills, *(inst(f"d{i}", "decode", kv=0.5) for i in range(4))]
+    assert set(_periodic_decode(policy, half, range(0, 200, 10)).values()) == {3}
+
+
+def test_dopd_budget_takes_no_decode_instance_the_kv_needs_for_prefill() -> None:
+    # A full budget of 2P6D and a forecast that wants far more prefill: the budget gives prefill a GPU only
+    # from decode instances the KV does not need.
+    def periodic(kv: float) -> tuple[int, int] | None:
+        policy = DopdScaling(MODEL, CTX)
+        cluster = [inst("p0", "prefill"), inst("p1", "prefill"), *(inst(f"d{i}", "decode", kv=kv) for i in range(6))]
+        target = policy.decide(snap(cluster, series(2, 2048, 28, 400.0)), 0.0)
+        return None if target is None else (target.prefill, target.decode)
+
+    assert periodic(kv=0.95) is None
+    assert periodic(kv=0.3) == (3, 5)
+
+
 def test_dopd_pools_flips_one_instance_at_a_time_towards_the_ratio() -> None:
     policy = DopdPools(MODEL, CTX)
     cluster = [inst(f"p{i}", "prefill") for i in range(4)] + [inst(f"d{i}", "decode") for i in range(4)]

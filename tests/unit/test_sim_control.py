@@ -273,7 +273,7 @@ def _run_loop(mix_name: str, control: ControlParams) -> tuple[SimCluster, object
     return cluster, mix.pools or mix.scaling
 
 
-@pytest.mark.parametrize("mix_name", ["dopd-ratio", "poise", "dopd"])
+@pytest.mark.parametrize("mix_name", ["dopd-ratio", "dopd"])  # poise plans on the served mix, no forecast
 def test_every_engine_batches_by_the_newest_forecast(mix_name: str) -> None:
     # Not the loop's record of what it sent: the dopd-length policy inside each engine holds the forecast.
     cluster, policy = _run_loop(mix_name, ControlParams())
