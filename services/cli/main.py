@@ -231,7 +231,7 @@ class _SimFields(ReplaySettings):
     replica_start_s: float = Field(30.0, ge=0.0, description="Seconds a replica the scaling mixes start takes to become ready.")
     drain_timeout_s: float = Field(60.0, gt=0.0, description="A flip's drain is called off after this many seconds (the planner's drain_timeout_s).")
     rate_mode: Literal["natural", "compress"] = Field("natural", description="How --rate-scale raises the load: natural (s x the trace's own rate curve at the trace's clock; an hour stays an hour) or compress (timestamps divided by the scale: Arrow's method, to compare with the papers).")
-    warmup_s: float | None = Field(None, ge=0.0, description="Requests arriving in the first this-many simulated seconds are served but not counted (unset: 120 s with --rate-mode natural, at most a fifth of the run; 0 with compress).")
+    warmup_s: float | None = Field(None, ge=0.0, description="Requests arriving in the first this-many simulated seconds are served but not counted (unset: 0 for one `poise sim` run; for `poise sim goodput` 120 s with --rate-mode natural, at most a fifth of the run, and 0 with compress).")
     seed: int = Field(0, description="Seed of the natural rate mode's added arrivals.")
     slo_ttft_s: float | None = Field(None, gt=0.0, description="TTFT SLO in seconds (unset: the trace's, Arrow Table 1; required for a trace of your own).")
     slo_tpot_s: float | None = Field(None, gt=0.0, description="TPOT SLO in seconds (unset: the trace's; required for a trace of your own).")
@@ -361,8 +361,8 @@ def cmd_sim(argv: list[str]) -> int:
     result = simulate(workload, mix, LatencyModel(load_profile(settings.profile)), slo, rate_scale=settings.rate_scale,
                       slo_classes=classes, costs=SimCosts(start_s=settings.replica_start_s,
                                                           drain_timeout_s=settings.drain_timeout_s),
-                      rate_mode=yardstick.rate_mode, warmup_s=yardstick.warmup_for(workload, settings.rate_scale),
-                      seed=yardstick.seed)
+                      rate_mode=yardstick.rate_mode, seed=yardstick.seed,
+                      warmup_s=0.0 if settings.warmup_s is None else yardstick.warmup_for(workload, settings.rate_scale))
     out = settings.out_dir or Path(".poise") / "results" / f"sim-{time.strftime('%Y%m%d-%H%M%S')}"
     title = f"poise sim: {workload.name}, {mix.description}"
     files = write_report(result, out, title=title, command=shlex.join(["poise", "sim", *argv]), slo=slo,

@@ -56,7 +56,7 @@ def test_registries_and_notes() -> None:
     ctx = PolicyContext(ttft_slo_s=2.0, tpot_slo_s=0.15, max_instances=8)
     model = LatencyModel(load_profile())
     pool = make_pool_policy("static", model, ctx)
-    assert pool.name == "static" and "Arrow/DOPD" in pool.note
+    assert pool.name == "static" and "keeps the registered roles" in pool.note
     migration = make_migration_policy("none")
     assert migration.name == "none" and not migration.needs_requests
     assert make_pool_policy("poise", model, ctx).name == "poise"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from loadgen.sim.baselines import make_mix
-from loadgen.sim.goodput import search_goodput, static_best
+from loadgen.sim.goodput import COMPRESSED, Yardstick, search_goodput, search_scales, static_best
 from loadgen.sim.run import simulate
 from loadgen.slo import slo_for
 from loadgen.traces import load_trace
@@ -58,6 +58,48 @@ def test_goodput_command_writes_table_json_and_plot(tmp_path: Path) -> None:
 
 
 def test_a_light_trace_reports_a_lower_bound() -> None:
-    sparse = load_trace("azure-code").slice(0.0, 180.0)  # 63 requests: no rate breaks the SLO
-    result = search_goodput(sparse, lambda: make_mix("static-minload", 4), MODEL, slo_for("azure-code"), max_scale=16)
+    sparse = load_trace("azure-code").slice(0.0, 180.0)  # 63 requests: compressed, no rate breaks the SLO
+    result = search_goodput(sparse, lambda: make_mix("static-minload", 4), MODEL, slo_for("azure-code"), max_scale=16,
+                            yardstick=COMPRESSED)
     assert result.capped and result.goodput_scale == 16
+
+
+def test_the_search_reports_no_goodput_above_a_failing_rate_and_flags_a_dip() -> None:
+    # A curve with a dip: fails at 3x, passes again at 5x (a policy that found a better split at more load).
+    passing = {1.0: True, 2.0: True, 4.0: False, 3.0: False, 2.5: True, 2.75: True, 3.75: True, 4.6875: True}
+    tried: list[float] = []
+
+    def passes(scale: float) -> bool:
+        tried.append(scale)
+        return passing.get(scale, scale <= 2.75 or 3.5 <= scale < 6)
+
+    found = search_scales(passes, bisections=2, probe_above=2)
+    assert found.goodput_scale == 2.5  # 3x failed: nothing above it counts, whatever 3.75x does
+    assert max(s for s in tried if s <= found.goodput_scale) == found.goodput_scale
+    assert all(passes(s) for s in tried if s <= found.goodput_scale)
+    assert found.non_monotone and not found.capped
+    monotone = search_scales(lambda s: s <= 2.6, bisections=3, probe_above=1)
+    assert not monotone.non_monotone and 2.5 <= monotone.goodput_scale <= 2.6
+
+
+def test_the_yardstick_warms_up_at_most_a_fifth_of_the_run() -> None:
+    w = load_trace("azure-conv").slice(0.0, 300.0)
+    assert Yardstick().warmup_for(w, 4.0) == pytest.approx(0.2 * w.duration_s)  # natural: the clock is kept
+    assert Yardstick(warmup_s=30.0).warmup_for(w, 4.0) == 30.0
+    assert COMPRESSED.warmup_for(w, 4.0) == 0.0
+    assert Yardstick(rate_mode="compress", warmup_s=100.0).warmup_for(w, 4.0) == pytest.approx(0.2 * w.duration_s / 4)
+
+
+def test_goodput_takes_a_users_trace_with_its_slo_and_writes_json_out(tmp_path: Path) -> None:
+    trace = tmp_path / "mine.jsonl"
+    lines = (Path(__file__).resolve().parents[3] / "shared" / "traces" / "conversation_trace.jsonl").read_text()
+    trace.write_text("".join(lines.splitlines(keepends=True)[:120]))
+    base = [sys.executable, "-m", "services.cli", "sim", "goodput", "--trace", str(trace), "--instances", "4",
+            "--policies", '["static-minload"]', "--bisections", "1", "--out-dir", str(tmp_path / "out")]
+    refused = subprocess.run(base, capture_output=True, text=True, timeout=300)
+    assert refused.returncode != 0 and "--slo-ttft-s" in refused.stderr and "Traceback" not in refused.stderr
+    ok = subprocess.run([*base, "--slo-ttft-s", "30", "--slo-tpot-s", "0.1", "--json-out", str(tmp_path / "g.json")],
+                        capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    doc = json.loads((tmp_path / "g.json").read_text())
+    assert doc["slo"] == {"ttft_s": 30.0, "tpot_s": 0.1} and doc["results"][0]["yardstick"]["rate_mode"] == "natural"
