@@ -13,7 +13,7 @@ from loadgen.sim.baselines import make_mix
 from loadgen.sim.goodput import COMPRESSED, Yardstick, search_goodput, search_scales, static_best
 from loadgen.sim.run import simulate
 from loadgen.slo import slo_for
-from loadgen.traces import load_trace
+from loadgen.traces import default_traces_dir, load_trace
 from shared.latency import LatencyModel, load_profile
 
 MODEL = LatencyModel(load_profile())
@@ -92,7 +92,7 @@ def test_the_yardstick_warms_up_at_most_a_fifth_of_the_run() -> None:
 
 def test_goodput_takes_a_users_trace_with_its_slo_and_writes_json_out(tmp_path: Path) -> None:
     trace = tmp_path / "mine.jsonl"
-    lines = (Path(__file__).resolve().parents[3] / "shared" / "traces" / "conversation_trace.jsonl").read_text()
+    lines = (default_traces_dir() / "conversation_trace.jsonl").read_text()
     trace.write_text("".join(lines.splitlines(keepends=True)[:120]))
     base = [sys.executable, "-m", "services.cli", "sim", "goodput", "--trace", str(trace), "--instances", "4",
             "--policies", '["static-minload"]', "--bisections", "1", "--out-dir", str(tmp_path / "out")]
