@@ -41,7 +41,7 @@ class ControlPlaneSettings(ServiceSettings):
     namespace: str = Field("default", description="Poise namespace: prefixes every etcd key and NATS subject.")
     nats_url: str = Field("nats://127.0.0.1:4222", description="NATS server URL(s), comma-separated.")
     etcd_url: str = Field("http://127.0.0.1:2379", description="etcd client URL (host:port of one member).")
-    nats_user: str | None = Field(None, description="NATS user name, when the server requires auth (README.md, \"Security\"); a user:password@ in nats_url works too.")
+    nats_user: str | None = Field(None, description="NATS user name, when the server requires auth (docs/security.md); a user:password@ in nats_url works too.")
     nats_password: str | None = Field(None, description="NATS password for nats_user (prefer the env var to the flag: flags show in ps).")
     etcd_user: str | None = Field(None, description="etcd user name, when etcd's auth is on; a user:password@ in etcd_url works too.")
     etcd_password: str | None = Field(None, description="etcd password for etcd_user (prefer the env var to the flag).")

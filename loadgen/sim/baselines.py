@@ -162,8 +162,7 @@ def _dopd_ratio(instances: int, split: str | None) -> PolicyMix:
 
 #: Inside the engines, Poise runs FlowPrefill: on the mixed-SLO benchmark it holds the most goodput of every
 #: prefill policy, and on single-SLO traces it stays within one goodput-search step of FCFS. Decode stays
-#: continuous: Kairos' slack batching buys nothing when a step costs its total context (README, "SLO-aware
-#: scheduling inside the engines").
+#: continuous: Kairos' slack batching buys nothing when a step costs its total context (docs/engine-scheduling.md).
 POISE_ENGINE = EngineSpec(prefill_policy="flowprefill", preemption="operator", chunk_tokens=0)
 
 

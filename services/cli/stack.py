@@ -8,7 +8,7 @@ engines), then the gateway and the control plane, then etcd and NATS. Every proc
 
 With ``auth`` (the default) every process runs as its own NATS user (permissions: shared/protocol/permissions.py),
 etcd's auth is on and the gateway wants an API key; the credentials are made per run (``credentials.json`` in
-the run dir, mode 0600) and each process gets only its own, in its environment (README.md, "Security").
+the run dir, mode 0600) and each process gets only its own, in its environment (docs/security.md).
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ class StackSettings(ServiceSettings):
     local_prefill_max_tokens: int | None = Field(None, ge=0, description="DOPD's local prefill: the gateway sends prompts up to this many tokens to an engine_sim decode engine alone, which prefills them itself (no KV transfer); 0 = off; unset = 512 (the spec's threshold) with the DOPD-based planner policies (dopd, poise), as the simulator's mixes, else off. SGLang decode engines never get them.")
     gateway_slo_class: list[str] = Field(default_factory=list, description="An SLO class NAME=TTFT_S:TPOT_S requests may name (body field slo_class); repeatable; passed to the gateway as --slo-class.")
     gateway_slo_preset: str | None = Field(None, description="The gateway's SLO classes from a preset (tasks-flowprefill: FlowPrefill Table 2; interactive-batch), built on the planning SLO.")
-    # -- security (README.md, "Security") -------------------------------------------------------------------
+    # -- security (docs/security.md) -------------------------------------------------------------------
     auth: bool = Field(True, description="NATS users with per-service permissions, etcd authentication and a gateway API key, with credentials made for this run (<run dir>/credentials.json); --no-auth turns all three off (debugging).")
     api_key: str | None = Field(None, description="The gateway's API key (clients send 'Authorization: Bearer <key>'; poise run's replay does); unset = a random one with auth on (in stack.json), none with --no-auth.")
     spare_worker_ids: int = Field(16, ge=0, description="With auth and the planner's local connector: NATS users made for this many more engine ids per role, for the engines the connector starts.")

@@ -24,7 +24,7 @@ class PlannerSettings(SloPlanSettings, ElectedServiceSettings):
     scaling_policy: str = Field("none", description=f"Scaling policy (replica counts, needs a connector): none, {', '.join(sorted(SCALING_POLICIES))}.")
     connector: Literal["none", "local", "kubernetes"] = Field("none", description="Where the scaling policy starts and retires engines: local = engine_sim + sidecar processes on this host; kubernetes = the scale subresource of one workload per role.")
     max_instances: int = Field(8, ge=2, description="GPU budget of the scaling policy: prefill + decode replicas never exceed it.")
-    worker_credentials_file: Path | None = Field(None, description="The local connector's credentials for the workers it starts (one NATS user per worker id, and etcd's); `poise up` writes one (README.md, \"Security\"). Unset = workers get the planner's own.")
+    worker_credentials_file: Path | None = Field(None, description="The local connector's credentials for the workers it starts (one NATS user per worker id, and etcd's); `poise up` writes one (docs/security.md). Unset = workers get the planner's own.")
     connector_settings: dict[str, Any] = Field(default_factory=dict, description="Extra settings of the connector (JSON): LocalConnectorSettings fields (profile, model, time_scale, log_dir, worker_args, ...) or KubernetesConnectorSettings fields (workloads, api_server, ...); the planner's namespace, NATS and etcd URLs are filled in.")
 
     @field_validator("policy")

@@ -26,7 +26,7 @@ profile (:func:`optimal_split`):
   f = 0 both are the spec's. Without this, Poise's target on Azure conversation was 5P3D, where 29% of the
   prompts stay local and a static 4P4D holds 9-24% more goodput than 5P3D with FlowPrefill engines, and with
   FCFS engines under Arrow's SLO (not under FlowPrefill's tight mixed SLOs, where FCFS needs the headroom:
-  README, "The composed default").
+  docs/engine-scheduling.md, "The composed default").
 
 Two ways to act on it: :class:`DopdScaling` (a scaling policy: replica counts, with DOPD's burst fast path
 on prefill queue depth and KV use and a per-step change limit), and :class:`DopdPools` (a pool policy for a

@@ -78,7 +78,7 @@ def user_permissions(subjects: Subjects, worker_ids: Iterable[str]) -> dict[str,
 
 
 def markdown_table(namespace: str = "NS") -> str:
-    """The matrix as the Markdown table in README.md ("Security"); subjects shown without ``poise.v1.<ns>.``."""
+    """The matrix as the Markdown table in docs/security.md; subjects shown without ``poise.v1.<ns>.``."""
     subjects = Subjects(namespace)
     root = subjects.everything()[:-1]
 

@@ -11,12 +11,12 @@ from shared.protocol import Subjects
 from shared.protocol.permissions import ROLES, markdown_table, role_permissions, user_permissions
 from shared.security import Credentials, NatsUser, nats_config, redact_url, url_with_credentials, without_secrets
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+SECURITY_DOC = Path(__file__).resolve().parents[2] / "docs" / "security.md"
 S = Subjects("ns")
 
 
 def test_readme_has_the_permission_matrix() -> None:
-    assert markdown_table() in README.read_text(), "README.md's permission table is stale: paste markdown_table()"
+    assert markdown_table() in SECURITY_DOC.read_text(), "docs/security.md's permission table is stale: paste markdown_table()"
 
 
 def test_no_role_but_the_admin_publishes_admin_subjects_or_inboxes() -> None:
