@@ -23,9 +23,37 @@ What an interval counts:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from shared.protocol import LoadReport, RequestEvent, SeriesPoint
+
+#: The per-request means of a SeriesPoint, weighted by ``completed`` when points are merged.
+_COMPLETED_MEANS = ("mean_input_tokens", "mean_output_tokens", "mean_input_tokens_sq", "mean_output_tokens_sq",
+                    "mean_input_output_tokens", "mean_input_tokens_cube", "mean_input_sq_output_tokens")
+
+
+def merge_points(points: Sequence[SeriesPoint]) -> SeriesPoint | None:
+    """Several consecutive intervals as one (None for none): counts summed, the completed requests' means
+    weighted by how many completed, concurrency averaged; the p90s cannot be merged and are None. What a
+    policy planning on a window longer than one interval reads."""
+    if not points:
+        return None
+    completed = sum(p.completed for p in points)
+    local = sum(p.local_prefilled for p in points)
+    span = sum(p.interval_s for p in points)
+    arrivals = sum(p.arrivals for p in points)
+
+    def weighted(field: str) -> float:
+        return sum(getattr(p, field) * p.completed for p in points) / completed if completed else 0.0
+
+    return SeriesPoint(
+        start_unix_s=points[0].start_unix_s, interval_s=span, arrivals=arrivals,
+        arrival_rate_rps=arrivals / span if span > 0 else 0.0, completed=completed,
+        mean_running_reqs=sum(p.mean_running_reqs for p in points) / len(points), ttft_p90_s=None, tpot_p90_s=None,
+        local_prefilled=local,
+        mean_local_input_tokens=sum(p.mean_local_input_tokens * p.local_prefilled for p in points) / local if local else 0.0,
+        **{field: weighted(field) for field in _COMPLETED_MEANS})
 
 
 def percentile(values: list[float], q: float) -> float | None:

@@ -50,6 +50,7 @@ from shared.policies.context import PolicyContext
 from shared.policies.pools import PoolDecision, RoleChange
 from shared.policies.scaling import ScalingTarget, active, fit_budget
 from shared.protocol.messages import ClusterSnapshot, InstanceLoad, SeriesPoint
+from shared.series import merge_points
 
 
 class DopdParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -151,17 +152,13 @@ class _Forecasting:
         if not fresh:
             return False
         self._seen_until = fresh[-1].start_unix_s
-        window = fresh[-max(1, int(round(self.interval_s / max(fresh[-1].interval_s, 1e-9)))):]
-        completed = sum(p.completed for p in window)
-        span = sum(p.interval_s for p in window)
-        values = {"concurrency": sum(p.mean_running_reqs for p in window) / len(window),
-                  "rate": sum(p.arrivals for p in window) / span if span > 0 else 0.0}
-        if completed:
-            values["isl"] = sum(p.mean_input_tokens * p.completed for p in window) / completed
-            values["osl"] = sum(p.mean_output_tokens * p.completed for p in window) / completed
-            local = sum(p.local_prefilled for p in window)
-            self.local_share = local / completed
-            self.local_isl = sum(p.mean_local_input_tokens * p.local_prefilled for p in window) / local if local else 0.0
+        merged = merge_points(fresh[-max(1, int(round(self.interval_s / max(fresh[-1].interval_s, 1e-9)))):])
+        assert merged is not None
+        values = {"concurrency": merged.mean_running_reqs, "rate": merged.arrival_rate_rps}
+        if merged.completed:
+            values["isl"], values["osl"] = merged.mean_input_tokens, merged.mean_output_tokens
+            self.local_share = merged.local_prefilled / merged.completed
+            self.local_isl = merged.mean_local_input_tokens
         self.forecaster.observe(values)
         return True
 

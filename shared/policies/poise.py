@@ -39,6 +39,7 @@ from shared.policies.context import PolicyContext
 from shared.policies.pools import PoolDecision, RoleChange
 from shared.policies.split_capacity import Mix, SideLoad, best_split, split_loads
 from shared.protocol.messages import ClusterSnapshot, InstanceLoad, SeriesPoint
+from shared.series import merge_points
 
 
 class PoiseParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -193,26 +194,15 @@ def mix_of(series: Sequence[SeriesPoint], window_s: float, min_completed: int = 
     if not series:
         return None
     end = series[-1].start_unix_s + series[-1].interval_s
-    window = [p for p in series if p.start_unix_s + p.interval_s > end - window_s]
-    done = sum(p.completed for p in window)
-    span = sum(p.interval_s for p in window)
-    if done < max(1, min_completed) or span <= 0:
+    w = merge_points([p for p in series if p.start_unix_s + p.interval_s > end - window_s])
+    if w is None or w.completed < max(1, min_completed) or w.interval_s <= 0:
         return None
+    isl, osl = w.mean_input_tokens, w.mean_output_tokens
 
-    def mean(field: str) -> float:
-        return sum(getattr(p, field) * p.completed for p in window) / done
+    def moment(value: float, fallback: float) -> float:
+        return value if value > 0 else fallback  # a monitor that sends no higher moments: equal lengths
 
-    local = sum(p.local_prefilled for p in window)
-    isl, osl = mean("mean_input_tokens"), mean("mean_output_tokens")
-
-    def moment(field: str, fallback: float) -> float:
-        # A monitor that sends no second moments (0.0) is read as equal lengths.
-        value = mean(field)
-        return value if value > 0 else fallback
-
-    return Mix(rate_rps=sum(p.arrivals for p in window) / span, isl=isl, osl=osl,
-               isl_sq=moment("mean_input_tokens_sq", isl * isl), osl_sq=moment("mean_output_tokens_sq", osl * osl),
-               isl_osl=moment("mean_input_output_tokens", isl * osl),
-               isl_cube=mean("mean_input_tokens_cube"), isl_sq_osl=mean("mean_input_sq_output_tokens"),
-               local_share=local / done,
-               local_isl=sum(p.mean_local_input_tokens * p.local_prefilled for p in window) / local if local else 0.0)
+    return Mix(rate_rps=w.arrival_rate_rps, isl=isl, osl=osl, isl_sq=moment(w.mean_input_tokens_sq, isl * isl),
+               osl_sq=moment(w.mean_output_tokens_sq, osl * osl), isl_osl=moment(w.mean_input_output_tokens, isl * osl),
+               isl_cube=w.mean_input_tokens_cube, isl_sq_osl=w.mean_input_sq_output_tokens,
+               local_share=w.local_prefilled / w.completed, local_isl=w.mean_local_input_tokens)

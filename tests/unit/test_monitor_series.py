@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shared.protocol import LoadReport, RequestEvent
-from shared.series import SeriesBuilder, percentile
+from shared.protocol import LoadReport, RequestEvent, SeriesPoint
+from shared.series import SeriesBuilder, merge_points, percentile
 
 
 def _event(rid: str, *, status: str = "ok", inp: int = 100, out: int = 10, ttft: float | None = 0.1,
@@ -91,3 +91,20 @@ def test_zero_length_interval_has_zero_rate() -> None:
 ])
 def test_percentile(values: list[float], q: float, expected: float | None) -> None:
     assert percentile(values, q) == expected
+
+
+def test_merged_points_weigh_means_by_completed_and_sum_counts() -> None:
+    def point(start: float, completed: int, isl: float, local: int, local_isl: float) -> SeriesPoint:
+        return SeriesPoint(start_unix_s=start, interval_s=5.0, arrivals=completed + 1, arrival_rate_rps=0.0,
+                           completed=completed, mean_input_tokens=isl, mean_output_tokens=10.0,
+                           mean_running_reqs=4.0 * completed, ttft_p90_s=0.1, tpot_p90_s=0.01,
+                           local_prefilled=local, mean_local_input_tokens=local_isl,
+                           mean_input_tokens_sq=isl * isl)
+
+    merged = merge_points([point(0.0, 1, 100.0, 1, 100.0), point(5.0, 3, 500.0, 1, 300.0)])
+    assert merged is not None
+    assert (merged.start_unix_s, merged.interval_s, merged.arrivals, merged.completed) == (0.0, 10.0, 6, 4)
+    assert merged.arrival_rate_rps == 0.6 and merged.mean_running_reqs == 8.0
+    assert merged.mean_input_tokens == 400.0 and merged.mean_input_tokens_sq == (100.0**2 + 3 * 500.0**2) / 4
+    assert merged.local_prefilled == 2 and merged.mean_local_input_tokens == 200.0
+    assert merged.ttft_p90_s is None and merge_points([]) is None
