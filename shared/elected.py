@@ -71,7 +71,8 @@ class ElectedService(AsyncServiceMixin):
         await self._bus.connect()
         self._registry = registry_from_settings(s, self.keys)
         await self._registry.connect()
-        self._admin = AdminEndpoint(self._bus, self.subjects, self.name, self.service_status)
+        self._admin = AdminEndpoint(self._bus, self.subjects, self.name, self.service_status,
+                                    refresh=self.refresh_status)
         self.register_admin_verbs(self._admin)
         await self._admin.start()
         control = AdminEndpoint(self._bus, self.subjects, self.name, self.service_status,
@@ -129,6 +130,9 @@ class ElectedService(AsyncServiceMixin):
     async def tick(self) -> float | None:
         """One round of the loop, leader only; returns seconds until the next round (None = the interval)."""
         raise NotImplementedError
+
+    async def refresh_status(self) -> None:
+        """Re-read shared state before ``status`` answers (a follower does not tick, so it does not read it)."""
 
     def service_status(self) -> ServiceStatus:
         raise NotImplementedError

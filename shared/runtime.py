@@ -179,11 +179,14 @@ class AdminEndpoint:
     """
 
     def __init__(self, bus: Bus, subjects: Subjects, service: str, status: Callable[[], ServiceStatus], *,
-                 subject: str | None = None) -> None:
-        # ``subject``: serve another subject the same way (a service's control subject, for other services)
+                 subject: str | None = None, refresh: Callable[[], Awaitable[None]] | None = None) -> None:
+        # ``subject``: serve another subject the same way (a service's control subject, for other services).
+        # ``refresh``: awaited before ``status`` answers, for state a follower replica does not keep current
+        # (the admin queue group may hand ``status`` to any replica).
         self.subject = subject or subjects.admin(service)
         self._bus = bus
         self._status = status
+        self._refresh = refresh
         self._verbs: dict[str, _Verb] = {}
         self._sub: Any = None
         self.register("status", self._status_verb, "status: this replica's ServiceStatus")
@@ -222,6 +225,8 @@ class AdminEndpoint:
             return AdminReply(ok=False, message=f"{command.verb}: {exc}; usage: {verb.usage}")
 
     async def _status_verb(self, args: dict[str, str]) -> AdminReply:
+        if self._refresh is not None:
+            await self._refresh()
         return AdminReply(ok=True, status=self._status())
 
     async def _help_verb(self, args: dict[str, str]) -> AdminReply:

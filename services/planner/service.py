@@ -293,8 +293,11 @@ class PlannerService(ElectedService):
         return AdminReply(ok=True, message=f"planner resumed: policy {self.policy.name} decides again",
                           status=self.service_status())
 
-    async def _admin_pools(self, args: dict[str, str]) -> AdminReply:
+    async def refresh_status(self) -> None:
         self.pause = await self.registry.planner_pause()
+
+    async def _admin_pools(self, args: dict[str, str]) -> AdminReply:
+        await self.refresh_status()
         instances, _ = await self.registry.list_instances()
         rows = pool_rows(instances, {i for i, t in self._inflight.items() if not t.done()})
         count = {r: sum(1 for row in rows if row["role"] == r) for r in ("prefill", "decode", "null")}

@@ -124,14 +124,18 @@ async def test_pause_resume_pools_flip_and_events(nats_server: NatsServer, etcd_
                 assert reply.ok, reply.message
             assert (await registry.planner_pause()) is not None
             await _until(lambda: a.paused)
-            await asyncio.sleep(1.0)  # a decision started before the pause ends within 0.8 s
-            calls = policy_a.calls
-            await asyncio.sleep(0.5)
+            # Ticks run one at a time: two more ticks and a decision started before the pause has finished.
+            # After that, ticks go by without a policy call.
+            ticks = a.loop_details()["ticks"]
+            await _until(lambda: a.loop_details()["ticks"] >= ticks + 2)
+            calls, ticks = policy_a.calls, a.loop_details()["ticks"]
+            await _until(lambda: a.loop_details()["ticks"] >= ticks + 5)
             assert policy_a.calls == calls and policy_b.calls == 0
             paused = [e for e in events if e.kind == "paused"]
             assert len(paused) == 1 and paused[0].reason == "maintenance" and paused[0].source == "admin"
-            status = (await ask("status")).status
-            assert status is not None and status.details["paused"] is True
+            for _ in range(6):  # whichever replica answers (a follower does not tick), it reads the pause
+                status = (await ask("status")).status
+                assert status is not None and status.details["paused"] is True, status.replica_id
 
             # pools: the registered instance, its role, and the policy
             reply = await ask("pools")
