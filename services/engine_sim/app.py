@@ -150,7 +150,7 @@ def create_app(engine: SimEngine) -> FastAPI:
         try:
             req = submit(gen)
         except EngineRequestError as exc:
-            return _json({"error": {"message": str(exc)}}, 400)
+            return _json({"error": {"message": str(exc)}}, exc.status)
         if not gen.stream:
             await finish_non_stream(req, request)
             failure = _engine_failure(req, openai=False)
@@ -186,7 +186,8 @@ def create_app(engine: SimEngine) -> FastAPI:
         try:
             req = submit(gen)
         except EngineRequestError as exc:
-            return _openai_error(str(exc))
+            return _openai_error(str(exc), "BadRequestError" if exc.status == 400 else HTTPStatus(exc.status).phrase,
+                                 exc.status)
         if not gen.stream:
             await finish_non_stream(req, request)
             failure = _engine_failure(req, openai=True)

@@ -58,7 +58,16 @@ CATCH_UP_SLACK_S = 0.010  # a step that starts this soon after the last one ende
 
 
 class EngineRequestError(ValueError):
-    """A request the engine refuses before queueing it (SGLang raises ValueError in its tokenizer manager)."""
+    """A request the engine refuses before queueing it (SGLang raises ValueError in its tokenizer manager).
+
+    ``status`` is the HTTP answer: 400 for the request itself (no engine would take it), 409 when this
+    engine's role does not fit it (it flipped since the caller looked) and 503 while shutting down; a caller
+    may retry the last two elsewhere.
+    """
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class SimEngine:
@@ -254,14 +263,15 @@ class SimEngine:
         ``local_prefill`` (``poise_local_prefill``) has a decode engine prefill the prompt itself, with no
         prefill peer (DOPD's local prefill of ultra-short prompts); a colocated engine does that anyway."""
         if self.stopping:
-            raise EngineRequestError("engine_sim is shutting down")
+            raise EngineRequestError("engine_sim is shutting down", status=503)
         rid = rid if rid is not None else uuid.uuid4().hex
         key = stream_key if stream_key is not None else rid
         done = resume.generated_tokens if resume is not None else 0
         if resume is not None and resume.kv_transfer and self.mode != "decode":
-            raise EngineRequestError("poise_resume with a KV source needs a decode engine")
+            raise EngineRequestError("poise_resume with a KV source needs a decode engine", status=409)
         if local_prefill and self.mode == "prefill":
-            raise EngineRequestError("poise_local_prefill needs a decode (or colocated) engine, not a prefill engine")
+            raise EngineRequestError("poise_local_prefill needs a decode (or colocated) engine, not a prefill engine",
+                                     status=409)
         if rid in self._reqs:
             raise EngineRequestError(f"Duplicate request ID detected: {rid}")
         ctx = self.settings.context_length

@@ -16,6 +16,7 @@ from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from services.gateway.body import read_body, require_json
 from services.gateway.errors import APIError
 from services.gateway.flow import RequestFlow
 from services.gateway.service import GatewayService
@@ -97,9 +98,11 @@ def create_app(service: GatewayService) -> GatewayApp:
 
     async def _serve(request: Request, endpoint: Endpoint) -> Response:
         _authorize(request)
-        parsed = parse_request(await request.body(), endpoint, counter=service.counter,
-                               default_max_tokens=settings.default_max_tokens, max_tokens_limit=settings.max_tokens_limit,
-                               slo_table=service.slo_table)
+        require_json(request)
+        raw = await read_body(request, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
+        parsed = parse_request(raw, endpoint, counter=service.counter, default_max_tokens=settings.default_max_tokens,
+                               max_tokens_limit=settings.max_tokens_limit, slo_table=service.slo_table,
+                               max_depth=settings.max_json_depth)
         served = service.cluster.served_models()
         if parsed.model not in served:
             if not served:

@@ -247,6 +247,8 @@ class RequestFlow:
                 self._release()
                 self.attempt = None
                 exclude.add(exc.instance_id)
+                if exc.final:
+                    break  # the engine refused the request itself: another pair would refuse it too
                 if attempt_no < self.retries:
                     self.metrics.retries.inc()
         assert last_error is not None

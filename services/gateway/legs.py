@@ -39,13 +39,22 @@ log = logging.getLogger(__name__)
 ENGINE_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
+#: Engine answers in 4xx that say nothing about the request itself: the engine was busy or slow.
+_TRANSIENT_4XX = frozenset({408, 409, 425, 429})
+
+
 class LegFailed(Exception):
-    """A leg failed before the first token: the request may be retried on another pair."""
+    """A leg failed before the first token: the request may be retried on another pair, unless ``final``."""
 
     def __init__(self, instance_id: str, message: str, status: int | None = None) -> None:
         super().__init__(f"{instance_id}: {message}")
         self.instance_id = instance_id
         self.status = status
+
+    @property
+    def final(self) -> bool:
+        """The engine refused the request (a 4xx such as a prompt past its context length): any engine would."""
+        return self.status is not None and 400 <= self.status < 500 and self.status not in _TRANSIENT_4XX
 
 
 def _error_message(content: bytes) -> str:

@@ -66,6 +66,19 @@ def _prompt(body: dict[str, Any]) -> str | list[int]:
     raise bad_request("'prompt' must be a non-empty string or a list of token ids", param="prompt")
 
 
+def json_depth(value: Any) -> int:
+    """How deeply objects and lists nest in ``value`` (a scalar is 0), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        children = v.values() if isinstance(v, dict) else v if isinstance(v, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return deepest
+
+
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -73,7 +86,8 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise bad_request(f"messages[{i}] must be an object", param=f"messages.[{i}]")
-        if m.get("role") not in CHAT_ROLES:
+        role = m.get("role")
+        if not isinstance(role, str) or role not in CHAT_ROLES:
             raise bad_request(f"messages[{i}].role must be one of {', '.join(sorted(CHAT_ROLES))}, got {m.get('role')!r}",
                               param=f"messages.[{i}].role")
         content = m.get("content")
@@ -93,7 +107,7 @@ _EMPTY_TABLE = SloTable()
 
 
 def parse_request(raw: bytes, endpoint: Endpoint, *, counter: TokenCounter, default_max_tokens: int,
-                  max_tokens_limit: int, slo_table: SloTable | None = None) -> ParsedRequest:
+                  max_tokens_limit: int, slo_table: SloTable | None = None, max_depth: int = 64) -> ParsedRequest:
     """Validate a request body; raises :class:`APIError` (400) naming the offending parameter.
 
     The Poise extension fields ``slo`` and ``slo_class`` are resolved with ``slo_table`` (no classes when
@@ -105,6 +119,10 @@ def parse_request(raw: bytes, endpoint: Endpoint, *, counter: TokenCounter, defa
         raise bad_request(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise bad_request("request body must be a JSON object")
+    depth = json_depth(body)
+    if depth > max_depth:
+        # every field goes to the engines re-encoded; a deep one would exhaust the encoder's recursion
+        raise bad_request(f"request body nests {depth} levels deep; at most {max_depth} are accepted")
 
     model = body.get("model")
     if not isinstance(model, str) or not model:

@@ -82,7 +82,8 @@ def test_malformed_requests_do_not_disturb_others(stack: Stack) -> None:
             good = [client.post(url, json={"model": MODEL, "prompt": list(range(50 + i)), "max_tokens": 20,
                                            "ignore_eos": True}) for i in range(6)]
             bad = [
-                client.post(url, content=b"{oops"),
+                client.post(url, content=b"{oops", headers={"content-type": "application/json"}),
+                client.post(url, content=b"{oops"),  # no content type
                 client.post(url, json={"model": MODEL, "prompt": "x", "max_tokens": -1}),
                 client.post(url, json={"model": "no-such-model", "prompt": "x"}),
                 client.post(url, json={"model": MODEL, "messages": "hi"}),
@@ -91,7 +92,7 @@ def test_malformed_requests_do_not_disturb_others(stack: Stack) -> None:
             return [r.status_code for r in responses[6:]], list(responses[:6])
 
     bad_status, good = asyncio.run(go())
-    assert bad_status == [400, 400, 404, 400]
+    assert bad_status == [400, 415, 400, 404, 400]
     for r in good:
         assert r.status_code == 200, r.text
         body = r.json()

@@ -9,7 +9,7 @@ import pytest
 
 from services.gateway.errors import APIError
 from services.gateway.slo import ResolvedSlo, SloTable
-from services.gateway.validation import parse_request
+from services.gateway.validation import json_depth, parse_request
 from shared.tokens import EstimatingCounter, count_chat
 
 COUNTER = EstimatingCounter()
@@ -102,3 +102,21 @@ def test_slo_extension_is_resolved_and_stripped_priority_passes_through() -> Non
     assert p.slo == ResolvedSlo(slo_class="text", ttft_s=0.25, tpot_s=0.1, source="route")
     assert parse({"model": "m", "prompt": "a"}).slo is None
     assert parse({"model": "m", "prompt": "a", "slo": {"ttft_s": 1}}).slo == ResolvedSlo(ttft_s=1.0, source="slo")
+
+
+def test_nesting_depth_is_counted_without_recursion() -> None:
+    assert [json_depth(v) for v in ("x", [], {"a": 1}, {"a": [1, {"b": []}]})] == [0, 1, 1, 4]
+    deep: Any = 1
+    for _ in range(100_000):  # far past Python's recursion limit
+        deep = [deep]
+    assert json_depth(deep) == 100_000
+    with pytest.raises(APIError, match="nests 5 levels"):
+        parse_request(orjson.dumps({"model": "m", "prompt": "a", "x": [[[[1]]]]}), "completions", counter=COUNTER,
+                      default_max_tokens=8, max_tokens_limit=64, max_depth=4)
+
+
+@pytest.mark.parametrize("role", [{}, [], 1, None, True])
+def test_a_role_of_any_type_is_a_400(role: Any) -> None:
+    with pytest.raises(APIError) as err:
+        parse({"model": "m", "messages": [{"role": role, "content": "x"}]}, "chat")
+    assert err.value.status == 400 and err.value.param == "messages.[0].role"

@@ -1,0 +1,144 @@
+"""The gateway's input limits and validation against real engine_sim processes: nothing a client sends gets a
+5xx, oversized, slow or mistyped bodies are refused with their own status, and an engine's 4xx is final.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from tests.integration.gateway_harness import register
+from tests.integration.test_gateway_failures import BODY, MODEL, cluster, engines, gateway, wait_instances
+
+__all__ = ["cluster", "engines"]  # the fixtures, shared with the failure tests
+pytestmark = pytest.mark.asyncio
+
+JSON = {"content-type": "application/json"}
+
+
+async def test_content_type_size_and_depth_limits(cluster, engines, nats_server, etcd_server) -> None:  # type: ignore[no-untyped-def]
+    registry, ns = cluster
+    await register(registry, engines["prefill"].info("p0"), engines["decode"].info("d0"))
+    async with gateway(nats_server, etcd_server, ns, max_body_bytes=64 * 1024, max_json_depth=16) as (url, service):
+        await wait_instances(service, 2)
+        raw = orjson.dumps(BODY)
+        async with httpx.AsyncClient(timeout=30) as client:
+            for headers in ({}, {"content-type": "text/plain"}, {"content-type": "application/x-www-form-urlencoded"}):
+                r = await client.post(url + "/v1/completions", content=raw, headers=headers)
+                assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type", r.text
+            r = await client.post(url + "/v1/completions", content=raw,
+                                  headers={"content-type": "Application/JSON; charset=utf-8"})
+            assert r.status_code == 200, r.text
+
+            big = orjson.dumps({**BODY, "prompt": list(range(20_000))})  # ~110 KB
+            r = await client.post(url + "/v1/completions", content=big, headers=JSON)
+            assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large", r.text
+
+            async def chunked() -> Any:  # no Content-Length: the cap holds while reading
+                for k in range(0, len(big), 8192):
+                    yield big[k:k + 8192]
+
+            r = await client.post(url + "/v1/completions", content=chunked(), headers=JSON)
+            assert r.status_code == 413, r.text
+
+            nested: Any = "x"
+            for _ in range(300):  # past orjson's encoder limit (254) when forwarded
+                nested = {"a": nested}
+            r = await client.post(url + "/v1/completions", json={**BODY, "extra": nested})
+            assert r.status_code == 400 and "nests" in r.json()["error"]["message"], r.text
+            r = await client.post(url + "/v1/completions", json={**BODY, "extra": [[[1]]]})
+            assert r.status_code == 200, r.text
+
+
+async def test_a_trickled_body_gets_408(cluster, engines, nats_server, etcd_server) -> None:  # type: ignore[no-untyped-def]
+    registry, ns = cluster
+    async with gateway(nats_server, etcd_server, ns, body_timeout_s=0.5) as (url, service):
+        host, port = url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        raw = orjson.dumps(BODY)
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     b"content-length: %d\r\n\r\n" % len(raw) + raw[:10])
+        await writer.drain()
+        t0 = time.monotonic()
+        async with asyncio.timeout(10):
+            head = await reader.readuntil(b"\r\n\r\n")
+            rest = await reader.read()  # the gateway closes the connection after the 408
+        assert head.startswith(b"HTTP/1.1 408"), head
+        assert b"request_timeout" in rest and time.monotonic() - t0 < 5
+        writer.close()
+
+
+async def test_engine_4xx_is_final_not_retried(cluster, engines, nats_server, etcd_server) -> None:  # type: ignore[no-untyped-def]
+    registry, ns = cluster
+    # Two decode registrations: a retry would have somewhere to go.
+    await register(registry, engines["prefill"].info("p0"), engines["decode"].info("d0"), engines["decode"].info("d1"))
+    async with gateway(nats_server, etcd_server, ns) as (url, service):
+        await wait_instances(service, 3)
+        async with httpx.AsyncClient(timeout=30) as client:
+            r = await client.post(url + "/v1/completions", json={**BODY, "prompt": list(range(140_000))})
+        assert r.status_code == 400 and "context length" in r.json()["error"]["message"], r.text
+        assert service.metrics.retries._value.get() == 0  # type: ignore[attr-defined]
+
+
+def _junk(rng: random.Random, depth: int = 0) -> Any:
+    kinds = ["int", "neg", "float", "str", "bool", "null", "list", "dict", "big"] if depth < 3 else ["int", "str", "null"]
+    kind = rng.choice(kinds)
+    if kind == "list":
+        return [_junk(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    if kind == "dict":
+        return {rng.choice(["type", "text", "role", "x", "include_usage"]): _junk(rng, depth + 1)
+                for _ in range(rng.randint(0, 3))}
+    return {"int": rng.randint(0, 5), "neg": -rng.randint(1, 10**6), "float": rng.random() * 3, "str": rng.choice(["", "x", "user"]),
+            "bool": rng.random() < 0.5, "null": None, "big": 10**20}[kind]
+
+
+FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
+          "stream", "stream_options", "stop", "n", "ignore_eos", "echo", "logprobs", "priority", "slo", "slo_class",
+          "seed", "min_tokens", "stop_token_ids", "regex", "json_schema", "response_format", "logit_bias", "tools",
+          "user", "presence_penalty", "frequency_penalty", "rid", "bootstrap_room", "lora_path", "return_logprob"]
+
+
+async def test_fuzzed_bodies_never_get_a_5xx(cluster, engines, nats_server, etcd_server) -> None:  # type: ignore[no-untyped-def]
+    registry, ns = cluster
+    await register(registry, engines["prefill"].info("p0"), engines["decode"].info("d0"))
+    rng = random.Random(7)
+    bodies: list[tuple[str, dict[str, Any]]] = [
+        ("chat", {"model": MODEL, "messages": [{"role": {}, "content": "x"}]}),
+        ("chat", {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": {}}]}]}),
+        ("completions", {**BODY, "prompt": [[]]}),
+        ("completions", {**BODY, "prompt": [True, 1]}),
+    ]
+    for _ in range(240):
+        chat = rng.random() < 0.5
+        body: dict[str, Any] = {"model": MODEL, "max_tokens": 2}
+        body.update({"messages": [{"role": "user", "content": "hi"}]} if chat else {"prompt": "hello"})
+        for name in rng.sample(FIELDS, rng.randint(1, 3)):
+            body[name] = _junk(rng)
+        if rng.random() < 0.3 and chat:
+            body["messages"] = [{"role": _junk(rng), "content": _junk(rng)}]
+        bodies.append(("chat" if chat else "completions", body))
+    async with gateway(nats_server, etcd_server, ns) as (url, service):
+        await wait_instances(service, 2)
+        async with httpx.AsyncClient(timeout=60) as client:
+            sem = asyncio.Semaphore(16)
+
+            async def send(route: str, body: dict[str, Any]) -> tuple[int, str]:
+                path = "/v1/chat/completions" if route == "chat" else "/v1/completions"
+                async with sem:
+                    r = await client.post(url + path, json=body)
+                return r.status_code, r.text
+
+            results = await asyncio.gather(*(send(route, body) for route, body in bodies))
+            five = [(status, text, body) for (status, text), (_, body) in zip(results, bodies, strict=True) if status >= 500]
+            assert not five, five[:5]
+            assert sum(status == 400 for status, _ in results) > 50  # the fuzz does reach the validator
+            for status, text in results:
+                assert "error" in orjson.loads(text) if status >= 400 else True
+            r = await client.post(url + "/v1/completions", json=BODY)  # the gateway still serves
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16
