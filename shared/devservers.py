@@ -54,18 +54,56 @@ def wait_for_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen
     raise PoiseError(f"nothing listens on {host}:{port} after {timeout_s:.0f}s")
 
 
+#: Run before the real command, in the child: ask for SIGTERM when the launcher dies (Linux PR_SET_PDEATHSIG,
+#: kept across exec), leave if it already did, then exec the command. A separate exec rather than a
+#: ``preexec_fn``: Python code between fork and exec in a process with other threads (gRPC's, etcd's client)
+#: can crash or deadlock the child.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None).prctl(1, signal.SIGTERM)\n"
+    "if os.getppid() != int(sys.argv[1]): sys.exit(143)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+def die_with_parent(args: list[str]) -> list[str]:
+    """``args`` wrapped so the process ends with this one (a launcher killed with ``kill -9`` takes its
+    processes along instead of leaving them holding their ports). Unchanged where not Linux."""
+    if sys.platform != "linux":
+        return args
+    return [sys.executable, "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *args]
+
+
 class ManagedProcess:
-    """A child process with its output in a log file, stopped with SIGTERM then SIGKILL."""
+    """A child process with its output in a log file, stopped with SIGTERM then SIGKILL; it ends with its
+    launcher (:func:`die_with_parent`; start it from a thread that lives as long as it should)."""
 
     def __init__(self, name: str, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
         self.name = name
+        self.args = args
+        self.env = env
         self.log_path = log_path
+        self.starts = 0
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log: IO[bytes] = open(log_path, "ab")  # noqa: SIM115 - lives as long as the process
-        self.proc: subprocess.Popen[bytes] = subprocess.Popen(
-            args, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-            start_new_session=True,  # a Ctrl-C in the terminal goes to the launcher, which stops us in order
+        self.proc: subprocess.Popen[bytes] = self._spawn()
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        self.starts += 1
+        return subprocess.Popen(
+            die_with_parent(self.args), stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=self.env, start_new_session=True,  # a Ctrl-C in the terminal goes to the launcher, which stops us in order
         )
+
+    def restart(self) -> None:
+        """Start the same command again (after it exited), appending to the same log."""
+        if self.alive:
+            raise PoiseError(f"{self.name} is still running (pid {self.proc.pid})")
+        if self._log.closed:
+            self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
+        self._log.write(f"--- restart {self.starts} of {self.name} (last exit {self.proc.returncode})\n".encode())
+        self._log.flush()
+        self.proc = self._spawn()
 
     @property
     def alive(self) -> bool:

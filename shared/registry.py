@@ -377,6 +377,7 @@ class InstanceWatcher:
         self._on_change = on_change
         self.instances: dict[str, InstanceInfo] = {}
         self.synced = asyncio.Event()
+        self.watching = False  # the mirror follows etcd now (False from a watch failure until the next listing)
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -401,6 +402,7 @@ class InstanceWatcher:
                 instances, revision = await self._registry.list_instances()
                 self.instances = instances
                 self.synced.set()
+                self.watching = True
                 self._notify()
                 watch = await self._registry.client.watch_prefix(keys.instances_prefix().encode(), start_revision=revision + 1)
                 async for event in watch:
@@ -416,6 +418,7 @@ class InstanceWatcher:
             except asyncio.CancelledError:
                 raise
             except ETCD_ERRORS as exc:
+                self.watching = False
                 log.warning("instance watch broke (%s); resyncing", exc)
                 await asyncio.sleep(0.5)
 

@@ -233,6 +233,11 @@ class AdminEndpoint:
         return AdminReply(ok=True, message="\n".join(self._verbs[v].usage for v in self.verbs))
 
 
+def restart_delay(failures: int, first_s: float, max_s: float) -> float:
+    """Back-off before the next restart after ``failures`` consecutive failures (1 = the first): doubles, capped."""
+    return min(first_s * 2 ** max(0, failures - 1), max_s)
+
+
 def require_arg(args: dict[str, str], name: str) -> str:
     """An admin argument that must be present and non-empty (raises ``ValueError`` otherwise)."""
     value = args.get(name, "").strip()

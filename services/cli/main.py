@@ -33,6 +33,7 @@ from loadgen.replay import ReplayResult
 from loadgen.slo import PRESETS, SLO, SLOClasses, parse_slo_classes, preset_classes
 from services.cli.replay_job import ReplaySettings, run_replay
 from services.cli.stack import Stack, StackSettings, read_current_stack
+from services.cli.supervise import Supervisor
 from shared.errors import PoiseError
 from shared.latency import DEFAULT_PROFILE
 from shared.settings import ServiceSettings, parse_settings, settings_config
@@ -147,7 +148,9 @@ def cmd_up(argv: list[str]) -> int:
     except KeyboardInterrupt:
         return 130
     try:
-        auth = f"-H 'authorization: Bearer {stack.api_key}' " if stack.api_key else ""
+        # The key itself is not printed (terminal scrollback and CI logs keep it): it is in current.json, 0600.
+        current = settings.state_dir / "current.json"
+        auth = f"-H \"authorization: Bearer $(jq -r .api_key {current})\" " if stack.api_key else ""
         _print(f"try: curl -s {stack.gateway_url}/v1/completions -H 'content-type: application/json' {auth}"
                f"-d '{{\"model\": \"{settings.model}\", \"prompt\": \"Hello\", \"max_tokens\": 8}}'")
         _print("     poise admin status      (Ctrl-C stops the stack)")
@@ -155,11 +158,12 @@ def cmd_up(argv: list[str]) -> int:
             _print(f"     poise admin events      (the {settings.planner_policy} planner's flips as they happen)")
             _print("     poise bench --trace stress-mix-shift --start-s 720 --duration-s 1080 --rate-scale 6   "
                    "(load whose best split moves)")
+        supervisor = Supervisor(stack.processes, say=_print)
         while True:
             time.sleep(1.0)
-            dead = stack.check_alive()
-            if dead:
-                _print(f"process(es) exited: {', '.join(dead)}; stopping (logs in {stack.run_dir / 'logs'})")
+            reason = supervisor.poll()
+            if reason is not None:
+                _print(f"giving up: {reason}\nstopping (logs in {stack.run_dir / 'logs'})")
                 return 1
     except KeyboardInterrupt:
         _print("stopping")

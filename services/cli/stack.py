@@ -25,6 +25,7 @@ import httpx
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from loadgen.slo import slo_for
+from services.cli.stack_lock import StackLock, check_ports_free
 from shared.devservers import EtcdServer, ManagedProcess, NatsServer, free_port
 from shared.errors import PoiseError
 from shared.latency import DEFAULT_PROFILE, load_profile
@@ -67,7 +68,8 @@ class StackSettings(ServiceSettings):
     monitor_port: int = Field(9100, description="Monitor /metrics port (0 = a free port).")
     nats_port: int = Field(0, description="nats-server port (0 = a free port).")
     etcd_port: int = Field(0, description="etcd client port (0 = a free port).")
-    run_dir: Path | None = Field(None, description="Where logs and stack.json go (default .poise/runs/<timestamp>).")
+    state_dir: Path = Field(STATE_DIR, description="Where current.json (what `poise admin` and `poise bench` find) and the stack lock live: one running stack per state dir.")
+    run_dir: Path | None = Field(None, description="Where logs and stack.json go (default <state dir>/runs/<timestamp>).")
     gateway_args: list[str] = Field(default_factory=list, description="Extra flags for the gateway (JSON list).")
     planner_args: list[str] = Field(default_factory=list, description="Extra flags for the planner (JSON list), e.g. [\"--tick-interval-s\", \"1\"].")
     ready_timeout_s: float = Field(60.0, description="How long to wait for every engine to register.")
@@ -250,7 +252,9 @@ class Stack:
         self._progress = progress or (lambda line: None)
         self._t0 = time.monotonic()
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        self.run_dir = settings.run_dir or STATE_DIR / "runs" / stamp
+        self.state_dir = settings.state_dir
+        self.run_dir = settings.run_dir or self.state_dir / "runs" / stamp
+        self._lock: StackLock | None = None
         self.processes: list[ManagedProcess] = []
         self.engines: dict[str, str] = {}  # instance id -> engine URL
         self._given_ports: set[int] = set()
@@ -314,6 +318,15 @@ class Stack:
         return [NatsUser(user, creds.nats[user], p) for user, p in permissions.items()]
 
     def start(self) -> None:
+        s = self.settings
+        self._lock = StackLock(self.state_dir)  # before anything starts: a second stack here is refused
+        try:
+            check_ports_free(s.host, [("gateway", s.gateway_port), ("monitor", s.monitor_port),
+                                      ("nats-server", s.nats_port), ("etcd", s.etcd_port)])
+        except BaseException:
+            self._lock.release()
+            self._lock = None
+            raise
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
             self._start()
@@ -425,8 +438,9 @@ class Stack:
                  "credentials_file": str((self.run_dir / "credentials.json").resolve()) if self.credentials else None}
         text = json.dumps(state, indent=2)
         _write_private(self.run_dir / "stack.json", text)
-        STATE_DIR.mkdir(exist_ok=True)
-        _write_private(STATE_DIR / "current.json", text)
+        _write_private(self.state_dir / "current.json", text)
+        if self._lock is not None:
+            self._lock.describe(gateway=self.gateway_url, run_dir=str(self.run_dir))
 
     def check_alive(self) -> list[str]:
         """Processes that died. A worker that exited 0 retired on purpose (the planner scaled it in): not dead."""
@@ -449,13 +463,16 @@ class Stack:
             if server is not None:
                 server.stop()
         self.etcd = self.nats = None
-        current = STATE_DIR / "current.json"
-        if current.exists():
+        current = self.state_dir / "current.json"
+        if current.exists() and self._lock is not None:  # only the lock's holder wrote it
             try:
                 if json.loads(current.read_text()).get("run_dir") == str(self.run_dir):
                     current.unlink()
             except (OSError, ValueError):
                 pass
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
         self._say("stack stopped")
 
 

@@ -188,11 +188,8 @@ def create_app(service: GatewayService) -> GatewayApp:
 
     @app.get("/health")
     async def health() -> Response:
-        ready = service.bus is not None and service.bus.is_connected
-        engines = service.cluster.instances
-        body = {"status": "ok" if ready else "degraded", "instances": len(engines),
-                "roles": sorted({i.role for i in engines.values()})}
-        return _json(body, 200 if ready else 503)
+        body, serving = service.health()  # 200 exactly when a request can be served (GatewayService.health)
+        return _json(body, 200 if serving else 503)
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -84,6 +84,14 @@ class ClusterView:
             ))
         return views
 
+    def servable_models(self) -> list[str]:
+        """Models with a ready prefill + decode pair or a ready colocated engine: what a request can get now."""
+        ready: dict[str, set[str]] = {}
+        for info in self.instances.values():
+            if info.status == "ready":
+                ready.setdefault(info.model, set()).add(info.role)
+        return sorted(m for m, roles in ready.items() if "null" in roles or {"prefill", "decode"} <= roles)
+
     def inflight_total(self) -> int:
         return sum(s.reqs for s in self._inflight.values())
 

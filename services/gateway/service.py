@@ -109,6 +109,30 @@ class GatewayService:
                  self.policy.name, len(self.cluster.instances), len(self.slo_table.classes),
                  f"{s.late_binding_policy} depth {s.late_binding_depth}" if self.late_binding else "off")
 
+    def health(self) -> tuple[dict[str, object], bool]:
+        """The gateway's ``/health`` body, and whether it can take requests (a load balancer's question).
+
+        ``ok``: an engine pair (or colocated engine) is ready and the control plane is connected;
+        ``degraded``: requests are served from the last view of the instances, but NATS or the etcd watch is
+        down (no load reports or membership changes reach the gateway); ``unavailable``: no model has a ready
+        pair; ``draining``: the gateway is shutting down.
+        """
+        nats = self.bus is not None and self.bus.is_connected
+        etcd = self._watcher is not None and self._watcher.watching
+        servable = self.cluster.servable_models()
+        if self._stopped:
+            status = "draining"
+        elif not servable:
+            status = "unavailable"
+        else:
+            status = "ok" if nats and etcd else "degraded"
+        engines = self.cluster.instances
+        body: dict[str, object] = {
+            "status": status, "instances": len(engines), "roles": sorted({i.role for i in engines.values()}),
+            "servable_models": servable, "nats": "connected" if nats else "disconnected",
+            "etcd_watch": "watching" if etcd else "resyncing", "inflight": self.cluster.inflight_total()}
+        return body, status in ("ok", "degraded")
+
     async def stop(self) -> None:
         if self._stopped:
             return

@@ -174,11 +174,6 @@ def check_sglang_version(version: str, python: str, *, allow_unpinned: bool = Fa
     log.warning("%s (sglang_allow_unpinned is set: launching)", message)
 
 
-def restart_delay(failures: int, first_s: float, max_s: float) -> float:
-    """Back-off before the next restart after ``failures`` consecutive failures (1 = the first): doubles, capped."""
-    return min(first_s * 2 ** max(0, failures - 1), max_s)
-
-
 def resolve_ports(settings: WorkerSettings, free_port: Callable[[str], int]) -> WorkerSettings:
     """Make the ports of a spawned engine concrete: 0 means a free port on ``engine_host``; an unset bootstrap
     port means SGLang's default 8998 for sglang and a free port for sim. ``attach`` is left as it is."""

@@ -49,8 +49,8 @@ from services.worker.launcher import (
     check_sglang_version,
     installed_sglang_version,
     resolve_ports,
-    restart_delay,
 )
+from services.worker.orphan import AdoptedEngine, pid_file, previous_engine, remove_pid_file, write_pid_file
 from shared.bus import Bus, bus_from_settings
 from shared.devservers import free_port
 from shared.engine_client import EngineClient, EngineLoads, EngineServerInfo
@@ -69,12 +69,22 @@ from shared.protocol import (
 from shared.protocol.engine_forecast import FORECAST_PATH
 from shared.protocol.messages import InstanceStatus, PlannerEvent, Role
 from shared.registry import ETCD_ERRORS, InstanceRegistration, Registry, registry_from_settings
-from shared.runtime import AdminEndpoint, AsyncServiceMixin, StopOnce, Uptime, cancel_and_wait, replica_id, require_arg
+from shared.runtime import (
+    AdminEndpoint,
+    AsyncServiceMixin,
+    StopOnce,
+    Uptime,
+    cancel_and_wait,
+    replica_id,
+    require_arg,
+    restart_delay,
+)
 
 log = logging.getLogger(__name__)
 
 _ROLES: tuple[Role, ...] = ("prefill", "decode", "null")
 _RESTART_ERRORS: tuple[type[BaseException], ...] = (PoiseError, OSError, *ETCD_ERRORS)
+ADOPT_HEALTH_TIMEOUT_S = 30.0  # a previous run's engine that is not healthy by then is replaced
 _SWITCH_ERRORS: tuple[type[BaseException], ...] = (PoiseError, *ETCD_ERRORS)
 
 
@@ -135,7 +145,8 @@ class WorkerService(AsyncServiceMixin):
         self._command_sub: Any = None
         self._forecast_sub: Any = None
         self._forecast = ForecastRelay(ttl_s=settings.forecast_ttl_s)
-        self._engine: EngineProcess | None = None
+        self._engine: EngineProcess | AdoptedEngine | None = None
+        self._adopted = False  # the engine is one a previous run of this sidecar left running
         self._engine_info: EngineServerInfo | None = None
         self._profile: LatencyProfile | None = None
         self._registered = False
@@ -232,7 +243,9 @@ class WorkerService(AsyncServiceMixin):
                     await self._registration.deregister()
                 self._registered = False
         if self._engine is not None:
+            pid = self._engine.pid
             await self._engine.stop(self.settings.stop_timeout_s)
+            remove_pid_file(pid_file(self.settings.log_dir, self.instance_id), pid)
         if self._http is not None:
             await self._http.aclose()
         if self._bus is not None:
@@ -242,15 +255,39 @@ class WorkerService(AsyncServiceMixin):
 
     # -- engine process ----------------------------------------------------------------------------
     async def _launch(self) -> None:
+        """Start the engine, or adopt the one a previous run of this sidecar left running (services/worker/orphan.py)."""
         argv = build_engine_command(self.settings, role=self.role)
         assert argv is not None
         log_path = self.settings.log_dir / f"engine-{self.instance_id}.log"
-        self._engine = EngineProcess(argv, log_path, env=self.settings.engine_env)
-        await self._engine.start()
+        pids = pid_file(self.settings.log_dir, self.instance_id)
+        previous = previous_engine(pids)
+        if previous is not None:
+            orphan = AdoptedEngine(*previous, log_path)
+            if previous[1] == argv and await self._adopt(orphan):
+                return
+            log.warning("stopping engine pid %d that a previous run of %s left running", previous[0], self.instance_id)
+            await orphan.stop(self.settings.stop_timeout_s)
+        self._adopted = False
+        engine = EngineProcess(argv, log_path, env=self.settings.engine_env)
+        self._engine = engine
+        await engine.start()
+        assert engine.pid is not None
+        write_pid_file(pids, engine.pid, argv)
 
-    async def _wait_healthy(self) -> None:
+    async def _adopt(self, orphan: AdoptedEngine) -> bool:
+        """Take over a previous run's engine if it answers /health soon; its role is read from it (it may have flipped)."""
+        log.warning("worker %s: adopting engine pid %s that a previous run left running", self.instance_id, orphan.pid)
+        self._engine, self._adopted = orphan, True
+        try:
+            await self._wait_healthy(min(self.settings.health_timeout_s, ADOPT_HEALTH_TIMEOUT_S))
+        except (EngineError, EngineTimeout) as exc:
+            log.warning("worker %s: the previous engine is not healthy (%s); starting a new one", self.instance_id, exc)
+            return False
+        return True
+
+    async def _wait_healthy(self, timeout_s: float | None = None) -> None:
         assert self._client is not None
-        timeout_s = self.settings.health_timeout_s
+        timeout_s = self.settings.health_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout_s
         last = "no answer yet"
         delay = 0.05
@@ -284,7 +321,7 @@ class WorkerService(AsyncServiceMixin):
         if reported is not None and reported not in _ROLES:
             log.warning("engine reports unknown disaggregation mode %r", reported)
             reported = None
-        if self.settings.engine_kind == "attach":
+        if self.settings.engine_kind == "attach" or self._adopted:
             if self.role is not None and reported is not None and reported != self.role:
                 log.warning("engine at %s runs as %s, not %s as configured; registering %s", self.url, reported,
                             self.role, reported)

@@ -282,7 +282,8 @@ def main() -> None:
     command = shlex.join([Path(sys.executable).name, "-m", "tests.bench.flip_latency", *sys.argv[1:]])
     load_before = os.getloadavg()[0]
     settings = load_settings(StackSettings, gateway_port=0, monitor_port=0, planner_policy="poise",
-                             run_dir=Path(".poise/bench") / f"flip-{time.strftime('%H%M%S')}")
+                             run_dir=(run := Path(".poise/bench") / f"flip-{time.strftime('%H%M%S')}"),
+                             state_dir=run)  # its own lock and state: it may run beside `poise up`
     stack = Stack(settings, progress=lambda line: print(line, file=sys.stderr))
     stack.start()
     try:

@@ -54,7 +54,8 @@ async def _pair(engine_url: str, gateway_url: str, rate: float, duration_s: floa
 def bench_gateway(duration_s: float, rates: list[float], sweep: list[float]) -> dict[str, Any]:
     # No API key: the load clients compare the same request sent to the engine and to the gateway unchanged.
     settings = StackSettings(prefill=0, decode=0, colocated=1, time_scale=0.0, model=MODEL, gateway_port=0, auth=False,
-                             monitor_port=0, run_dir=Path(".poise/bench") / time.strftime("%Y%m%d-%H%M%S"))
+                             monitor_port=0, run_dir=(run := Path(".poise/bench") / time.strftime("%Y%m%d-%H%M%S")),
+                             state_dir=run)  # its own lock and state: it may run beside `poise up`
     stack = Stack(settings, progress=lambda line: print(line, file=sys.stderr))
     stack.start()
     try:

@@ -120,7 +120,8 @@ def main() -> None:
     command = shlex.join([Path(sys.executable).name, "-m", "tests.bench.sim_fidelity", *sys.argv[1:]])
     model = LatencyModel(load_profile())
     stack = Stack(StackSettings(gateway_port=0, monitor_port=0, planner_policy="static",  # static-minload, as simulated
-                                run_dir=Path(".poise/bench") / f"fidelity-{time.strftime('%H%M%S')}"),
+                                run_dir=(run := Path(".poise/bench") / f"fidelity-{time.strftime('%H%M%S')}"),
+                                state_dir=run),  # its own lock and state: it may run beside `poise up`
                   progress=lambda line: print(line, file=sys.stderr))
     stack.start()
     if "--calibrate" in sys.argv[1:]:

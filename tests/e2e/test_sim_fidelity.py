@@ -58,7 +58,7 @@ def test_live_stack_and_simulator_agree_on_a_short_slice(tmp_path: Path) -> None
     trace, slo = load_trace(TRACE), slo_for(TRACE)
     calibration = trace.slice(CALIBRATION_START_S, CALIBRATION_S)
     workload = trace.slice(START_S, DURATION_S)
-    settings = StackSettings(prefill=2, decode=2, gateway_port=0, monitor_port=0, run_dir=tmp_path / "stack",
+    settings = StackSettings(prefill=2, decode=2, gateway_port=0, monitor_port=0, run_dir=tmp_path / "stack", state_dir=tmp_path,
                              planner_policy="static")  # the static-minload mix the simulator runs
     model = LatencyModel(load_profile(settings.profile))
     stack = Stack(settings, progress=print)

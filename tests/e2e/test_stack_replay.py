@@ -31,7 +31,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     run_dir = tmp_path_factory.mktemp("stack")
     # The static planner: these tests check the plumbing and the roles they set themselves, so no policy flip
     # may move an engine under them (the default poise planner would, under the replay's load).
-    settings = StackSettings(prefill=2, decode=2, gateway_port=0, monitor_port=0, run_dir=run_dir, model=MODEL,
+    settings = StackSettings(prefill=2, decode=2, gateway_port=0, monitor_port=0, run_dir=run_dir, state_dir=run_dir, model=MODEL,
                              planner_policy="static")
     s = Stack(settings, progress=print)
     s.start()

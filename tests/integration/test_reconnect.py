@@ -5,15 +5,18 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import httpx
+import msgspec
 import pytest
 
 from shared.bus import Bus
 from shared.devservers import EtcdServer, NatsServer
 from shared.protocol import InstanceInfo, Keys, LoadReport, Subjects
 from shared.registry import InstanceRegistration, InstanceWatcher, Registry
+from tests.integration.gateway_harness import run_gateway
 from tests.integration.waiting import until
 
 pytestmark = pytest.mark.asyncio
@@ -41,7 +44,7 @@ async def test_watcher_and_registration_survive_an_etcd_restart(tmp_path: Path) 
     await _until(lambda: "d0" in watcher.instances)
 
     etcd.stop()
-    await asyncio.sleep(1.0)
+    await _until(lambda: not watcher.watching)
     etcd = EtcdServer(tmp_path, port=etcd.port)  # same data dir and port: the cluster comes back
     try:
         # A new registration after the restart reaches the watcher, and the old one is still (or again) there.
@@ -83,7 +86,7 @@ async def test_bus_reconnects_after_a_nats_restart(tmp_path: Path) -> None:
 
     await sub_bus.subscribe(subjects.load_all(), LoadReport, on_load)
     nats.stop()
-    await asyncio.sleep(0.5)
+    await _until(lambda: not sub_bus.is_connected)
     nats = NatsServer(tmp_path, port=nats.port, jetstream=False)
     try:
         # Publish until the resubscribed subscriber hears one (both clients reconnect on their own).
@@ -99,3 +102,40 @@ async def test_bus_reconnects_after_a_nats_restart(tmp_path: Path) -> None:
         await sub_bus.close()
         await pub_bus.close()
         nats.stop()
+
+
+async def test_gateway_health_says_degraded_while_the_control_plane_is_down(tmp_path: Path) -> None:
+    """Serving from its last view while NATS or etcd is down: 200 "degraded", not 503; back to "ok" after."""
+    nats, etcd = NatsServer(tmp_path / "nats", jetstream=False), EtcdServer(tmp_path / "etcd")
+    registry = Registry(etcd.url, Keys("health"))
+    await registry.connect()
+    registrations = [InstanceRegistration(registry, ttl_s=30) for _ in range(2)]
+    try:
+        async with run_gateway(nats, etcd, "health") as (url, service), httpx.AsyncClient(timeout=5) as client:
+            async def health() -> tuple[int, str]:
+                r = await client.get(url + "/health")
+                return r.status_code, r.json()["status"]
+
+            assert await health() == (503, "unavailable")  # no engine yet: a load balancer must not send here
+            await registrations[0].register(msgspec.structs.replace(_info("d0"), role="decode", model="m"))
+            await registrations[1].register(msgspec.structs.replace(_info("p0"), role="prefill", model="m"))
+            await _until_async(lambda: health(), (200, "ok"))
+            nats.stop()
+            await _until_async(lambda: health(), (200, "degraded"))
+            nats = NatsServer(tmp_path / "nats", port=nats.port, jetstream=False)
+            await _until_async(lambda: health(), (200, "ok"))
+            etcd.stop()
+            await _until_async(lambda: health(), (200, "degraded"))
+            etcd = EtcdServer(tmp_path / "etcd", port=etcd.port)
+            await _until_async(lambda: health(), (200, "ok"))
+    finally:
+        await registry.close()
+        nats.stop()
+        etcd.stop()
+
+
+async def _until_async(probe: Callable[[], Awaitable[object]], want: object, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (got := await probe()) != want:
+        assert time.monotonic() < deadline, f"still {got}, want {want}"
+        await asyncio.sleep(0.1)

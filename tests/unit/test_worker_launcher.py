@@ -10,9 +10,9 @@ from services.worker.launcher import (
     build_engine_command,
     check_sglang_version,
     resolve_ports,
-    restart_delay,
 )
 from shared.errors import ConfigError
+from shared.runtime import restart_delay
 from shared.settings import load_settings, parse_settings
 
 
