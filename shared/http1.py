@@ -102,6 +102,12 @@ class Response:
     async def aclose(self) -> None:
         self.close()
 
+    def abort(self) -> None:
+        """Drop the connection now: a read waiting on it ends with EOF (how a stalled stream is given up)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn[1].transport.abort()
+
 
 class Http1Pool:
     """Keep-alive connections per (host, port); a connection carries one request at a time."""

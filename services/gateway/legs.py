@@ -123,6 +123,9 @@ class Attempt:
     base_tokens: int = 0
     predict_length: bool = False  # ask a sim decode engine for remaining-length predictions on the stream
     done_seen: bool = False  # the decode stream ended with [DONE] (not with a broken connection)
+    last_event_at: float = field(default_factory=time.monotonic)  # the decode stream's last event (or wait start)
+    reading: bool = False  # the gateway is waiting for the decode stream's next event
+    stalled: str | None = None  # why the gateway gave up on the decode stream (no progress), if it did
 
     def bodies(self, body: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         decode_body = dict(body)
@@ -209,13 +212,24 @@ class Attempt:
 
     async def _read_event(self) -> Event | None:
         assert self._lines is not None
+        # Progress is judged only while the gateway waits on the engine: a client reading slowly holds the
+        # stream up at the gateway's side, and that is no stall of the engine.
+        self.last_event_at = time.monotonic()
+        self.reading = True
+        try:
+            return await self._next_decode_event()
+        finally:
+            self.reading = False
+
+    async def _next_decode_event(self) -> Event | None:
+        assert self._lines is not None
         while True:
             try:
                 line = await self._lines.__anext__()
             except StopAsyncIteration:
-                raise LegFailed(self.decode.instance_id, "the decode stream ended without [DONE]") from None
+                raise LegFailed(self.decode.instance_id, self.stalled or "the decode stream ended without [DONE]") from None
             except (OSError, EOFError, ValueError) as exc:  # EOFError: asyncio.IncompleteReadError, a cut chunk
-                raise LegFailed(self.decode.instance_id, f"the decode stream broke: {exc!r}") from exc
+                raise LegFailed(self.decode.instance_id, self.stalled or f"the decode stream broke: {exc!r}") from exc
             if not line.startswith(b"data:"):
                 continue
             data = line[5:].strip()
@@ -226,6 +240,7 @@ class Attempt:
                     async for _ in self._lines:
                         pass
                 return None
+            self.last_event_at = time.monotonic()
             try:
                 event = _parse_event(data, self.endpoint)
             except orjson.JSONDecodeError:
@@ -234,6 +249,13 @@ class Attempt:
             if "error" in event.data and not event.data.get("choices"):
                 raise LegFailed(self.decode.instance_id, _error_message(data))
             return event
+
+    def give_up_stalled(self, reason: str) -> None:
+        """End the decode stream: its engine made no progress. The read waiting on it fails with ``reason``
+        (a :class:`LegFailed`), which the request's flow rescues like any broken stream."""
+        if self._response is not None and not self.finished:
+            self.stalled = reason
+            self._response.abort()
 
     async def wait_first_token(self, timeout_s: float) -> None:
         """Read until the first content token, watching the prefill leg meanwhile.

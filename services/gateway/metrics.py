@@ -36,6 +36,8 @@ class GatewayMetrics:
         self.migration_stall = Histogram("poise_gateway_migration_stall_seconds",
                                          "Client-visible gap of a move: last source token to the target's first",
                                          buckets=_LATENCY_BUCKETS, registry=r)
+        self.stalls = Counter("poise_gateway_stalled_streams",
+                              "Decode streams given up after stall_timeout_s without a token (then rescued)", registry=r)
         self.rescues = Counter("poise_gateway_rescues",
                                "Requests resumed on another pair after their decode stream broke mid-answer",
                                registry=r)

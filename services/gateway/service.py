@@ -80,6 +80,7 @@ class GatewayService:
         self._background: set[asyncio.Task[None]] = set()
         self._events: list[RequestEvent] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._stall_watch: asyncio.Task[None] | None = None
 
     async def _on_load(self, report: LoadReport, subject: str) -> None:
         await self.cluster.on_load(report, subject)
@@ -105,6 +106,8 @@ class GatewayService:
         self._watcher = InstanceWatcher(self.registry, on_change=self._on_instances)
         await self._watcher.start()
         self._flusher = asyncio.create_task(self._flush_events_loop(), name="request-event-flusher")
+        if s.stall_timeout_s > 0:
+            self._stall_watch = asyncio.create_task(self._stall_watch_loop(), name="stalled-stream-watch")
         log.info("gateway ready on %s:%d (policy %s, %d instances, %d SLO classes, late binding %s)", s.host, s.port,
                  self.policy.name, len(self.cluster.instances), len(self.slo_table.classes),
                  f"{s.late_binding_policy} depth {s.late_binding_depth}" if self.late_binding else "off")
@@ -139,6 +142,8 @@ class GatewayService:
         self._stopped = True
         if self._flusher is not None:
             self._flusher.cancel()
+        if self._stall_watch is not None:
+            self._stall_watch.cancel()
         if self.late_binding is not None:
             self.late_binding.close()
         if self._background:  # let in-flight aborts reach the engines before the client pool closes
@@ -272,6 +277,29 @@ class GatewayService:
                 error=o.error,
             )
             self._events.append(event)
+
+    async def _stall_watch_loop(self) -> None:
+        """Give up decode streams whose engine stopped producing tokens (SIGSTOPped, hung, its GPU wedged).
+
+        One sweep over the requests in flight every quarter of ``stall_timeout_s`` (at most 1 s), not a
+        timer per token: a stream is judged only while the gateway waits on it, and only after its first
+        token (before that, ``first_token_timeout_s`` applies). Its flow then rescues it on another pair.
+        """
+        timeout = self.settings.stall_timeout_s
+        while True:
+            await asyncio.sleep(min(1.0, timeout / 4))
+            now = time.monotonic()
+            for flow in list(self.flows.values()):
+                attempt = flow.attempt
+                if attempt is None or not attempt.reading or flow.moving is not None \
+                        or flow.outcome.first_token_at is None:
+                    continue
+                idle = now - attempt.last_event_at
+                if idle > timeout:
+                    reason = f"no token from {attempt.decode.instance_id} for {idle:.1f}s: the decode engine stalled"
+                    log.warning("request %s: %s; resuming it elsewhere", flow.client_id, reason)
+                    self.metrics.stalls.inc()
+                    attempt.give_up_stalled(reason)
 
     async def _flush_events_loop(self) -> None:
         while True:

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import httpx
+import orjson
 import pytest
 import pytest_asyncio
 
@@ -206,3 +209,40 @@ async def test_hanging_up_before_the_first_token_aborts_the_prefill(cluster, eng
                 assert time.monotonic() < deadline, f"prefill engine still busy with the abandoned request: {loads}"
                 await asyncio.sleep(0.05)
         assert service.metrics.requests.labels("completions", "aborted")._value.get() == 1  # type: ignore[attr-defined]
+
+
+async def test_a_stalled_decode_engine_has_its_streams_rescued(cluster, engines, nats_server, etcd_server,  # type: ignore[no-untyped-def]
+                                                               tmp_path) -> None:
+    """SIGSTOP of the decode engine mid-stream: no token for stall_timeout_s, so the stream is resumed on the
+    other decode engine and the client gets every token, in time; the stopped engine stays registered."""
+    registry, ns = cluster
+    other = SimEngine(tmp_path, "decode", MODEL, 0.2)
+    wait_for_port("127.0.0.1", other.port, 30, other.proc.proc)
+    await register(registry, engines["prefill"].info("p0"), engines["decode"].info("d0"), other.info("d1"))
+    stopped: int | None = None
+    try:
+        async with gateway(nats_server, etcd_server, ns, stall_timeout_s=1.0, dispatch_policy="round-robin") as (url, service):
+            await wait_instances(service, 3)
+            async with httpx.AsyncClient(timeout=60) as client:
+                body = {**BODY, "max_tokens": 400, "stream": True, "stream_options": {"include_usage": True}}
+                t0 = time.monotonic()
+                async with client.stream("POST", url + "/v1/completions", json=body) as r:
+                    assert r.status_code == 200
+                    usage = None
+                    async for line in r.aiter_lines():
+                        if stopped is None and line.startswith("data:") and '"text"' in line:
+                            flow = next(iter(service.flows.values()))
+                            assert flow.attempt is not None
+                            victim = engines["decode"] if flow.attempt.decode.instance_id == "d0" else other
+                            stopped = victim.proc.proc.pid
+                            os.kill(stopped, signal.SIGSTOP)
+                        if line.startswith("data: {") and '"usage"' in line:
+                            usage = orjson.loads(line[6:]).get("usage") or usage
+                elapsed = time.monotonic() - t0
+        assert usage is not None and usage["completion_tokens"] == 400
+        assert service.metrics.stalls._value.get() == 1 and service.metrics.rescues._value.get() == 1  # type: ignore[attr-defined]
+        assert elapsed < 20  # ~1 s of stall detection, not the request deadline
+    finally:
+        if stopped is not None:
+            os.kill(stopped, signal.SIGCONT)
+        other.proc.stop()
