@@ -31,7 +31,7 @@ from pydantic import Field
 
 from loadgen.replay import ReplayResult
 from loadgen.slo import PRESETS, SLO, SLOClasses, parse_slo_classes, preset_classes
-from services.cli.replay_job import ReplaySettings, run_replay
+from services.cli.replay_job import ReplaySettings, TraceSliceSettings, run_replay
 from services.cli.stack import Stack, StackSettings, read_current_stack
 from services.cli.supervise import Supervisor
 from shared.errors import PoiseError
@@ -211,7 +211,7 @@ def cmd_bench(argv: list[str]) -> int:
     return 0
 
 
-class _SimFields(ReplaySettings):
+class _SimFields(TraceSliceSettings):
     """The fields `SimSettings` and `GoodputSettings` share."""
 
     duration_s: float | None = Field(None, description="Length of the slice in trace seconds (unset = the whole trace).")

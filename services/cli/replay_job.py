@@ -21,21 +21,27 @@ from services.cli.stack import current_api_key
 from shared.settings import ServiceSettings
 
 
-class ReplaySettings(ServiceSettings):
-    """Which slice of which trace to replay, and where the report goes."""
+class TraceSliceSettings(ServiceSettings):
+    """Which slice of which trace, at what rate, and where the report goes: what a live replay and the
+    simulator share."""
 
     trace: str = Field("azure-conv", description="Trace: azure-code, azure-conv, mooncake-conv, mooncake-synthetic, a stress-set workload (stress-step, stress-ramp, stress-bursts, stress-mix-shift, stress-diurnal; held out for evaluation, see loadgen/stress.py), or a path to an Azure CSV / Mooncake JSONL file.")
     start_s: float = Field(0.0, description="Where the slice starts in the trace, in seconds.")
     duration_s: float | None = Field(180.0, description="Length of the slice in trace seconds (unset = to the end).")
     max_requests: int | None = Field(None, description="Stop the slice after this many requests.")
     rate_scale: float = Field(1.0, description="Request-rate multiplier: timestamps are divided by it (Arrow's method).")
-    endpoint: str = Field("completions", description="completions (token-id prompts, exact lengths) or chat (text prompts).")
     out_dir: Path | None = Field(None, description="Report directory (default .poise/results/<run>-<timestamp>).")
+
+
+class ReplaySettings(TraceSliceSettings):
+    """A trace slice sent to a gateway over HTTP."""
+
+    endpoint: str = Field("completions", description="completions (token-id prompts, exact lengths) or chat (text prompts).")
     timeout_s: float = Field(600.0, description="Per-request timeout in seconds.")
     api_key: str | None = Field(None, description="Bearer API key for the gateway (default: the key of the stack `poise up` started here, when it is that stack's gateway).")
 
 
-def select_workload(settings: ReplaySettings) -> Workload:
+def select_workload(settings: TraceSliceSettings) -> Workload:
     workload = load_trace(settings.trace)
     return workload.slice(settings.start_s, settings.duration_s, settings.max_requests)
 

@@ -16,7 +16,8 @@ What keeps it stable, and why each rule is there:
 - No flip while one is in flight: the next decision sees the last flip's effect (a flip drains an instance,
   so two at once take two instances away from serving).
 - ``cooldown_s`` after a flip before the next, and an instance that flipped stays ``min_dwell_s`` in its new
-  role: at most one flip per instance per ``min_dwell_s``, so no ping-pong.
+  role: at most one flip per instance per ``min_dwell_s``, so no ping-pong. A flip that was called off
+  counts too: the instance begins no other drain for ``min_dwell_s``.
 - The hysteresis ``min_gain`` and the smoothing ``window_s``: a split is only worth a drain when the model
   says it is clearly better over minutes, not seconds; the drain costs the instance's work for its length.
 - A drain has a deadline (the planner's ``drain_timeout_s``; the simulator's ``SimCosts.drain_timeout_s``):
@@ -163,8 +164,9 @@ class PoisePools:
         direction = 1 if new_role == "prefill" else -1
         wait = min(self.params.max_backoff_s, self.params.backoff_s * 2 ** (self._called_off - 1))
         self._blocked_until[direction] = now_s + wait
-        self._flipped_at.pop(instance_id, None)  # it never changed role: no dwell
-        self._last_direction = 0  # nor does the reverse direction have to wait for it
+        # It keeps its dwell although its role did not change: a drain that ran past its deadline says it is
+        # busy, and an instance begins at most one drain per ``min_dwell_s`` (the next try takes another).
+        self._last_direction = 0  # the reverse direction need not wait for a flip that did not happen
 
     def _queued_prefill_s(self, inst: InstanceLoad, mix: Mix) -> float:
         """Prefill seconds waiting on ``inst``: its queued uncached tokens at the mix's mean prompt length."""

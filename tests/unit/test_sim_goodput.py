@@ -103,3 +103,12 @@ def test_goodput_takes_a_users_trace_with_its_slo_and_writes_json_out(tmp_path: 
     assert ok.returncode == 0, ok.stderr
     doc = json.loads((tmp_path / "g.json").read_text())
     assert doc["slo"] == {"ttft_s": 30.0, "tpot_s": 0.1} and doc["results"][0]["yardstick"]["rate_mode"] == "natural"
+
+
+@pytest.mark.parametrize("command", [["sim"], ["sim", "goodput"]])
+def test_sim_help_lists_no_gateway_options(command: list[str]) -> None:
+    out = subprocess.run([sys.executable, "-m", "services.cli", *command, "--help"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0 and "--trace" in out.stdout
+    for flag in ("--api-key", "--endpoint", "--timeout-s"):  # they mean something to a live replay only
+        assert flag not in out.stdout
