@@ -162,6 +162,11 @@ def _error_message(response: httpx.Response) -> str:
     return str(body)[:500]
 
 
+def engine_auth_headers(api_key: str | None) -> dict[str, str]:
+    """The header an engine started with ``--api-key`` wants on every call but health and metrics."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 class EngineClient:
     """Control-plane calls to one engine. ``engine_id`` only labels errors."""
 

@@ -112,7 +112,10 @@ class Response:
 class Http1Pool:
     """Keep-alive connections per (host, port); a connection carries one request at a time."""
 
-    def __init__(self, *, connect_timeout_s: float = 5.0, max_idle_per_peer: int = 512) -> None:
+    def __init__(self, *, connect_timeout_s: float = 5.0, max_idle_per_peer: int = 512,
+                 headers: dict[str, str] | None = None) -> None:
+        # ``headers``: sent with every request (the engines' Authorization)
+        self._extra_head = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
         self._connect_timeout_s = connect_timeout_s
         self._max_idle = max_idle_per_peer
@@ -124,7 +127,7 @@ class Http1Pool:
         host, port, target = split_url(url)
         peer = (host, port)
         head = (f"{method} {target} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Length: {len(body) if body else 0}\r\n"
-                f"Content-Type: {content_type}\r\nAccept: */*\r\n\r\n").encode()
+                f"Content-Type: {content_type}\r\nAccept: */*\r\n{self._extra_head}\r\n").encode()
         payload = head + body if body else head
         for attempt in (0, 1):
             conn, reused = self._checkout(peer)

@@ -45,11 +45,13 @@ class Credentials(msgspec.Struct, kw_only=True):
     etcd_password: str | None = None
     etcd_root_password: str | None = None
     api_key: str | None = None  # the gateway's bearer key
+    engine_api_key: str | None = None  # the engines' (SGLang --api-key): held by the gateway and the sidecars
 
     @classmethod
     def generate(cls, nats_users: Iterable[str], *, api_key: str | None = None) -> Credentials:
         return cls(nats={u: new_secret() for u in nats_users}, etcd_user=ETCD_USER, etcd_password=new_secret(),
-                   etcd_root_password=new_secret(), api_key=api_key if api_key is not None else new_secret())
+                   etcd_root_password=new_secret(), api_key=api_key if api_key is not None else new_secret(),
+                   engine_api_key=new_secret())
 
     def nats_password(self, user: str) -> str:
         try:
@@ -60,7 +62,7 @@ class Credentials(msgspec.Struct, kw_only=True):
     def subset(self, nats_users: Iterable[str]) -> Credentials:
         """Only these NATS users and the etcd ``poise`` user: what one process may be handed."""
         return Credentials(nats={u: self.nats[u] for u in nats_users if u in self.nats}, etcd_user=self.etcd_user,
-                           etcd_password=self.etcd_password)
+                           etcd_password=self.etcd_password, engine_api_key=self.engine_api_key)
 
     def write(self, path: Path) -> None:
         """Write as JSON, readable by this user only (created 0600; never world-readable, not even briefly)."""

@@ -39,6 +39,7 @@ DEFAULT_SLO_TRACE = "azure-conv"  # Arrow Table 1's Azure conversation SLO (2 s 
 ENV_PREFIX = {"services.monitor": "POISE_MONITOR_", "services.planner": "POISE_PLANNER_",
               "services.migrator": "POISE_MIGRATOR_", "services.gateway": "POISE_GATEWAY_",
               "services.worker": "POISE_WORKER_"}
+ENGINE_KEY_HOLDERS = ("services.gateway", "services.worker")  # the processes that call the engines' HTTP APIs
 ROLE_PREFIX = {"prefill": "p", "decode": "d", "null": "c"}  # instance ids: p0, d1, c0 (as the local connector's)
 DEFAULT_DISPATCH_POLICY = "least-load"  # with every planner policy but poise
 DEFAULT_PLANNER_POLICY = "poise"  # the P:D controller (shared/policies/poise.py); --planner-policy static turns it off
@@ -282,6 +283,8 @@ class Stack:
             prefix, c = ENV_PREFIX[module], self.credentials
             extra |= {prefix + "NATS_USER": nats_user, prefix + "NATS_PASSWORD": c.nats_password(nats_user),
                       prefix + "ETCD_USER": c.etcd_user or "", prefix + "ETCD_PASSWORD": c.etcd_password or ""}
+            if module in ENGINE_KEY_HOLDERS and c.engine_api_key:
+                extra[prefix + "ENGINE_API_KEY"] = c.engine_api_key
         proc = ManagedProcess(name, [sys.executable, "-m", module, *args], self.run_dir / "logs" / f"{name}.log",
                               env={**os.environ, **extra} if extra else None)
         self.processes.append(proc)

@@ -1,5 +1,5 @@
 """The secrets of a containerised deployment (deploy/docker-compose.yml, ``make deploy``): NATS and etcd
-passwords and the gateway's API key, each an environment variable.
+passwords, the gateway's API key and the engines' API key, each an environment variable.
 
 Compose files name them as ``${VAR:?...}`` (compose reads them from the ``.env`` file next to the compose
 file and refuses to start without them); the nats-server config names them as ``$VAR`` (nats-server reads its
@@ -21,6 +21,7 @@ from shared.security import ETCD_USER, NatsUser, nats_config, new_secret
 ETCD_ROOT_VAR = "POISE_ETCD_ROOT_PASSWORD"
 ETCD_VAR = "POISE_ETCD_PASSWORD"
 API_KEY_VAR = "POISE_API_KEY"
+ENGINE_KEY_VAR = "POISE_ENGINE_API_KEY"  # the engines' --api-key, held by the gateway and the sidecars
 NATS_CONFIG_PATH = "/etc/nats/nats-server.conf"  # where the containers mount it
 HINT = "run python -m services.deploy secrets"  # no ": " (YAML)
 _REF = re.compile(r"\$\{(POISE_[A-Z0-9_]+)")
@@ -60,7 +61,7 @@ def service_env(prefix: str, nats_user: str) -> dict[str, str]:
 
 
 def worker_env(instance_id: str) -> dict[str, str]:
-    return service_env("POISE_WORKER_", worker_user(instance_id))
+    return {**service_env("POISE_WORKER_", worker_user(instance_id)), "POISE_WORKER_ENGINE_API_KEY": ref(ENGINE_KEY_VAR)}
 
 
 def etcd_auth_env() -> dict[str, str]:
@@ -68,11 +69,11 @@ def etcd_auth_env() -> dict[str, str]:
 
 
 def gateway_api_keys_env() -> dict[str, str]:
-    return {"POISE_GATEWAY_API_KEYS": f'["${{{API_KEY_VAR}:?{HINT}}}"]'}
+    return {"POISE_GATEWAY_API_KEYS": f'["${{{API_KEY_VAR}:?{HINT}}}"]', "POISE_GATEWAY_ENGINE_API_KEY": ref(ENGINE_KEY_VAR)}
 
 
 def all_variables(namespace: str, worker_ids: Iterable[str]) -> list[str]:
-    return [*nats_server_env(namespace, worker_ids), ETCD_ROOT_VAR, ETCD_VAR, API_KEY_VAR]
+    return [*nats_server_env(namespace, worker_ids), ETCD_ROOT_VAR, ETCD_VAR, API_KEY_VAR, ENGINE_KEY_VAR]
 
 
 def referenced(text: str) -> list[str]:

@@ -26,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.engine_sim import protocol as P
+from services.engine_sim.auth import ApiKeyMiddleware
 from services.engine_sim.engine import SGLANG_API_VERSION, EngineRequestError, SimEngine
 from services.engine_sim.requests import SimRequest
 from services.engine_sim.tokens import detokenize, token_text
@@ -111,6 +112,8 @@ def create_app(engine: SimEngine) -> FastAPI:
             await engine.stop()
 
     app = FastAPI(title="poise engine_sim", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    if engine.settings.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=engine.settings.api_key)
     app.state.engine = engine
 
     @app.exception_handler(StarletteHTTPException)

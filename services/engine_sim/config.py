@@ -39,6 +39,7 @@ class EngineSimSettings(ServiceSettings):
         description="Port of the KV bootstrap server a prefill engine serves (SGLang --disaggregation-bootstrap-port); "
         f"unset means SGLang's default {SGLANG_DEFAULT_BOOTSTRAP_PORT}. Used in prefill mode and after a switch to it.",
     )
+    api_key: str | None = Field(None, description="SGLang --api-key: every endpoint but /health*, /ready* and /metrics* wants 'Authorization: Bearer <key>' (401 otherwise). Prefer the environment (POISE_ENGINE_SIM_API_KEY) to the flag, which shows in ps.")
     served_model_name: str = Field(
         "meta-llama/Llama-3.1-8B-Instruct", description="Model name reported by /v1/models, /model_info and metrics."
     )

@@ -40,6 +40,7 @@ from services.engine_sim.reports import ENGINE_NAME, SGLANG_API_VERSION
 from services.engine_sim.requests import Phase, SimRequest, finish_abort
 from services.engine_sim.role_switch import RoleSwitchResult
 from services.engine_sim.tokens import TokenSource, draw_output_length
+from shared.engine_client import engine_auth_headers
 from shared.http1 import Http1Pool
 from shared.latency import LatencyModel, LatencyProfile, load_profile
 from shared.policies import RequestView, make_decode_batch_policy, make_prefill_policy
@@ -166,7 +167,9 @@ class SimEngine:
     async def start(self) -> None:
         if self._started:
             return
-        self.client = Http1Pool()  # one keep-alive pool shared by every KV pull
+        # One keep-alive pool shared by every KV pull; a peer's HTTP API (a decode-to-decode KV copy) wants the
+        # cluster's engine key, which every engine of a stack shares.
+        self.client = Http1Pool(headers=engine_auth_headers(self.settings.api_key))
         if self.mode == "prefill":
             await self.start_bootstrap()
         self._task = asyncio.create_task(self._run(), name="engine-sim-scheduler")

@@ -32,6 +32,7 @@ class GatewaySettings(SloPlanSettings, ControlPlaneSettings):
     api_keys: list[str] = Field(default_factory=list, description="Accepted bearer API keys (JSON list); empty = no authentication.")
     tokenizer: str | None = Field(None, description="Hugging Face tokenizer name or path (local files only) for counting text prompts; unset = estimate 4 chars/token.")
     publish_events: bool = Field(True, description="Publish a RequestEvent per finished request on NATS (the monitor's series).")
+    engine_api_key: str | None = Field(None, description="The engines' API key (SGLang --api-key), sent to every engine the gateway calls. Prefer the env var POISE_GATEWAY_ENGINE_API_KEY to the flag.")
     engine_connect_timeout_s: float = Field(5.0, description="TCP connect timeout to an engine, in seconds.")
     # -- per-request SLO classes (services/gateway/slo.py) ----------------------------------------------
     slo_class: list[str] = Field(default_factory=list, description="SLO class NAME=TTFT_S:TPOT_S a request may name in its 'slo_class' field (an empty target = slo_ttft_s / slo_tpot_s); repeat for more classes.")

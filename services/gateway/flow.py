@@ -23,10 +23,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import itertools
 import logging
+import secrets
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,13 +47,10 @@ from shared.protocol.request_slo import RequestSlo
 log = logging.getLogger(__name__)
 
 
-_ID_PREFIX = uuid.uuid4().hex[:16]
-_ID_COUNTER = itertools.count()
-
-
 def _next_id() -> str:
-    # Unique per gateway process without a uuid4 (an os.urandom call) per request.
-    return f"{_ID_PREFIX}{next(_ID_COUNTER):08x}"
+    # 128 random bits: the id reaches the client (x-request-id) and names the request on the engines, whose
+    # /abort_request takes it, so it must not be guessable from another client's id.
+    return secrets.token_hex(16)
 
 
 @dataclass

@@ -20,6 +20,7 @@ from services.gateway.late_binding import LateBindingQueue
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.slo import SloTable
 from shared.bus import Bus, bus_from_settings
+from shared.engine_client import engine_auth_headers
 from shared.http1 import Http1Pool
 from shared.policies import DispatchParams, DispatchPolicy, make_dispatch_policy, make_prefill_policy
 from shared.policies.late_binding import LateBinding
@@ -91,7 +92,7 @@ class GatewayService:
 
     async def start(self) -> None:
         s = self.settings
-        self.http = Http1Pool(connect_timeout_s=s.engine_connect_timeout_s)
+        self.http = Http1Pool(connect_timeout_s=s.engine_connect_timeout_s, headers=engine_auth_headers(s.engine_api_key))
         self.bus = bus_from_settings(s, f"gateway-{self.replica_id}")
         await self.bus.connect()
         await self.bus.subscribe(self.subjects.load_all(), LoadReport, self._on_load)

@@ -256,6 +256,7 @@ class LocalConnector:
         s = self.settings
         env = {**without_secrets(dict(os.environ)), "PYTHONUNBUFFERED": "1"}
         nats_user, nats_password, etcd_user, etcd_password = s.nats_user, s.nats_password, s.etcd_user, s.etcd_password
+        engine_key = None
         if s.worker_credentials_file is not None:
             creds = Credentials.read(s.worker_credentials_file)
             nats_user = worker_user(instance_id)
@@ -263,8 +264,9 @@ class LocalConnector:
                 raise ConnectorError(f"{s.worker_credentials_file} has no NATS user for worker {instance_id} "
                                      f"({nats_user}); `poise up` makes users for --spare-worker-ids more engines per role")
             nats_password, etcd_user, etcd_password = creds.nats[nats_user], creds.etcd_user, creds.etcd_password
+            engine_key = creds.engine_api_key
         for name, value in (("NATS_USER", nats_user), ("NATS_PASSWORD", nats_password), ("ETCD_USER", etcd_user),
-                            ("ETCD_PASSWORD", etcd_password)):
+                            ("ETCD_PASSWORD", etcd_password), ("ENGINE_API_KEY", engine_key)):
             if value:
                 env[f"POISE_WORKER_{name}"] = value
         return env

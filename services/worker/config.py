@@ -58,6 +58,7 @@ class WorkerSettings(ControlPlaneSettings):
     return_hidden_states: Literal["off", "last", "full"] = Field("off", description="sglang only: let requests ask for hidden states (the ARES length predictor reads the last token's). last = --return-hidden-states-mode last; full = --enable-return-hidden-states (every position); off = neither.")
     sglang_python: str | None = Field(None, description="sglang only: Python interpreter of the SGLang environment; runs `-m sglang.launch_server` and the version check. Unset = the worker's own interpreter.")
     sglang_allow_unpinned: bool = Field(False, description="sglang only: launch even when the engine environment's sglang is not a version this worker was checked against (only a warning then).")
+    engine_api_key: str | None = Field(None, description="The engine's API key (SGLang --api-key): a spawned engine is started with it (engine_sim through its environment, SGLang with the flag) and the sidecar sends it; with attach, the running engine's key. Prefer the env var POISE_WORKER_ENGINE_API_KEY to the flag.")
     engine_env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables of the spawned engine (JSON object), e.g. {\"CUDA_VISIBLE_DEVICES\": \"2,3\", \"MOONCAKE_PROTOCOL\": \"tcp\"}.")
     extra_args: list[str] = Field(default_factory=list, description="Extra engine command-line arguments, appended as given (JSON list).")
 

@@ -118,7 +118,18 @@ def _sglang_command(s: WorkerSettings, python: str, role: Role) -> list[str]:
     elif s.return_hidden_states == "last":
         cmd += ["--return-hidden-states-mode", "last"]
     cmd += ["--enable-metrics"]
+    if s.engine_api_key:  # SGLang reads it from its command line only (so it shows in ps on the engine's host)
+        cmd += ["--api-key", s.engine_api_key]
     return cmd + list(s.extra_args)
+
+
+def engine_environment(settings: WorkerSettings) -> dict[str, str]:
+    """What the spawned engine gets in its environment on top of the sidecar's (less the sidecar's secrets):
+    ``engine_env``, and engine_sim's API key (SGLang takes its key as a flag, :func:`build_engine_command`)."""
+    env = dict(settings.engine_env)
+    if settings.engine_api_key and settings.engine_kind == "sim":
+        env["POISE_ENGINE_SIM_API_KEY"] = settings.engine_api_key
+    return env
 
 
 class SglangVersionError(ConfigError):

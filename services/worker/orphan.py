@@ -32,8 +32,11 @@ def pid_file(log_dir: Path, instance_id: str) -> Path:
 
 
 def write_pid_file(path: Path, pid: int, argv: list[str]) -> None:
+    """Readable by this user only: an SGLang engine's argv carries its API key."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"pid": pid, "argv": argv}))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps({"pid": pid, "argv": argv}))
 
 
 def remove_pid_file(path: Path, pid: int | None) -> None:

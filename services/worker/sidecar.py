@@ -47,13 +47,14 @@ from services.worker.launcher import (
     EngineProcess,
     build_engine_command,
     check_sglang_version,
+    engine_environment,
     installed_sglang_version,
     resolve_ports,
 )
 from services.worker.orphan import AdoptedEngine, pid_file, previous_engine, remove_pid_file, write_pid_file
 from shared.bus import Bus, bus_from_settings
 from shared.devservers import free_port
-from shared.engine_client import EngineClient, EngineLoads, EngineServerInfo
+from shared.engine_client import EngineClient, EngineLoads, EngineServerInfo, engine_auth_headers
 from shared.errors import ConfigError, EngineError, EngineTimeout, PoiseError
 from shared.latency import LatencyProfile, load_profile
 from shared.protocol import (
@@ -190,7 +191,8 @@ class WorkerService(AsyncServiceMixin):
         self._registry = registry_from_settings(s, self.keys)
         await self._registry.connect()
         self._registration = InstanceRegistration(self._registry, ttl_s=s.lease_ttl_s)
-        self._http = httpx.AsyncClient(timeout=s.engine_timeout_s, trust_env=False)  # no proxies to engines
+        self._http = httpx.AsyncClient(timeout=s.engine_timeout_s, trust_env=False,  # no proxies to engines
+                                       headers=engine_auth_headers(s.engine_api_key))
         self._client = EngineClient(self.url, self._http, engine_id=self.instance_id, timeout_s=s.engine_timeout_s)
 
         if s.engine_kind != "attach":
@@ -268,7 +270,7 @@ class WorkerService(AsyncServiceMixin):
             log.warning("stopping engine pid %d that a previous run of %s left running", previous[0], self.instance_id)
             await orphan.stop(self.settings.stop_timeout_s)
         self._adopted = False
-        engine = EngineProcess(argv, log_path, env=self.settings.engine_env)
+        engine = EngineProcess(argv, log_path, env=engine_environment(self.settings))
         self._engine = engine
         await engine.start()
         assert engine.pid is not None

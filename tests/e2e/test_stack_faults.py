@@ -90,7 +90,9 @@ def test_a_killed_sidecar_is_restarted_and_adopts_its_serving_engine(stack: Stac
         # ~600 tokens at the H100 profile's pace: several seconds of decode on d0 while its sidecar is killed
         stream: Future[httpx.Response] = pool.submit(_post, stack, 600, True)
         deadline = time.monotonic() + 30
-        while not httpx.get(stack.engines["d0"] + "/v1/loads", trust_env=False).json()["loads"][0]["num_running_reqs"]:
+        assert stack.credentials is not None and stack.credentials.engine_api_key
+        key = {"Authorization": f"Bearer {stack.credentials.engine_api_key}"}  # the engines want the stack's key
+        while not httpx.get(stack.engines["d0"] + "/v1/loads", headers=key, trust_env=False).json()["loads"][0]["num_running_reqs"]:
             assert time.monotonic() < deadline, "the request never reached the decode engine"
             time.sleep(0.05)
         os.kill(worker.proc.pid, signal.SIGKILL)

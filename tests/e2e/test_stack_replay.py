@@ -31,7 +31,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     run_dir = tmp_path_factory.mktemp("stack")
     # The static planner: these tests check the plumbing and the roles they set themselves, so no policy flip
     # may move an engine under them (the default poise planner would, under the replay's load).
-    settings = StackSettings(prefill=2, decode=2, gateway_port=0, monitor_port=0, run_dir=run_dir, state_dir=run_dir, model=MODEL,
+    settings = StackSettings(prefill=2, decode=2, gateway_port=0, monitor_port=0, run_dir=run_dir, state_dir=run_dir / ".poise",
+                             model=MODEL,
                              planner_policy="static")
     s = Stack(settings, progress=print)
     s.start()
@@ -136,6 +137,7 @@ def test_poise_bench_replays_against_the_running_gateway(stack: Stack, tmp_path:
         [sys.executable, "-m", "services.cli", "bench", "--gateway-url", stack.gateway_url, "--model", MODEL,
          "--trace", "azure-code", "--max-requests", "20", "--rate-scale", "4", "--out-dir", str(out)],
         capture_output=True, text=True, timeout=120,
+        cwd=stack.run_dir,  # as in the directory `poise up` runs in: the API key is read from ./.poise/current.json
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads((out / "report.json").read_text())
@@ -187,6 +189,16 @@ def test_the_stack_runs_with_auth_on(stack: Stack) -> None:
         assert client.post(stack.gateway_url + "/v1/completions", json=body,
                            headers={"Authorization": "Bearer wrong"}).status_code == 401
         assert client.get(stack.gateway_url + "/health").status_code == 200  # health needs no key
+        # The engines want the stack's engine key (held by the gateway and the sidecars), as SGLang's --api-key:
+        # another client cannot end a stream with /abort_request, nor read the engine's state.
+        engine = stack.engines["d0"]
+        for method, path in (("POST", "/abort_request"), ("GET", "/v1/loads"), ("POST", "/v1/completions")):
+            r = client.request(method, engine + path, json={"rid": "x"})
+            assert r.status_code == 401 and r.json() == {"error": "Unauthorized"}, (path, r.text)
+        assert client.get(engine + "/health").status_code == 200 and client.get(engine + "/metrics").status_code == 200
+        assert stack.credentials is not None and stack.credentials.engine_api_key
+        authorized = client.get(engine + "/v1/loads", headers={"Authorization": f"bearer {stack.credentials.engine_api_key}"})
+        assert authorized.status_code == 200
     for name in ("credentials.json", "stack.json"):
         assert (stack.run_dir / name).stat().st_mode & 0o777 == 0o600
     assert stack.nats is not None and stack.etcd is not None

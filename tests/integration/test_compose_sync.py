@@ -48,7 +48,7 @@ WHERE = {"nats_url", "etcd_url", "host", "port", "http_host", "http_port", "engi
 # ...of which these only a container needs: poise up's processes share one host and are reached at engine_host.
 CONTAINER_ONLY = {"advertise_host"}
 # Secrets: poise up makes them per run, compose reads them from deploy/.env; set on both sides or neither.
-SECRETS = {"nats_password", "etcd_password", "api_keys"}
+SECRETS = {"nats_password", "etcd_password", "api_keys", "engine_api_key"}
 COMPOSE_ONLY_SERVICES = {"prometheus", "grafana", "etcd-auth"}
 # nats-server / etcd flags whose values are addresses or paths (their presence still has to match).
 SERVER_WHERE = {"-a", "-p", "-sd", "-c", "--data-dir", "--listen-client-urls", "--advertise-client-urls",

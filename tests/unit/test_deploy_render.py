@@ -343,10 +343,10 @@ def test_each_node_env_file_has_only_the_secrets_its_containers_use(inventory: I
     assert (tmp_path / "secrets.env").stat().st_mode & 0o777 == 0o600
     gpu_a = read_env_file(tmp_path / "gpu-a" / ".env")
     assert (tmp_path / "gpu-a" / ".env").stat().st_mode & 0o777 == 0o600
-    assert set(gpu_a) == {"POISE_ETCD_PASSWORD"} | {nats_password_var(f"worker-{i}") for i in ("p0", "p1", "p2", "d0")}
+    assert set(gpu_a) == {"POISE_ETCD_PASSWORD", "POISE_ENGINE_API_KEY"} | {nats_password_var(f"worker-{i}") for i in ("p0", "p1", "p2", "d0")}
     assert all(values[k] == v for k, v in gpu_a.items())
     ctrl = read_env_file(tmp_path / "ctrl" / ".env")
-    assert "POISE_ETCD_ROOT_PASSWORD" in ctrl and "POISE_API_KEY" in ctrl
+    assert {"POISE_ETCD_ROOT_PASSWORD", "POISE_API_KEY", "POISE_ENGINE_API_KEY"} <= set(ctrl)
     # A second render keeps the secrets (re-applying must not change passwords under running services).
     assert _cli("render", "--inventory", str(EXAMPLE), "--out", str(tmp_path))[0] == 0
     assert read_env_file(tmp_path / "secrets.env") == values
