@@ -213,7 +213,7 @@ class EtcdServer(ManagedProcess):
         while True:
             try:
                 enable_etcd_auth(f"{self.host}:{self.port}", root_password=auth.root_password, user=auth.user,
-                                 password=auth.password)
+                                 password=auth.password, workers=auth.workers)
                 return
             except grpc.RpcError as exc:
                 unavailable = exc.code() == grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]

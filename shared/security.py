@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,12 +46,22 @@ class Credentials(msgspec.Struct, kw_only=True):
     etcd_root_password: str | None = None
     api_key: str | None = None  # the gateway's bearer key
     engine_api_key: str | None = None  # the engines' (SGLang --api-key): held by the gateway and the sidecars
+    # etcd user per sidecar (instance id -> password; the user is etcd_worker_user(id)): it may write its own
+    # instance key only (:func:`enable_etcd_auth`)
+    etcd_workers: dict[str, str] = msgspec.field(default_factory=dict)
 
     @classmethod
-    def generate(cls, nats_users: Iterable[str], *, api_key: str | None = None) -> Credentials:
+    def generate(cls, nats_users: Iterable[str], *, api_key: str | None = None,
+                 etcd_workers: Iterable[str] = ()) -> Credentials:
         return cls(nats={u: new_secret() for u in nats_users}, etcd_user=ETCD_USER, etcd_password=new_secret(),
                    etcd_root_password=new_secret(), api_key=api_key if api_key is not None else new_secret(),
-                   engine_api_key=new_secret())
+                   engine_api_key=new_secret(), etcd_workers={i: new_secret() for i in etcd_workers})
+
+    def etcd_login(self, instance_id: str | None = None) -> tuple[str | None, str | None]:
+        """(user, password) a process logs in to etcd with: a sidecar's own user when there is one."""
+        if instance_id is not None and instance_id in self.etcd_workers:
+            return etcd_worker_user(instance_id), self.etcd_workers[instance_id]
+        return self.etcd_user, self.etcd_password
 
     def nats_password(self, user: str) -> str:
         try:
@@ -59,10 +69,12 @@ class Credentials(msgspec.Struct, kw_only=True):
         except KeyError:
             raise PoiseError(f"no NATS credentials for user {user!r}") from None
 
-    def subset(self, nats_users: Iterable[str]) -> Credentials:
-        """Only these NATS users and the etcd ``poise`` user: what one process may be handed."""
+    def subset(self, nats_users: Iterable[str], etcd_workers: Iterable[str] = ()) -> Credentials:
+        """Only these NATS users and sidecars' etcd users, and the etcd ``poise`` user: what one process may be
+        handed."""
         return Credentials(nats={u: self.nats[u] for u in nats_users if u in self.nats}, etcd_user=self.etcd_user,
-                           etcd_password=self.etcd_password, engine_api_key=self.engine_api_key)
+                           etcd_password=self.etcd_password, engine_api_key=self.engine_api_key,
+                           etcd_workers={i: self.etcd_workers[i] for i in etcd_workers if i in self.etcd_workers})
 
     def write(self, path: Path) -> None:
         """Write as JSON, readable by this user only (created 0600; never world-readable, not even briefly)."""
@@ -156,24 +168,35 @@ def redact_url(url: str) -> str:
 
 
 # -- etcd --------------------------------------------------------------------------------------------------------
+def etcd_worker_user(instance_id: str) -> str:
+    """The etcd user of the sidecar of ``instance_id`` (its NATS user has the same name)."""
+    return f"worker-{instance_id}"
+
+
 @dataclass(frozen=True)
 class EtcdAuth:
-    """What :func:`enable_etcd_auth` sets up: ``root`` and one user with read-write on the ``/poise/`` prefix."""
+    """What :func:`enable_etcd_auth` sets up: ``root``, one user with read-write on the ``/poise/`` prefix, and
+    per sidecar (``workers``: user -> (password, its instance key)) a user that may read the prefix and write
+    its own instance key only."""
 
     root_password: str
     password: str
     user: str = ETCD_USER
+    workers: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     @classmethod
     def generate(cls) -> EtcdAuth:
         return cls(root_password=new_secret(), password=new_secret())
 
     @classmethod
-    def of(cls, credentials: Credentials) -> EtcdAuth:
+    def of(cls, credentials: Credentials, instance_key: Callable[[str], str] | None = None) -> EtcdAuth:
+        """``instance_key``: an instance id's etcd key (``Keys(namespace).instance``), for the sidecars' users."""
         if not (credentials.etcd_root_password and credentials.etcd_password):
             raise PoiseError("the credentials have no etcd passwords")
+        workers = {etcd_worker_user(i): (pw, instance_key(i)) for i, pw in credentials.etcd_workers.items()} \
+            if instance_key is not None else {}
         return cls(root_password=credentials.etcd_root_password, password=credentials.etcd_password,
-                   user=credentials.etcd_user or ETCD_USER)
+                   user=credentials.etcd_user or ETCD_USER, workers=workers)
 
 
 def prefix_range_end(prefix: str) -> bytes:
@@ -184,8 +207,10 @@ def prefix_range_end(prefix: str) -> bytes:
 
 
 def enable_etcd_auth(endpoint: str, *, root_password: str, user: str = ETCD_USER, password: str,
-                     prefix: str = ETCD_PREFIX, timeout_s: float = 10.0) -> bool:
-    """Create ``root`` and ``user`` (read-write on ``prefix`` only) and turn etcd's auth on.
+                     prefix: str = ETCD_PREFIX, timeout_s: float = 10.0,
+                     workers: Mapping[str, tuple[str, str]] | None = None) -> bool:
+    """Create ``root`` and ``user`` (read-write on ``prefix`` only) and turn etcd's auth on. ``workers``
+    (user -> (password, key)): users, each with its own role, that may read ``prefix`` and write ``key`` only.
 
     ``endpoint`` is ``host:port``. Returns False when auth was already on (nothing is changed: a restarted dev
     server, or a deployment's second start). Safe to run again after a half-finished run.
@@ -226,5 +251,14 @@ def enable_etcd_auth(endpoint: str, *, root_password: str, user: str = ETCD_USER
             timeout=timeout_s)
         add_user(user, password)
         auth.UserGrantRole(rpc.AuthUserGrantRoleRequest(user=user, role=ETCD_ROLE), timeout=timeout_s)
+        for worker, (secret, key) in (workers or {}).items():
+            exists(auth.RoleAdd, rpc.AuthRoleAddRequest(name=worker))
+            auth.RoleGrantPermission(rpc.AuthRoleGrantPermissionRequest(name=worker, perm=rpc.Permission(
+                permType=rpc.Permission.READ, key=prefix.encode(), range_end=prefix_range_end(prefix))),
+                timeout=timeout_s)
+            auth.RoleGrantPermission(rpc.AuthRoleGrantPermissionRequest(name=worker, perm=rpc.Permission(
+                permType=rpc.Permission.READWRITE, key=key.encode())), timeout=timeout_s)  # this one key
+            add_user(worker, secret)
+            auth.UserGrantRole(rpc.AuthUserGrantRoleRequest(user=worker, role=worker), timeout=timeout_s)
         auth.AuthEnable(rpc.AuthEnableRequest(), timeout=timeout_s)
     return True

@@ -29,7 +29,7 @@ from services.cli.stack_lock import StackLock, check_ports_free
 from shared.devservers import EtcdServer, ManagedProcess, NatsServer, free_port
 from shared.errors import PoiseError
 from shared.latency import DEFAULT_PROFILE, load_profile
-from shared.protocol import Subjects
+from shared.protocol import Keys, Subjects
 from shared.protocol.permissions import user_permissions, worker_user
 from shared.security import Credentials, EtcdAuth, NatsUser
 from shared.settings import ServiceSettings, settings_config
@@ -276,13 +276,14 @@ class Stack:
                 "--etcd-url", self.etcd.plain_url]
 
     def _spawn(self, name: str, module: str, args: list[str], *, nats_user: str | None = None,
-               env: dict[str, str] | None = None) -> ManagedProcess:
+               env: dict[str, str] | None = None, instance_id: str | None = None) -> ManagedProcess:
         """Start ``python -m module args``; with auth on, its credentials go in its environment (flags show in ps)."""
         extra = dict(env or {})
         if self.credentials is not None and nats_user is not None:
             prefix, c = ENV_PREFIX[module], self.credentials
+            etcd_user, etcd_password = c.etcd_login(instance_id)
             extra |= {prefix + "NATS_USER": nats_user, prefix + "NATS_PASSWORD": c.nats_password(nats_user),
-                      prefix + "ETCD_USER": c.etcd_user or "", prefix + "ETCD_PASSWORD": c.etcd_password or ""}
+                      prefix + "ETCD_USER": etcd_user or "", prefix + "ETCD_PASSWORD": etcd_password or ""}
             if module in ENGINE_KEY_HOLDERS and c.engine_api_key:
                 extra[prefix + "ENGINE_API_KEY"] = c.engine_api_key
         proc = ManagedProcess(name, [sys.executable, "-m", module, *args], self.run_dir / "logs" / f"{name}.log",
@@ -313,11 +314,12 @@ class Stack:
         spares = self._spare_ids() if planner_uses_local_connector(s.planner_args) else []
         ids = [i for i, _ in self._instance_ids()] + spares
         permissions = user_permissions(Subjects(s.namespace), ids)
-        self.credentials = creds = Credentials.generate(permissions, api_key=s.api_key)
+        self.credentials = creds = Credentials.generate(permissions, api_key=s.api_key, etcd_workers=ids)
         self.api_key = creds.api_key
         creds.write(self.run_dir / "credentials.json")
         if spares:  # what the planner's local connector hands the workers it starts: nothing else
-            creds.subset(worker_user(i) for i in spares).write(self.run_dir / "worker-credentials.json")
+            creds.subset((worker_user(i) for i in spares), etcd_workers=spares).write(
+                self.run_dir / "worker-credentials.json")
         return [NatsUser(user, creds.nats[user], p) for user, p in permissions.items()]
 
     def start(self) -> None:
@@ -344,7 +346,7 @@ class Stack:
                                client_user="admin" if users else None)
         self._say(f"nats-server up at {self.nats.plain_url}")
         self.etcd = EtcdServer(self.run_dir, host=s.host, port=s.etcd_port or None,
-                               auth=EtcdAuth.of(self.credentials) if self.credentials else None)
+                               auth=EtcdAuth.of(self.credentials, Keys(s.namespace).instance) if self.credentials else None)
         self._say(f"etcd up at {self.etcd.plain_url}")
         if self.credentials is not None:
             self._say(f"auth on: a NATS user per service and engine, etcd auth, gateway API key "
@@ -388,7 +390,8 @@ class Stack:
                 args += ["--bootstrap-port", str(self._free_port())]
             if engine_args:  # every engine, whatever its role: a flip keeps the engine's settings
                 args += ["--extra-args", json.dumps(engine_args)]
-            self._spawn(f"worker-{instance_id}", "services.worker", args, nats_user=worker_user(instance_id))
+            self._spawn(f"worker-{instance_id}", "services.worker", args, nats_user=worker_user(instance_id),
+                        instance_id=instance_id)
         self._say(f"started {len(self.processes)} processes; waiting for {len(engines)} engines to register")
         self._wait_ready(len(engines))
         self._write_state()

@@ -186,7 +186,7 @@ def build_plan(inv: Inventory, source: str = "inventory") -> Plan:
                     + cp.gateway_args,
                     (("HTTP API + metrics", inv.ports.gateway),)),
     }
-    control: list[Container] = [_nats(inv, worker_ids), _etcd(inv, ctrl), _etcd_auth(inv)]
+    control: list[Container] = [_nats(inv, worker_ids), _etcd(inv, ctrl), _etcd_auth(inv, worker_ids)]
     for name, (cls, argv, ports) in poise_service.items():
         checked(f"control_plane ({name})", cls, argv)
         env = {"PYTHONUNBUFFERED": "1", **secrets.service_env(f"POISE_{name.upper()}_", name)}
@@ -246,12 +246,14 @@ def _nats(inv: Inventory, worker_ids: list[str]) -> Container:
         healthcheck=("CMD", "wget", "-q", "-O", "/dev/null", f"http://127.0.0.1:{p.nats_monitor}/healthz"))
 
 
-def _etcd_auth(inv: Inventory) -> Container:
+def _etcd_auth(inv: Inventory, worker_ids: list[str]) -> Container:
     """Turns etcd's authentication on once etcd is healthy (services/deploy/etcd_auth.py), then exits."""
+    workers = tuple(arg for i in worker_ids for arg in ("--worker", i))
     return Container(
         name="etcd-auth", image=inv.images.poise,
-        command=(POISE_PYTHON, "-m", "services.deploy.etcd_auth", "--endpoint", f"127.0.0.1:{inv.ports.etcd_client}"),
-        env=tuple(secrets.etcd_auth_env().items()), depends_on=("etcd",), one_shot=True)
+        command=(POISE_PYTHON, "-m", "services.deploy.etcd_auth", "--endpoint", f"127.0.0.1:{inv.ports.etcd_client}",
+                 "--namespace", inv.namespace, *workers),
+        env=tuple(secrets.etcd_auth_env(worker_ids).items()), depends_on=("etcd",), one_shot=True)
 
 
 def _etcd(inv: Inventory, ctrl: Node) -> Container:

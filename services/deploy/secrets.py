@@ -16,7 +16,7 @@ from pathlib import Path
 
 from shared.protocol import Subjects
 from shared.protocol.permissions import user_permissions, worker_user
-from shared.security import ETCD_USER, NatsUser, nats_config, new_secret
+from shared.security import ETCD_USER, NatsUser, etcd_worker_user, nats_config, new_secret
 
 ETCD_ROOT_VAR = "POISE_ETCD_ROOT_PASSWORD"
 ETCD_VAR = "POISE_ETCD_PASSWORD"
@@ -54,6 +54,11 @@ def nats_server_env(namespace: str, worker_ids: Iterable[str]) -> dict[str, str]
     return {nats_password_var(u.user): ref(nats_password_var(u.user)) for u in nats_users(namespace, worker_ids)}
 
 
+def etcd_password_var(instance_id: str) -> str:
+    """``p0`` -> ``POISE_ETCD_PASSWORD_WORKER_P0``: the etcd password of that sidecar's own user."""
+    return "POISE_ETCD_PASSWORD_" + re.sub(r"[^A-Z0-9]", "_", etcd_worker_user(instance_id).upper())
+
+
 def service_env(prefix: str, nats_user: str) -> dict[str, str]:
     """A Poise process's credentials (``prefix``: its settings' env prefix, e.g. ``POISE_GATEWAY_``)."""
     return {prefix + "NATS_USER": nats_user, prefix + "NATS_PASSWORD": ref(nats_password_var(nats_user)),
@@ -61,11 +66,17 @@ def service_env(prefix: str, nats_user: str) -> dict[str, str]:
 
 
 def worker_env(instance_id: str) -> dict[str, str]:
-    return {**service_env("POISE_WORKER_", worker_user(instance_id)), "POISE_WORKER_ENGINE_API_KEY": ref(ENGINE_KEY_VAR)}
+    """A sidecar's: its own NATS and etcd users (the etcd one may write its instance key only), the engine key."""
+    return {**service_env("POISE_WORKER_", worker_user(instance_id)),
+            "POISE_WORKER_ETCD_USER": etcd_worker_user(instance_id),
+            "POISE_WORKER_ETCD_PASSWORD": ref(etcd_password_var(instance_id)),
+            "POISE_WORKER_ENGINE_API_KEY": ref(ENGINE_KEY_VAR)}
 
 
-def etcd_auth_env() -> dict[str, str]:
-    return {ETCD_ROOT_VAR: ref(ETCD_ROOT_VAR), ETCD_VAR: ref(ETCD_VAR)}
+def etcd_auth_env(worker_ids: Iterable[str] = ()) -> dict[str, str]:
+    """The etcd-auth job's: root's and the ``poise`` user's passwords, and each sidecar's user's."""
+    return {ETCD_ROOT_VAR: ref(ETCD_ROOT_VAR), ETCD_VAR: ref(ETCD_VAR),
+            **{etcd_password_var(i): ref(etcd_password_var(i)) for i in worker_ids}}
 
 
 def gateway_api_keys_env() -> dict[str, str]:
@@ -73,7 +84,9 @@ def gateway_api_keys_env() -> dict[str, str]:
 
 
 def all_variables(namespace: str, worker_ids: Iterable[str]) -> list[str]:
-    return [*nats_server_env(namespace, worker_ids), ETCD_ROOT_VAR, ETCD_VAR, API_KEY_VAR, ENGINE_KEY_VAR]
+    ids = list(worker_ids)
+    return [*nats_server_env(namespace, ids), ETCD_ROOT_VAR, ETCD_VAR, *(etcd_password_var(i) for i in ids),
+            API_KEY_VAR, ENGINE_KEY_VAR]
 
 
 def referenced(text: str) -> list[str]:

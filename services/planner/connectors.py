@@ -263,7 +263,8 @@ class LocalConnector:
             if nats_user not in creds.nats:
                 raise ConnectorError(f"{s.worker_credentials_file} has no NATS user for worker {instance_id} "
                                      f"({nats_user}); `poise up` makes users for --spare-worker-ids more engines per role")
-            nats_password, etcd_user, etcd_password = creds.nats[nats_user], creds.etcd_user, creds.etcd_password
+            nats_password = creds.nats[nats_user]
+            etcd_user, etcd_password = creds.etcd_login(instance_id)
             engine_key = creds.engine_api_key
         for name, value in (("NATS_USER", nats_user), ("NATS_PASSWORD", nats_password), ("ETCD_USER", etcd_user),
                             ("ETCD_PASSWORD", etcd_password), ("ENGINE_API_KEY", engine_key)):

@@ -169,6 +169,35 @@ async def test_etcd_refuses_clients_without_the_right_credentials(etcd_server: E
         await registry.close()
 
 
+async def test_a_sidecars_etcd_user_writes_its_own_instance_key_only(tmp_path: Path) -> None:
+    """One worker's credentials cannot register a fake instance or overwrite another's (a fake instance would
+    be sent requests), nor pause the planner; they do register, refresh and remove their own."""
+    keys = Keys("mine")
+    creds = Credentials.generate([], etcd_workers=["d0"])
+    etcd = EtcdServer(tmp_path, auth=EtcdAuth.of(creds, keys.instance), bcrypt_cost=4)
+    user, password = creds.etcd_login("d0")
+    assert user == "worker-d0"
+    worker = Registry(etcd.plain_url, keys, user=user, password=password, connect_timeout_s=10)
+    await worker.connect()
+    try:
+        own = InstanceRegistration(worker, ttl_s=3)
+        await own.register(_info("d0"))
+        await own.update(_info("d0"))
+        instances, _ = await worker.list_instances()  # it may read the namespace
+        assert set(instances) == {"d0"}
+        for key in (keys.instance("d1"), keys.planner_paused(), "/poise/other/instances/d0"):
+            with pytest.raises(aetcd.exceptions.ClientError, match="permission denied"):
+                await worker.client.put(key.encode(), b"{}")
+        fake = InstanceRegistration(worker, ttl_s=3)
+        with pytest.raises(aetcd.exceptions.ClientError, match="permission denied"):
+            await fake.register(_info("d9"))
+        await own.deregister()
+        assert (await worker.list_instances())[0] == {}
+    finally:
+        await worker.close()
+        etcd.stop()
+
+
 def _info(instance_id: str) -> InstanceInfo:
     return InstanceInfo(instance_id=instance_id, role="decode", engine_kind="sim", url="http://127.0.0.1:1",
                         bootstrap_host="127.0.0.1", bootstrap_port=None, model="m", profile="p",
@@ -191,7 +220,7 @@ async def test_clients_log_in_again_after_etcd_restarts(tmp_path: Path) -> None:
         await registration.register(_info("d0"))
         await until(lambda: "d0" in watcher.instances, 20)
         etcd.stop()
-        await asyncio.sleep(1.0)
+        await until(lambda: not watcher.watching, 20)
         etcd = EtcdServer(tmp_path, port=etcd.port, auth=auth, bcrypt_cost=4)
         deadline = time.monotonic() + 20
         while True:

@@ -26,7 +26,14 @@ from pydantic_settings import BaseSettings
 
 from services.cli.stack import StackSettings
 from services.deploy.devstack import StackProcess, clean_env, environment, poise_up_processes
-from services.deploy.secrets import all_variables, nats_password_var, nats_server_config, nats_users, referenced
+from services.deploy.secrets import (
+    all_variables,
+    etcd_password_var,
+    nats_password_var,
+    nats_server_config,
+    nats_users,
+    referenced,
+)
 from services.gateway.config import GatewaySettings
 from services.migrator.config import MigratorSettings
 from services.monitor.config import MonitorSettings
@@ -210,7 +217,9 @@ def test_every_secret_comes_from_the_env_file_and_etcd_auth_runs_first(services:
     assert set(referenced(COMPOSE.read_text())) == known  # `services.deploy secrets` writes exactly these
     auth = services["etcd-auth"]
     assert auth["command"][:3] == ["python", "-m", "services.deploy.etcd_auth"] and auth["restart"] == "no"
-    assert set(_env(auth)) == {"POISE_ETCD_ROOT_PASSWORD", "POISE_ETCD_PASSWORD"}
+    workers = ["p0", "p1", "d0", "d1"]  # one etcd user per sidecar, each with its password variable
+    assert set(_env(auth)) == {"POISE_ETCD_ROOT_PASSWORD", "POISE_ETCD_PASSWORD", *map(etcd_password_var, workers)}
+    assert [a for a in auth["command"] if a != "--worker"][-4:] == workers
     for name, svc in services.items():
         if str(svc.get("command", [""])[0]) == "python" and name != "etcd-auth":
             assert svc["depends_on"]["etcd-auth"]["condition"] == "service_completed_successfully", name

@@ -22,7 +22,13 @@ from services.deploy.apply import ApplyError, Step, apply, apply_steps, prefligh
 from services.deploy.devstack import clean_env, environment
 from services.deploy.inventory import PLACED_WORKER_FIELDS, Inventory, load_inventory, parse_inventory
 from services.deploy.render import Plan, build_plan, render
-from services.deploy.secrets import all_variables, nats_password_var, nats_server_config, read_env_file
+from services.deploy.secrets import (
+    all_variables,
+    etcd_password_var,
+    nats_password_var,
+    nats_server_config,
+    read_env_file,
+)
 from services.worker.config import WorkerSettings
 from services.worker.launcher import build_engine_command
 from shared.settings import parse_settings
@@ -343,7 +349,8 @@ def test_each_node_env_file_has_only_the_secrets_its_containers_use(inventory: I
     assert (tmp_path / "secrets.env").stat().st_mode & 0o777 == 0o600
     gpu_a = read_env_file(tmp_path / "gpu-a" / ".env")
     assert (tmp_path / "gpu-a" / ".env").stat().st_mode & 0o777 == 0o600
-    assert set(gpu_a) == {"POISE_ETCD_PASSWORD", "POISE_ENGINE_API_KEY"} | {nats_password_var(f"worker-{i}") for i in ("p0", "p1", "p2", "d0")}
+    assert set(gpu_a) == {"POISE_ENGINE_API_KEY"} | {nats_password_var(f"worker-{i}") for i in ("p0", "p1", "p2", "d0")} \
+        | {etcd_password_var(i) for i in ("p0", "p1", "p2", "d0")}  # each sidecar's own etcd user
     assert all(values[k] == v for k, v in gpu_a.items())
     ctrl = read_env_file(tmp_path / "ctrl" / ".env")
     assert {"POISE_ETCD_ROOT_PASSWORD", "POISE_API_KEY", "POISE_ENGINE_API_KEY"} <= set(ctrl)
