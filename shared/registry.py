@@ -438,6 +438,7 @@ class LeaderElection:
         self._keeper = LeaseKeeper(registry, ttl_s)
         self._on_change = on_change
         self.is_leader = False
+        self.rounds = 0  # election rounds run (won or lost): what a caller can wait on
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -484,4 +485,5 @@ class LeaderElection:
             except ETCD_ERRORS as exc:
                 log.warning("leader election round failed: %s", exc)
                 self._set(False)
+            self.rounds += 1
             await asyncio.sleep(self._keeper.ttl_s / 2)

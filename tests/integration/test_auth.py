@@ -20,7 +20,7 @@ import pytest_asyncio
 from services.planner.connectors import ConnectorError, LocalConnector, LocalConnectorSettings
 from shared.bus import Bus
 from shared.devservers import EtcdServer, NatsServer
-from shared.errors import PoiseError
+from shared.errors import BusTimeout, PoiseError
 from shared.protocol import AdminCommand, AdminReply, InstanceInfo, Keys, LoadReport, Subjects
 from shared.registry import InstanceRegistration, InstanceWatcher, Registry
 from shared.security import Credentials, EtcdAuth, redact_url, url_with_credentials
@@ -62,10 +62,15 @@ async def _listen(bus: Bus, subject: str, message_type: type[msgspec.Struct] = L
     return got
 
 
-async def _settle(*buses: Bus) -> None:
-    for bus in buses:
-        await bus.nc.flush()
-    await asyncio.sleep(0.3)
+async def _settle(*buses: Bus, refused: tuple[Bus, int] | None = None) -> None:
+    """Wait until what was sent has been processed: ``refused`` (bus, n) until that bus has heard n permission
+    errors (the server sends one as it turns a publish or subscription down, so an allowed publish would have
+    been routed by then), then a round trip on every bus (what was routed to a subscriber has arrived)."""
+    if refused is not None:
+        bus, n = refused
+        await until(lambda: len(bus.permission_errors) >= n, 20)
+    for b in buses:
+        await b.nc.flush()
 
 
 async def test_a_worker_publishes_only_its_own_load(connect, nats_server: NatsServer) -> None:  # type: ignore[no-untyped-def]
@@ -78,7 +83,7 @@ async def test_a_worker_publishes_only_its_own_load(connect, nats_server: NatsSe
         await p0.publish(S.load("p0"), _load("p0"))
         await p0.publish(S.load("p1"), _load("p1"))  # another worker's load: refused
         await p0.publish(S.admin("planner"), AdminCommand(verb="pause"))  # an admin subject: refused
-        await _settle(p0, observer)
+        await _settle(p0, observer, refused=(p0, 2))
         assert loads == [S.load("p0")]
         assert admin == []
         assert sorted(p0.permission_errors) == sorted(
@@ -92,7 +97,7 @@ async def test_a_worker_publishes_only_its_own_load(connect, nats_server: NatsSe
 async def test_a_worker_cannot_listen_to_another_workers_commands(connect) -> None:  # type: ignore[no-untyped-def]
     p0 = await connect("worker-p0")
     await _listen(p0, S.worker_control("p1"), AdminCommand)
-    await _settle(p0)
+    await _settle(p0, refused=(p0, 1))
     assert any("permissions violation for subscription" in e for e in p0.permission_errors), p0.permission_errors
 
 
@@ -108,12 +113,25 @@ async def test_only_the_admin_publishes_admin_subjects(user: str, connect) -> No
 
     await target.serve(S.admin("monitor"), AdminCommand, status, error_reply=lambda m: AdminReply(ok=False, message=m))
     await target.nc.flush()
-    reply = await admin.request(S.admin("monitor"), AdminCommand(verb="status"), AdminReply)  # the admin may
+    reply = await _request_until_served(admin, S.admin("monitor"))  # the admin may
     assert reply.message == "monitor here"  # ... and the monitor, which may publish nothing, may answer it
     await other.publish(S.admin("monitor"), AdminCommand(verb="status"))
-    await _settle(other, target)
+    await _settle(other, target, refused=(other, 1))
     assert verbs == ["status"]
     assert other.permission_errors == [f'nats: permissions violation for publish to "{S.admin("monitor")}"']
+
+
+async def _request_until_served(bus: Bus, subject: str, timeout_s: float = 20.0) -> AdminReply:
+    """A status request, again while no responder is there yet (a subscription made on another connection
+    reaches the server's interest graph on its own time on a busy box)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return await bus.request(subject, AdminCommand(verb="status"), AdminReply, timeout_s=5)
+        except BusTimeout:  # "no service answers": the subscription is not there yet
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
 
 
 async def test_the_planner_commands_workers_and_the_migrator_on_their_control_subjects(connect) -> None:  # type: ignore[no-untyped-def]
@@ -134,7 +152,7 @@ async def test_the_planner_commands_workers_and_the_migrator_on_their_control_su
     assert planner.permission_errors == worker.permission_errors == migrator.permission_errors == []
     # The migrator may not command workers, nor the gateway publish a planner event.
     await migrator.publish(S.worker_control("p2"), AdminCommand(verb="retire"))
-    await _settle(migrator)
+    await _settle(migrator, refused=(migrator, 1))
     assert migrator.permission_errors == [f'nats: permissions violation for publish to "{S.worker_control("p2")}"']
 
 

@@ -110,7 +110,7 @@ async def test_leader_election_fails_over(etcd_server: EtcdServer) -> None:
     await a.start()
     await _until(lambda: a.is_leader)
     await b.start()
-    await asyncio.sleep(1.5)
+    await _until(lambda: b.rounds >= 2)  # b tried, and tried again, while a leads
     assert a.is_leader and not b.is_leader
     await a.stop()
     await _until(lambda: b.is_leader, timeout_s=5)

@@ -228,7 +228,7 @@ async def test_static_planner_status_and_one_leader_of_two(nats_server: NatsServ
         await a.start()
         await _until(lambda: a.is_leader)
         await b.start()
-        await asyncio.sleep(0.5)  # b has run an election round by now
+        await _until(lambda: b._election is not None and b._election.rounds >= 1)  # b ran for leader and lost
         assert a.is_leader and not b.is_leader
         replies = [await bus.request(subjects.admin("planner"), AdminCommand(verb="status"), AdminReply) for _ in range(6)]
         seen = {r.status.replica_id: r.status.is_leader for r in replies if r.status is not None}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -75,8 +76,13 @@ async def settled(client: httpx.AsyncClient, service: Any, engine: SimEngine) ->
     """Prompt tokens the engine counted once every request is done (a prefill engine counts a request when its
     decode peer releases the KV, just after the client's stream ends)."""
     await until(lambda: service.cluster.inflight_total() == 0, 5)
-    await asyncio.sleep(0.3)
-    return await prompt_tokens_seen(client, engine)
+    deadline = time.monotonic() + 10
+    while True:  # the engine holds nothing (its KV released): every request it had is counted
+        load = (await client.get(engine.url + "/v1/loads")).json()["loads"][0]
+        if load["num_running_reqs"] == load["num_waiting_reqs"] == load["num_used_tokens"] == 0:
+            return await prompt_tokens_seen(client, engine)
+        assert time.monotonic() < deadline, f"the engine still holds requests: {load}"
+        await asyncio.sleep(0.02)
 
 
 def usage(prompt: int) -> dict[str, int]:

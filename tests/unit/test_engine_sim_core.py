@@ -272,8 +272,7 @@ async def test_in_process_pd_pair_hands_off_by_bootstrap_room() -> None:
         assert port
         room = dict(bootstrap_host="127.0.0.1", bootstrap_port=port, bootstrap_room=42)
         d = decode.submit(prompt_tokens=300, max_new_tokens=12, ignore_eos=True, rid="pd", **room)
-        await asyncio.sleep(0.05)
-        assert d.phase is Phase.TRANSFER  # the decode peer claimed the room and waits for the prefill
+        await until(lambda: d.phase is Phase.TRANSFER)  # the decode peer claimed the room and waits for the prefill
         p = prefill.submit(prompt_tokens=300, max_new_tokens=12, ignore_eos=True, rid="pd", **room)
         await finish(decode, d)
         await finish(prefill, p)
@@ -291,8 +290,7 @@ async def test_prefill_waits_for_its_decode_peer_then_times_out() -> None:
     async with running(prefill):
         p = prefill.submit(prompt_tokens=50, max_new_tokens=4, rid="lonely", bootstrap_host="127.0.0.1",
                            bootstrap_port=prefill.bootstrap_port, bootstrap_room=7)
-        await asyncio.sleep(0.05)
-        assert p.phase is Phase.BOOTSTRAP
+        await until(lambda: p.phase is Phase.BOOTSTRAP)
         assert prefill.load_snapshot()["disaggregation"]["prefill_bootstrap_queue_reqs"] == 1
         await finish(prefill, p)
         assert p.status_code == 500 and p.finish["message"].startswith("Prefill bootstrap failed")
@@ -458,7 +456,7 @@ async def test_a_prompt_prefilled_alone_is_reported_for_the_ttft_refit() -> None
     async with running(prefill, decode):
         room = dict(bootstrap_host="127.0.0.1", bootstrap_port=prefill.bootstrap_port, bootstrap_room=3)
         d = decode.submit(prompt_tokens=2000, max_new_tokens=2, ignore_eos=True, rid="alone", **room)
-        await asyncio.sleep(0.05)
+        await until(lambda: d.phase is Phase.TRANSFER)  # the decode side is there first
         p = prefill.submit(prompt_tokens=2000, max_new_tokens=2, ignore_eos=True, rid="alone", **room)
         await finish(decode, d)
         await finish(prefill, p)
