@@ -158,7 +158,7 @@ def cmd_up(argv: list[str]) -> int:
             _print(f"     poise admin events      (the {settings.planner_policy} planner's flips as they happen)")
             _print("     poise bench --trace stress-mix-shift --start-s 720 --duration-s 1080 --rate-scale 6   "
                    "(load whose best split moves)")
-        supervisor = Supervisor(stack.processes, say=_print)
+        supervisor = Supervisor(stack.supervised, say=_print)
         while True:
             time.sleep(1.0)
             reason = supervisor.poll()

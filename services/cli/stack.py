@@ -448,6 +448,12 @@ class Stack:
         if self._lock is not None:
             self._lock.describe(gateway=self.gateway_url, run_dir=str(self.run_dir))
 
+    @property
+    def supervised(self) -> list[ManagedProcess]:
+        """Every process of the stack, nats-server and etcd included: what ``poise up`` keeps running."""
+        servers: list[ManagedProcess] = [s for s in (self.nats, self.etcd) if s is not None]
+        return [*servers, *self.processes]
+
     def check_alive(self) -> list[str]:
         """Processes that died. A worker that exited 0 retired on purpose (the planner scaled it in): not dead."""
         return [p.name for p in self.processes

@@ -37,11 +37,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 def _proc(stack: Stack, name: str) -> ManagedProcess:
-    return next(p for p in stack.processes if p.name == name)
+    return next(p for p in stack.supervised if p.name == name)
 
 
 def _supervise_until(stack: Stack, done: Callable[[], bool], timeout_s: float = 60) -> Supervisor:
-    sup = Supervisor(stack.processes, RestartPolicy(backoff_s=0.2, backoff_max_s=1), say=print)
+    sup = Supervisor(stack.supervised, RestartPolicy(backoff_s=0.2, backoff_max_s=1), say=print)
     deadline = time.monotonic() + timeout_s
     while not done():
         assert sup.poll() is None
@@ -113,3 +113,15 @@ def test_a_killed_gateway_is_restarted_and_serves_again(stack: Stack) -> None:
     os.kill(gateway.proc.pid, signal.SIGKILL)
     _supervise_until(stack, lambda: gateway.starts == 2 and _health(stack)[0] == 200)
     assert _post(stack, 8).status_code == 200
+
+
+def test_killed_nats_and_etcd_are_restarted_and_the_gateway_says_degraded_meanwhile(stack: Stack) -> None:
+    for name in ("nats-server", "etcd"):
+        server = _proc(stack, name)
+        starts = server.starts
+        os.kill(server.proc.pid, signal.SIGKILL)
+        server.proc.wait(10)
+        status, body = _health(stack)
+        assert status == 200 and body["status"] in ("degraded", "ok"), body  # serving from its last view
+        _supervise_until(stack, lambda s=server, n=starts: s.starts == n + 1 and _health(stack)[1].get("status") == "ok")
+        assert _post(stack, 8).status_code == 200
