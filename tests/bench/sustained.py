@@ -28,12 +28,15 @@ that produced it); ``--jobs N`` runs N simulations at once.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import fcntl
 import functools
 import json
 import shlex
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
@@ -212,18 +215,32 @@ def main() -> None:
             print(f"{workload} ({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
             only = [] if args.summarize else args.policies.split(",") if args.policies else None
             row_command = produced_by.get(workload, command) if args.summarize else command
-            rows.append({**run_workload(workload, pool, out, row_command, only, args.resume), "command": row_command})
-            order = {w: k for k, w in enumerate(TUNE + HELD_OUT)}
-            rows.sort(key=lambda r: order[str(r["workload"])])
-            summary.write_text(json.dumps({"rows": rows}, indent=1, default=str))
-            commands = sorted({str(r["command"]) for r in rows})
-            (out / "sustained.md").write_text(
-                "# Sustained serving: poise against every fixed split and colocated\n\nCommands (each row names its "
-                "own in sustained.json): " + ", ".join(f"`{c}`" for c in commands) + "\n\n"
-                f"Yardstick: {Yardstick().describe()}; goodput at {TARGET:.0%} attainment, 8 instances, "
-                f"{BISECTIONS} bisections. Tuned on: {', '.join(TUNE)}; seen: {', '.join(SEEN)}; held out: {', '.join(w for w in HELD_OUT if w not in SEEN)}.\n\n"
-                + summary_table(rows))
+            row = {**run_workload(workload, pool, out, row_command, only, args.resume), "command": row_command}
+            with _locked(out / "sustained.lock"):  # runs on disjoint workloads may share the summary
+                current = json.loads(summary.read_text())["rows"] if summary.exists() else rows
+                rows = [r for r in current if r["workload"] != workload] + [row]
+                order = {w: k for k, w in enumerate(TUNE + HELD_OUT)}
+                rows.sort(key=lambda r: order[str(r["workload"])])
+                summary.write_text(json.dumps({"rows": rows}, indent=1, default=str))
+                _write_summary_md(out, rows)
     print((out / "sustained.md").read_text())
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def _write_summary_md(out: Path, rows: list[dict[str, object]]) -> None:
+    commands = sorted({str(r["command"]) for r in rows})
+    (out / "sustained.md").write_text(
+        "# Sustained serving: poise against every fixed split and colocated\n\nCommands (each row names its "
+        "own in sustained.json): " + ", ".join(f"`{c}`" for c in commands) + "\n\n"
+        f"Yardstick: {Yardstick().describe()}; goodput at {TARGET:.0%} attainment, 8 instances, "
+        f"{BISECTIONS} bisections. Tuned on: {', '.join(TUNE)}; seen: {', '.join(SEEN)}; held out: {', '.join(w for w in HELD_OUT if w not in SEEN)}.\n\n"
+        + summary_table(rows))
 
 
 if __name__ == "__main__":
