@@ -56,7 +56,7 @@ WHERE = {"nats_url", "etcd_url", "host", "port", "http_host", "http_port", "engi
 CONTAINER_ONLY = {"advertise_host"}
 # Secrets: poise up makes them per run, compose reads them from deploy/.env; set on both sides or neither.
 SECRETS = {"nats_password", "etcd_password", "api_keys", "engine_api_key"}
-COMPOSE_ONLY_SERVICES = {"prometheus", "grafana", "etcd-auth"}
+COMPOSE_ONLY_SERVICES = {"prometheus", "grafana", "etcd-auth", "gateway-2", "gateway-lb"}
 # nats-server / etcd flags whose values are addresses or paths (their presence still has to match).
 SERVER_WHERE = {"-a", "-p", "-sd", "-c", "--data-dir", "--listen-client-urls", "--advertise-client-urls",
                 "--listen-peer-urls", "--initial-advertise-peer-urls", "--initial-cluster"}
@@ -229,14 +229,14 @@ def test_every_secret_comes_from_the_env_file_and_etcd_auth_runs_first(services:
 def _listen_port(name: str, svc: dict[str, Any]) -> int:
     args = [str(a) for a in svc["command"][3:]]
     settings = _parse(SETTINGS[svc["command"][2]], args, _env(svc))
-    return int(getattr(settings, {"monitor": "http_port", "gateway": "port"}.get(name, "engine_port")))
+    return int(getattr(settings, {"monitor": "http_port", "gateway": "port", "gateway-2": "port"}.get(name, "engine_port")))
 
 
 def test_prometheus_scrapes_every_metrics_endpoint_on_its_port(services: dict[str, dict[str, Any]]) -> None:
     config = yaml.safe_load(PROMETHEUS.read_text())
     targets = {t for job in config["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]}
     expected = {f"{name}:{_listen_port(name, svc)}" for name, svc in services.items()
-                if name in ("gateway", "monitor") or name.startswith("worker-")}
+                if name in ("gateway", "gateway-2", "monitor") or name.startswith("worker-")}
     assert targets == expected
     prom_mounts = services["prometheus"]["volumes"]
     assert any(v.startswith("./prometheus/prometheus.yml:") for v in prom_mounts)
@@ -247,7 +247,8 @@ def test_prometheus_scrapes_every_metrics_endpoint_on_its_port(services: dict[st
 def test_published_ports_are_poise_up_defaults(services: dict[str, dict[str, Any]]) -> None:
     defaults = StackSettings.model_fields
     published = {name: {str(p) for p in svc.get("ports", [])} for name, svc in services.items()}
-    assert f"{defaults['gateway_port'].default}:{_listen_port('gateway', services['gateway'])}" in published["gateway"]
+    # the gateways' port is published by their load balancer, on poise up's gateway port
+    assert published["gateway-lb"] == {f"{defaults['gateway_port'].default}:8000"} and not published["gateway"]
     assert f"{defaults['monitor_port'].default}:{_listen_port('monitor', services['monitor'])}" in published["monitor"]
     nats_port = _flag_map(services["nats-server"]["command"][1:])["-p"]
     assert f"4222:{nats_port}" in published["nats-server"]  # `poise admin --nats-url nats://127.0.0.1:4222`
@@ -276,3 +277,16 @@ def test_images_install_every_package_of_the_project(dockerfile: str, services: 
         assert lines[[i for i, line in enumerate(lines) if line.startswith("FROM ")][0]] == "FROM python:3.11-slim"
         build = services["gateway"]["build"]
         assert (COMPOSE.parent / build["context"] / build["dockerfile"]).resolve() == (DEPLOY / dockerfile).resolve()
+
+
+def test_two_gateway_replicas_behind_a_load_balancer(services: dict[str, dict[str, Any]]) -> None:
+    """A gateway's death loses only its own requests: compose runs two, identical, behind nginx."""
+    one, two = services["gateway"], services["gateway-2"]
+    assert one["command"] == two["command"] and one["environment"] == two["environment"]
+    conf = (DEPLOY / "nginx" / "gateway-lb.conf").read_text()
+    port = _listen_port("gateway", one)
+    assert f"server gateway:{port} " in conf and f"server gateway-2:{port} " in conf
+    assert "proxy_buffering off" in conf and "non_idempotent" not in conf  # streams pass; no double generation
+    lb = services["gateway-lb"]
+    assert any(v.startswith("./nginx/gateway-lb.conf:") for v in lb["volumes"])
+    assert set(lb["depends_on"]) == {"gateway", "gateway-2"}
