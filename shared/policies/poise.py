@@ -49,7 +49,7 @@ class PoiseParams(msgspec.Struct, frozen=True, kw_only=True):
     min_completed: int = 30  # fewer finished requests in the window are too few to judge a mix by: no move
     prefill_target: float = 0.8  # prefill utilisation that counts as full (queues need headroom for bursts)
     decode_target: float = 0.95  # decode utilisation that counts as full (the TPOT SLO is already in it)
-    min_gain: float = 0.1  # move only to a split scoring this much lower (tuned on the tune set: tests/bench/poise_tuning.py)
+    min_gain: float = 0.15  # move only to a split scoring this much lower (chosen: tests/bench/results/poise_tuning.md)
     confirm: int = 2  # the same direction in this many evaluations in a row
     cooldown_s: float = 30.0  # after a flip, before the next
     min_dwell_s: float = 300.0  # an instance that flipped keeps its new role at least this long
@@ -58,6 +58,7 @@ class PoiseParams(msgspec.Struct, frozen=True, kw_only=True):
     #                          long, doubling with each call-off in a row, up to ``max_backoff_s``
     max_backoff_s: float = 600.0
     backlog_horizon_s: float = 60.0  # queued prefill work is load spread over this many seconds
+    max_drain_s: float = 45.0  # no flip of an instance that would take longer to drain (the drain deadline is 60 s)
 
 
 class PoisePools:
@@ -79,6 +80,7 @@ class PoisePools:
         self.last_loads: list[SideLoad] = []  # the newest scoring, for logs, status and tests
         self.last_mix: Mix | None = None
         self.decisions = 0
+        self.drains_deferred = 0  # flips the model wanted but no instance could drain in max_drain_s
 
     @property
     def target_prefill(self) -> int | None:
@@ -127,20 +129,26 @@ class PoisePools:
         if now_s < self._blocked_until[direction]:
             return None
         change = self._flip(decodes if direction > 0 else prefills, "prefill" if direction > 0 else "decode",
-                            now_s, f"poise: {current.prefill}P{current.decode}D scores {current.score:.2f} "
-                                   f"(P {current.rho_prefill:.2f}, D {current.rho_decode:.2f}), "
-                                   f"{best.prefill}P{best.decode}D {best.score:.2f}")
+                            now_s, mix, f"poise: {current.prefill}P{current.decode}D scores {current.score:.2f} "
+                                        f"(P {current.rho_prefill:.2f}, D {current.rho_decode:.2f}), "
+                                        f"{best.prefill}P{best.decode}D {best.score:.2f}")
         return PoolDecision(changes=[change] if change is not None else [])
 
-    def _flip(self, side: Sequence[InstanceLoad], new_role: str, now_s: float, reason: str) -> RoleChange | None:
-        """The instance of ``side`` that drains soonest, among those not dwelling after a flip of their own."""
+    def _flip(self, side: Sequence[InstanceLoad], new_role: str, now_s: float, mix: Mix,
+              reason: str) -> RoleChange | None:
+        """The instance of ``side`` that drains soonest, among those not dwelling after a flip of their own,
+        when it can drain within ``max_drain_s``: a drain that outlives its deadline is called off, and until
+        then it only took the instance's share of new work away from a cluster that is already behind."""
         if len(side) <= self.ctx.min_per_role:
             return None
         movable = [i for i in side if now_s - self._flipped_at.get(i.info.instance_id, float("-inf"))
                    >= self.params.min_dwell_s]
         if not movable:
             return None
-        victim = min(movable, key=lambda i: (_work(i), i.info.instance_id))
+        victim = min(movable, key=lambda i: (self._drain_s(i, mix), i.info.instance_id))
+        if self._drain_s(victim, mix) > self.params.max_drain_s:
+            self.drains_deferred += 1
+            return None
         self._last_flip_s = now_s
         self._last_direction = 1 if new_role == "prefill" else -1
         self._flipped_at[victim.info.instance_id] = now_s
@@ -168,6 +176,24 @@ class PoisePools:
         # busy, and an instance begins at most one drain per ``min_dwell_s`` (the next try takes another).
         self._last_direction = 0  # the reverse direction need not wait for a flip that did not happen
 
+    def _drain_s(self, inst: InstanceLoad, mix: Mix) -> float:
+        """About how long ``inst`` takes to drain: a prefill instance its queued prompts; a decode instance
+        the tokens its requests still owe (a running one the mix's mean residual length, E[OSL^2] / 2 E[OSL];
+        one waiting for its KV or a slot the whole mean OSL), at its current batch's tokens per step."""
+        load = inst.load
+        if load is None:
+            return 0.0
+        if inst.info.role == "prefill":
+            return self._queued_prefill_s(inst, mix)
+        running, waiting = load.num_running_reqs, load.num_waiting_reqs
+        if running + waiting == 0:
+            return 0.0
+        residual = mix.osl_sq / (2.0 * mix.osl) if mix.osl > 0 else 0.0
+        owed = running * residual + waiting * mix.osl
+        batch = max(1, running)
+        context = load.num_running_tokens if load.num_running_tokens is not None else load.num_used_tokens
+        return owed / batch * self.model.decode_step_time_s(batch, context)
+
     def _queued_prefill_s(self, inst: InstanceLoad, mix: Mix) -> float:
         """Prefill seconds waiting on ``inst``: its queued uncached tokens at the mix's mean prompt length."""
         load = inst.load
@@ -181,13 +207,6 @@ class PoisePools:
                 + p.prefill_s_per_token2 * tokens * mean) * self.model.time_scale
 
 
-def _work(inst: InstanceLoad) -> float:
-    """How long ``inst`` takes to drain, roughly: its queued and running requests and the tokens they hold."""
-    load = inst.load
-    if load is None:
-        return 0.0
-    running = load.num_running_tokens if load.num_running_tokens is not None else load.num_used_tokens
-    return load.num_waiting_reqs + load.num_running_reqs + load.prefill_queue_reqs + running / 1e4
 
 
 def mix_of(series: Sequence[SeriesPoint], window_s: float, min_completed: int = 1) -> Mix | None:

@@ -2,8 +2,9 @@
 
 Brings up the stack `poise up` runs (2 prefill + 2 decode engine_sim, auth on, the static planner so that
 only the faults move things) with `poise up`'s supervision (``services/cli/supervise.py``), and sends
-``--rate`` streaming requests per second, each checked exactly: ``max_tokens`` text chunks, a usage of
-``max_tokens`` completion tokens and ``[DONE]``. Then one fault per phase, each followed by a recovery
+``--rate`` streaming requests per second, each checked exactly: ``max_tokens`` tokens of text (engine_sim
+renders each token as `` tok<id>``; a chunk may carry several), a usage of ``max_tokens`` completion tokens
+and ``[DONE]``. Then one fault per phase, each followed by a recovery
 window, in this order:
 
 - ``kill -9`` of a worker sidecar (its engine keeps serving; the restarted sidecar adopts it),
@@ -113,13 +114,14 @@ class Load:
                             if "error" in event:
                                 error = "stream error: " + str(event["error"].get("message", ""))[:60]
                             for choice in event.get("choices") or []:
-                                chunks += bool(choice.get("text"))
+                                # engine_sim renders every token as " tok<id>"; a chunk may carry several
+                                chunks += str(choice.get("text") or "").count(" tok")
                             usage = event.get("usage") or usage
         except httpx.HTTPError as exc:
             error = type(exc).__name__
         if error is None and not (done and chunks == self.max_tokens and usage
                                   and usage.get("completion_tokens") == self.max_tokens):
-            error = f"inexact: {chunks} chunks, usage {usage and usage.get('completion_tokens')}, done {done}"
+            error = f"inexact: {chunks} tokens of text, usage {usage and usage.get('completion_tokens')}, done {done}"
         # Counted in the phase it ended in: a request the gateway's death cut off belongs to that fault.
         phase = self.phase
         phase.started += 1

@@ -1,9 +1,12 @@
-"""Tune-set sweep of the Poise controller's hysteresis ``min_gain``: goodput on the tuning workloads only.
+"""Choosing the Poise controller's hysteresis ``min_gain``: goodput per candidate on the tune set, then on
+the seen set.
 
-The sustained yardstick (``loadgen.sim.goodput`` defaults, 8 instances, starting at 4P4D) on ``TUNE`` of
-``tests.bench.sustained`` (the two Azure 2023 traces) for each value of ``--values``. The held-out set is not
-run here: a value is chosen on these rows alone, and the held-out workloads are then reported with it by
-``tests.bench.sustained``. Writes ``tests/bench/results/poise_tuning.{md,json}``.
+The sustained yardstick (``loadgen.sim.goodput`` defaults, 8 instances, starting at 4P4D) for each value of
+``--values`` on ``--sets``: ``tune`` (the two Azure 2023 traces, ``TUNE`` of ``tests.bench.sustained``) and
+``seen`` (Mooncake conversation, ``SEEN``: a validation set, used to check a candidate, never to fit one). The
+rule (docs/evaluation.md): the largest value with the best tune-set goodput sum among those that do not fall
+below the start split's goodput on the seen set. The held-out stress set is not run here. Rows of a set are
+replaced in ``tests/bench/results/poise_tuning.json`` (others kept); the table is rebuilt from it.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ from loadgen.traces import load_trace
 from shared.latency import LatencyModel
 from shared.policies.context import PolicyContext
 from shared.policies.poise import PoiseParams, PoisePools
-from tests.bench.sustained import BISECTIONS, INSTANCES, MODEL, OUT, START, TARGET, TUNE
+from tests.bench.sustained import BISECTIONS, INSTANCES, MODEL, OUT, SEEN, START, TARGET, TUNE
+
+SETS = {"tune": TUNE, "seen": SEEN}
 
 
 def _mix(min_gain: float) -> PolicyMix:
@@ -54,25 +59,50 @@ def _task(workload: str, min_gain: float) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--values", default="0.1,0.15,0.25,0.35")
+    parser.add_argument("--values", default="0.05,0.1,0.15,0.25,0.35")
+    parser.add_argument("--sets", default="tune,seen")
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
     values = [float(v) for v in args.values.split(",")]
+    workloads = [w for name in args.sets.split(",") for w in SETS[name]]
     command = shlex.join(["python", "-m", "tests.bench.poise_tuning", *sys.argv[1:]])
     with ProcessPoolExecutor(args.jobs) as pool:
-        rows = list(pool.map(_task, [w for w in TUNE for _ in values], [v for _ in TUNE for v in values]))
-    (OUT / "poise_tuning.json").write_text(json.dumps({"command": command, "rows": rows}, indent=1))
-    lines = ["# Poise controller: min_gain on the tune set", "", f"Command: `{command}`", "",
+        new = list(pool.map(_task, [w for w in workloads for _ in values], [v for _ in workloads for v in values]))
+    path = OUT / "poise_tuning.json"
+    old = json.loads(path.read_text())["rows"] if path.exists() else []
+    rows = [r for r in old if r["workload"] not in workloads] + [{**r, "command": command} for r in new]
+    path.write_text(json.dumps({"rows": rows}, indent=1))
+    (OUT / "poise_tuning.md").write_text(_table(rows))
+    print(_table(rows))
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    values = sorted({r["min_gain"] for r in rows})
+    names = [w for w in TUNE + SEEN if any(r["workload"] == w for r in rows)]
+    cell = {(r["workload"], r["min_gain"]): r for r in rows}
+    commands = sorted({r.get("command", "") for r in rows})
+    start = {w: _start_goodput(w) for w in SEEN}
+    lines = ["# Poise controller: choosing min_gain", "", "Commands: " + ", ".join(f"`{c}`" for c in commands), "",
              "Sustained yardstick (natural time, whole traces, first 120 s not counted, 90% attainment), "
-             f"{INSTANCES} instances from {START}. Tune set only: {', '.join(TUNE)}.", "",
-             "| min_gain | " + " | ".join(f"{w} goodput | {w} flips at goodput" for w in TUNE) + " | sum |",
-             "|---|" + "---|---|" * len(TUNE) + "---|"]
+             f"{INSTANCES} instances from {START}. Tune: {', '.join(TUNE)}; seen (validation): {', '.join(SEEN)} "
+             f"(start split {START} there: " + ", ".join(f"{w} {g:.2f}x" for w, g in start.items() if g) + ").", "",
+             "| min_gain | " + " | ".join(f"{w} ({'tune' if w in TUNE else 'seen'})" for w in names) + " | tune sum |",
+             "|---|" + "---|" * len(names) + "---|"]
     for v in values:
-        cells = [r for w in TUNE for r in rows if r["workload"] == w and r["min_gain"] == v]
-        lines.append(f"| {v} | " + " | ".join(f"{r['goodput_scale']:.2f}x | {r['flips_at_goodput']}" for r in cells)
-                     + f" | {sum(r['goodput_scale'] for r in cells):.2f} |")
-    (OUT / "poise_tuning.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+        got = [cell.get((w, v)) for w in names]
+        tune_sum = sum(r["goodput_scale"] for w, r in zip(names, got, strict=True) if r and w in TUNE)
+        lines.append(f"| {v} | " + " | ".join(f"{r['goodput_scale']:.2f}x ({r['flips_at_goodput']} flips)" if r else "-"
+                                               for r in got) + f" | {tune_sum:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _start_goodput(workload: str) -> float | None:
+    """The start split's goodput from the sustained bench's cache, for the seen set's bar."""
+    path = OUT / "sustained" / f"{workload}-all.json"
+    try:
+        return float(json.loads(path.read_text())[f"static-{START}"]["goodput_scale"])
+    except (OSError, KeyError, ValueError):
+        return None
 
 
 if __name__ == "__main__":
