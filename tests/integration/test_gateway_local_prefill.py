@@ -55,12 +55,13 @@ def body(prompt_tokens: int) -> dict[str, Any]:
 
 
 async def stream(client: httpx.AsyncClient, url: str, prompt_tokens: int) -> tuple[int, dict[str, Any]]:
-    """(text chunks, final usage) of one streamed completion."""
+    """(tokens of text, final usage) of one streamed completion. engine_sim renders each token as " tok<id>",
+    and a chunk carries every token made since the last one was sent (several when the stream fell behind)."""
     chunks, final = 0, {}
     async for chunk in completion_chunks(client, url, body(prompt_tokens)):
         assert "poise_local_prefill" not in chunk
-        if chunk.get("choices") and chunk["choices"][0].get("text"):
-            chunks += 1
+        if chunk.get("choices"):
+            chunks += str(chunk["choices"][0].get("text") or "").count(" tok")
         if chunk.get("usage"):
             final = chunk["usage"]
     return chunks, final
