@@ -49,7 +49,7 @@ class PoiseParams(msgspec.Struct, frozen=True, kw_only=True):
     min_completed: int = 30  # fewer finished requests in the window are too few to judge a mix by: no move
     prefill_target: float = 0.8  # prefill utilisation that counts as full (queues need headroom for bursts)
     decode_target: float = 0.95  # decode utilisation that counts as full (the TPOT SLO is already in it)
-    min_gain: float = 0.15  # move only to a split scoring this much lower (chosen: tests/bench/results/poise_tuning.md)
+    min_gain: float = 0.25  # move only to a split scoring this much lower (chosen: tests/bench/results/poise_tuning.md)
     confirm: int = 2  # the same direction in this many evaluations in a row
     cooldown_s: float = 30.0  # after a flip, before the next
     min_dwell_s: float = 300.0  # an instance that flipped keeps its new role at least this long
