@@ -69,7 +69,7 @@ class StackSettings(ServiceSettings):
     monitor_port: int = Field(9100, description="Monitor /metrics port (0 = a free port).")
     nats_port: int = Field(0, description="nats-server port (0 = a free port).")
     etcd_port: int = Field(0, description="etcd client port (0 = a free port).")
-    state_dir: Path = Field(STATE_DIR, description="Where current.json (what `poise admin` and `poise bench` find) and the stack lock live: one running stack per state dir.")
+    state_dir: Path = Field(STATE_DIR, description="Where current.json and the stack lock live: one running stack per state dir. `poise admin` and `poise bench` read ./.poise/current.json; for a stack in another state dir give them --nats-url / --gateway-url and its credentials.")
     run_dir: Path | None = Field(None, description="Where logs and stack.json go (default <state dir>/runs/<timestamp>).")
     gateway_args: list[str] = Field(default_factory=list, description="Extra flags for the gateway (JSON list).")
     planner_args: list[str] = Field(default_factory=list, description="Extra flags for the planner (JSON list), e.g. [\"--tick-interval-s\", \"1\"].")
