@@ -20,6 +20,7 @@ from services.gateway.app import create_app
 from services.gateway.config import GatewaySettings
 from services.gateway.service import GatewayService
 from shared.devservers import EtcdServer, ManagedProcess, NatsServer, free_port, wait_for_port
+from shared.errors import PoiseError
 from shared.protocol import InstanceInfo, Keys
 from shared.registry import InstanceRegistration, Registry
 
@@ -36,6 +37,7 @@ class SimEngine:
 
     def __init__(self, tmp: Path, mode: str, model: str, time_scale: float, bootstrap_timeout_s: float = 5.0,
                  extra_args: tuple[str, ...] = ()) -> None:
+        self._config = (tmp, mode, model, time_scale, bootstrap_timeout_s, extra_args)
         self.port, self.bootstrap_port = free_port(), free_port()
         self.mode = mode
         self.model = model
@@ -44,6 +46,11 @@ class SimEngine:
             "--bootstrap-port", str(self.bootstrap_port), "--time-scale", str(time_scale),
             "--served-model-name", model, "--bootstrap-timeout-s", str(bootstrap_timeout_s), *extra_args,
         ], tmp / f"engine-{mode}-{self.port}.log")
+
+    def respawn(self) -> SimEngine:
+        """The same engine on new free ports (the old ones may have been taken between picking and binding)."""
+        self.proc.stop()
+        return SimEngine(*self._config)
 
     @property
     def url(self) -> str:
@@ -83,8 +90,16 @@ async def register(registry: Registry, *infos: InstanceInfo) -> list[InstanceReg
 def serving(engines: dict[str, SimEngine]) -> Iterator[dict[str, SimEngine]]:
     """A fixture's body: wait until every engine listens, hand them over, stop them afterwards."""
     try:
-        for e in engines.values():
-            wait_for_port("127.0.0.1", e.port, 30, e.proc.proc)
+        for name in list(engines):
+            for attempt in range(3):
+                e = engines[name]
+                try:
+                    wait_for_port("127.0.0.1", e.port, 30, e.proc.proc)
+                    break
+                except PoiseError:  # it exited: on a busy box another process can take a port picked free
+                    if e.proc.alive or attempt == 2:
+                        raise
+                    engines[name] = e.respawn()
         yield engines
     finally:
         for e in engines.values():
