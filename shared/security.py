@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 
 from shared.errors import PoiseError
-from shared.protocol.permissions import Permissions
+from shared.protocol.permissions import Permissions, worker_user
 
 ETCD_ROOT = "root"
 ETCD_USER = "poise"
@@ -46,7 +46,7 @@ class Credentials(msgspec.Struct, kw_only=True):
     etcd_root_password: str | None = None
     api_key: str | None = None  # the gateway's bearer key
     engine_api_key: str | None = None  # the engines' (SGLang --api-key): held by the gateway and the sidecars
-    # etcd user per sidecar (instance id -> password; the user is etcd_worker_user(id)): it may write its own
+    # etcd user per sidecar (instance id -> password; the user is worker_user(id)): it may write its own
     # instance key only (:func:`enable_etcd_auth`)
     etcd_workers: dict[str, str] = msgspec.field(default_factory=dict)
 
@@ -60,7 +60,7 @@ class Credentials(msgspec.Struct, kw_only=True):
     def etcd_login(self, instance_id: str | None = None) -> tuple[str | None, str | None]:
         """(user, password) a process logs in to etcd with: a sidecar's own user when there is one."""
         if instance_id is not None and instance_id in self.etcd_workers:
-            return etcd_worker_user(instance_id), self.etcd_workers[instance_id]
+            return worker_user(instance_id), self.etcd_workers[instance_id]
         return self.etcd_user, self.etcd_password
 
     def nats_password(self, user: str) -> str:
@@ -168,11 +168,6 @@ def redact_url(url: str) -> str:
 
 
 # -- etcd --------------------------------------------------------------------------------------------------------
-def etcd_worker_user(instance_id: str) -> str:
-    """The etcd user of the sidecar of ``instance_id`` (its NATS user has the same name)."""
-    return f"worker-{instance_id}"
-
-
 @dataclass(frozen=True)
 class EtcdAuth:
     """What :func:`enable_etcd_auth` sets up: ``root``, one user with read-write on the ``/poise/`` prefix, and
@@ -193,7 +188,7 @@ class EtcdAuth:
         """``instance_key``: an instance id's etcd key (``Keys(namespace).instance``), for the sidecars' users."""
         if not (credentials.etcd_root_password and credentials.etcd_password):
             raise PoiseError("the credentials have no etcd passwords")
-        workers = {etcd_worker_user(i): (pw, instance_key(i)) for i, pw in credentials.etcd_workers.items()} \
+        workers = {worker_user(i): (pw, instance_key(i)) for i, pw in credentials.etcd_workers.items()} \
             if instance_key is not None else {}
         return cls(root_password=credentials.etcd_root_password, password=credentials.etcd_password,
                    user=credentials.etcd_user or ETCD_USER, workers=workers)

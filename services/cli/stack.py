@@ -26,6 +26,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from loadgen.slo import slo_for
 from services.cli.stack_lock import StackLock, check_ports_free
+from services.cli.supervise import retired
 from shared.devservers import EtcdServer, ManagedProcess, NatsServer, free_port
 from shared.errors import PoiseError
 from shared.latency import DEFAULT_PROFILE, load_profile
@@ -455,9 +456,8 @@ class Stack:
         return [*servers, *self.processes]
 
     def check_alive(self) -> list[str]:
-        """Processes that died. A worker that exited 0 retired on purpose (the planner scaled it in): not dead."""
-        return [p.name for p in self.processes
-                if not p.alive and not (p.name.startswith("worker-") and p.proc.returncode == 0)]
+        """Processes that died (a retired worker did not)."""
+        return [p.name for p in self.supervised if not p.alive and not retired(p)]
 
     def stop(self) -> None:
         # Workers first so they deregister while etcd is still there; then the rest in reverse start order.

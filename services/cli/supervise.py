@@ -52,7 +52,7 @@ class Supervisor:
     def poll(self) -> str | None:
         now = self._clock()
         for proc in self._processes:
-            if proc.alive or _retired(proc):
+            if proc.alive or retired(proc):
                 continue
             watch = self._watch.setdefault(proc.name, _Watch())
             if watch.restart_at is None:
@@ -73,5 +73,6 @@ class Supervisor:
         return None
 
 
-def _retired(proc: ManagedProcess) -> bool:
+def retired(proc: ManagedProcess) -> bool:
+    """A worker that exited 0 retired on purpose (the planner scaled it in): it is not restarted, nor dead."""
     return proc.name.startswith("worker-") and proc.proc.returncode == 0

@@ -17,7 +17,8 @@ from collections.abc import Sequence
 
 from services.deploy.secrets import etcd_password_var
 from shared.protocol import Keys
-from shared.security import ETCD_USER, enable_etcd_auth, etcd_worker_user
+from shared.protocol.permissions import worker_user
+from shared.security import ETCD_USER, enable_etcd_auth
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -39,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not secret:
             print(f"error: set {etcd_password_var(instance_id)} (worker {instance_id})", file=sys.stderr)
             return 2
-        workers[etcd_worker_user(instance_id)] = (secret, keys.instance(instance_id))
+        workers[worker_user(instance_id)] = (secret, keys.instance(instance_id))
     import grpc
 
     deadline = time.monotonic() + args.wait_s

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from shared.protocol import Subjects
 from shared.protocol.permissions import user_permissions, worker_user
-from shared.security import ETCD_USER, NatsUser, etcd_worker_user, nats_config, new_secret
+from shared.security import ETCD_USER, NatsUser, nats_config, new_secret
 
 ETCD_ROOT_VAR = "POISE_ETCD_ROOT_PASSWORD"
 ETCD_VAR = "POISE_ETCD_PASSWORD"
@@ -56,7 +56,7 @@ def nats_server_env(namespace: str, worker_ids: Iterable[str]) -> dict[str, str]
 
 def etcd_password_var(instance_id: str) -> str:
     """``p0`` -> ``POISE_ETCD_PASSWORD_WORKER_P0``: the etcd password of that sidecar's own user."""
-    return "POISE_ETCD_PASSWORD_" + re.sub(r"[^A-Z0-9]", "_", etcd_worker_user(instance_id).upper())
+    return "POISE_ETCD_PASSWORD_" + re.sub(r"[^A-Z0-9]", "_", worker_user(instance_id).upper())
 
 
 def service_env(prefix: str, nats_user: str) -> dict[str, str]:
@@ -68,7 +68,7 @@ def service_env(prefix: str, nats_user: str) -> dict[str, str]:
 def worker_env(instance_id: str) -> dict[str, str]:
     """A sidecar's: its own NATS and etcd users (the etcd one may write its instance key only), the engine key."""
     return {**service_env("POISE_WORKER_", worker_user(instance_id)),
-            "POISE_WORKER_ETCD_USER": etcd_worker_user(instance_id),
+            "POISE_WORKER_ETCD_USER": worker_user(instance_id),
             "POISE_WORKER_ETCD_PASSWORD": ref(etcd_password_var(instance_id)),
             "POISE_WORKER_ENGINE_API_KEY": ref(ENGINE_KEY_VAR)}
 

@@ -76,6 +76,7 @@ def policy_view(policy: Any) -> dict[str, Any]:
     if loads:
         view["splits"] = [msgspec.to_builtins(s) for s in loads]
         view["split_reason"] = split_reason(policy)
+        view["drains_deferred"] = getattr(policy, "drains_deferred", None)  # flips held back: no quick drain
     arrow = _arrow(policy)
     if arrow is not None:
         bounds = getattr(arrow, "bounds", None)

@@ -200,6 +200,18 @@ def resolve_ports(settings: WorkerSettings, free_port: Callable[[str], int]) -> 
     return settings.model_copy(update=update) if update else settings
 
 
+def signal_group(pid: int, sig: signal.Signals) -> bool:
+    """Signal the process group ``pid`` leads: the engine runs in its own session and SGLang spawns scheduler
+    and detokenizer children. False when that is not permitted (the caller may signal the process alone)."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        return False
+    return True
+
+
 class EngineProcess:
     """One run of the engine as a child process (its own session, so a terminal's Ctrl-C reaches only us)."""
 
@@ -239,33 +251,30 @@ class EngineProcess:
         assert self._proc is not None
         return await self._proc.wait()
 
+    def _running(self) -> bool:
+        return self._proc is not None and self._proc.returncode is None
+
+    def _send(self, sig: signal.Signals) -> None:
+        assert self._proc is not None
+        if not signal_group(self._proc.pid, sig):
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.send_signal(sig)
+
     async def stop(self, timeout_s: float = 15.0) -> int | None:
         """SIGTERM the engine's process group, SIGKILL it after ``timeout_s``; idempotent."""
-        proc = self._proc
-        if proc is not None and proc.returncode is None:
-            self._signal(proc, signal.SIGTERM)
+        if self._running():
+            self._send(signal.SIGTERM)
             try:
-                await asyncio.wait_for(proc.wait(), timeout_s)
+                await asyncio.wait_for(self.wait(), timeout_s)
             except TimeoutError:
-                log.warning("engine pid %d ignored SIGTERM for %.0fs; killing it", proc.pid, timeout_s)
-                self._signal(proc, signal.SIGKILL)
+                log.warning("engine pid %s ignored SIGTERM for %.0fs; killing it", self.pid, timeout_s)
+                self._send(signal.SIGKILL)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(proc.wait(), 5)
+                    await asyncio.wait_for(self.wait(), 5)
         if self._log is not None:
             self._log.close()
             self._log = None
-        return proc.returncode if proc is not None else None
-
-    @staticmethod
-    def _signal(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None:
-        # The engine runs in its own session; SGLang spawns scheduler/detokenizer children, so signal the group.
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(sig)
+        return self.returncode
 
     def tail(self, lines: int = 20) -> str:
         """The last lines of the engine's log (for error messages)."""

@@ -17,12 +17,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import os
 import signal
 from pathlib import Path
 
-log = logging.getLogger(__name__)
+from services.worker.launcher import EngineProcess, signal_group
 
 POLL_S = 0.5  # how often an adopted engine (not our child: no wait()) is checked for having exited
 
@@ -71,48 +70,34 @@ def previous_engine(path: Path) -> tuple[int, list[str]] | None:
     return pid, argv
 
 
-def kill_group(pid: int, sig: signal.Signals) -> None:
-    # The engine leads its own session (start_new_session); SGLang's children are in its group.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
-
-
-class AdoptedEngine:
-    """An engine a previous sidecar run started, with :class:`~services.worker.launcher.EngineProcess`'s
-    interface (not our child: its exit is polled, its exit code is unknown)."""
+class AdoptedEngine(EngineProcess):
+    """An engine a previous sidecar run started, run and stopped as an :class:`EngineProcess` (not our child:
+    its exit is polled, and its exit code is unknown)."""
 
     def __init__(self, pid: int, argv: list[str], log_path: Path) -> None:
-        self.pid: int | None = pid
-        self.argv = argv
-        self.log_path = log_path
-        self.returncode: int | None = None
+        super().__init__(argv, log_path)
+        self._pid = pid
+        self._returncode: int | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._returncode
 
     async def start(self) -> None:
         """It is running already."""
 
-    def _gone(self) -> bool:
-        return self.pid is None or _cmdline(self.pid) != self.argv
+    def _running(self) -> bool:
+        return _cmdline(self._pid) == self.argv
+
+    def _send(self, sig: signal.Signals) -> None:
+        signal_group(self._pid, sig)
 
     async def wait(self) -> int:
-        while not self._gone():  # noqa: ASYNC110 - not our child: nothing signals its exit, so poll
+        while self._running():  # noqa: ASYNC110 - not our child: nothing signals its exit, so poll
             await asyncio.sleep(POLL_S)
-        self.returncode = -1 if self.returncode is None else self.returncode  # unknown: not our child
-        return self.returncode
-
-    async def stop(self, timeout_s: float = 15.0) -> int | None:
-        if self.pid is not None and not self._gone():
-            kill_group(self.pid, signal.SIGTERM)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wait(), timeout_s)
-            if not self._gone():
-                log.warning("adopted engine pid %d ignored SIGTERM for %.0fs; killing it", self.pid, timeout_s)
-                kill_group(self.pid, signal.SIGKILL)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.wait(), 5)
-        return self.returncode
-
-    def tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        self._returncode = -1  # unknown: not our child
+        return self._returncode

@@ -146,7 +146,7 @@ class WorkerService(AsyncServiceMixin):
         self._command_sub: Any = None
         self._forecast_sub: Any = None
         self._forecast = ForecastRelay(ttl_s=settings.forecast_ttl_s)
-        self._engine: EngineProcess | AdoptedEngine | None = None
+        self._engine: EngineProcess | None = None  # an AdoptedEngine: one a previous run left running
         self._adopted = False  # the engine is one a previous run of this sidecar left running
         self._engine_info: EngineServerInfo | None = None
         self._profile: LatencyProfile | None = None

@@ -145,8 +145,8 @@ class PoisePools:
                    >= self.params.min_dwell_s]
         if not movable:
             return None
-        victim = min(movable, key=lambda i: (self._drain_s(i, mix), i.info.instance_id))
-        if self._drain_s(victim, mix) > self.params.max_drain_s:
+        drain_s, victim = min(((self._drain_s(i, mix), i) for i in movable), key=lambda d: (d[0], d[1].info.instance_id))
+        if drain_s > self.params.max_drain_s:
             self.drains_deferred += 1
             return None
         self._last_flip_s = now_s
@@ -205,8 +205,6 @@ class PoisePools:
         mean = tokens / n
         return (n * p.prefill_overhead_s + p.prefill_s_per_token * tokens
                 + p.prefill_s_per_token2 * tokens * mean) * self.model.time_scale
-
-
 
 
 def mix_of(series: Sequence[SeriesPoint], window_s: float, min_completed: int = 1) -> Mix | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -17,7 +17,7 @@ from shared.devservers import EtcdServer, NatsServer
 from shared.protocol import InstanceInfo, Keys, LoadReport, Subjects
 from shared.registry import InstanceRegistration, InstanceWatcher, Registry
 from tests.integration.gateway_harness import run_gateway
-from tests.integration.waiting import until
+from tests.integration.waiting import until, until_equal
 
 pytestmark = pytest.mark.asyncio
 
@@ -119,23 +119,17 @@ async def test_gateway_health_says_degraded_while_the_control_plane_is_down(tmp_
             assert await health() == (503, "unavailable")  # no engine yet: a load balancer must not send here
             await registrations[0].register(msgspec.structs.replace(_info("d0"), role="decode", model="m"))
             await registrations[1].register(msgspec.structs.replace(_info("p0"), role="prefill", model="m"))
-            await _until_async(lambda: health(), (200, "ok"))
+            await until_equal(health, (200, "ok"))
             nats.stop()
-            await _until_async(lambda: health(), (200, "degraded"))
+            await until_equal(health, (200, "degraded"))
             nats = NatsServer(tmp_path / "nats", port=nats.port, jetstream=False)
-            await _until_async(lambda: health(), (200, "ok"))
+            await until_equal(health, (200, "ok"))
             etcd.stop()
-            await _until_async(lambda: health(), (200, "degraded"))
+            await until_equal(health, (200, "degraded"))
             etcd = EtcdServer(tmp_path / "etcd", port=etcd.port)
-            await _until_async(lambda: health(), (200, "ok"))
+            await until_equal(health, (200, "ok"))
     finally:
         await registry.close()
         nats.stop()
         etcd.stop()
 
-
-async def _until_async(probe: Callable[[], Awaitable[object]], want: object, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while (got := await probe()) != want:
-        assert time.monotonic() < deadline, f"still {got}, want {want}"
-        await asyncio.sleep(0.1)

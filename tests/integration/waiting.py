@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 
 async def until(predicate: Callable[[], bool], timeout_s: float = 10.0, poll_s: float = 0.02) -> None:
@@ -15,6 +15,16 @@ async def until(predicate: Callable[[], bool], timeout_s: float = 10.0, poll_s: 
     while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
+        await asyncio.sleep(poll_s)
+
+
+async def until_equal(probe: Callable[[], Awaitable[object]], want: object, timeout_s: float = 30.0,
+                      poll_s: float = 0.1) -> None:
+    """Return once ``await probe()`` gives ``want`` (a state read over the network); fail with the last value."""
+    deadline = time.monotonic() + timeout_s
+    while (got := await probe()) != want:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still {got!r}, want {want!r}")
         await asyncio.sleep(poll_s)
 
 
