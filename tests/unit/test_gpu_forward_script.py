@@ -35,6 +35,34 @@ def test_packed_prompts_match_prompts_alone(model: lf.Llama) -> None:
         torch.testing.assert_close(packed[i:i + 1], model.prefill(ids[i:i + 1]), rtol=1e-4, atol=1e-4)
 
 
+def test_mixed_pass_rows_match_the_decode_step_and_the_chunk_alone(model: lf.Llama) -> None:
+    batch, context, chunk, done = 3, 12, 5, 7
+    decode_kv = model.kv_cache(batch, context)
+    for cache in decode_kv:  # earlier tokens' KV: random, so the decode rows depend on their own cache
+        cache.copy_(torch.randn_like(cache))
+    chunk_kv = model.kv_cache(1, done + chunk)
+    prompt = lf.tokens(model, 1, done + chunk)[0]
+    decode_ids = lf.tokens(model, 1, batch)[0]
+    model.mixed_step_fn(0, 0, done, 0, chunk_kv=chunk_kv, ids=prompt[:done])()  # the prompt's first chunk
+    mixed = model.mixed_step_fn(batch, context, chunk, done, decode_kv, chunk_kv, torch.cat([decode_ids, prompt[done:]]))()
+    assert mixed.shape == (batch + 1, lf.TINY.vocab)  # the decode rows and the chunk's last token
+    decode = model.mixed_step_fn(batch, context, 0, 0, decode_kv=decode_kv, ids=decode_ids)()
+    alone = model.mixed_step_fn(0, 0, chunk, done, chunk_kv=chunk_kv, ids=prompt[done:])()
+    assert decode.shape == (batch, lf.TINY.vocab) and alone.shape == (1, lf.TINY.vocab)
+    torch.testing.assert_close(mixed[:batch], decode, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(mixed[batch:], alone, rtol=1e-4, atol=1e-4)
+    # the chunk after its prefix is the whole prompt's pass; the decode rows read their caches
+    torch.testing.assert_close(alone, model.prefill(prompt[None]), rtol=1e-4, atol=1e-4)
+    fresh = model.mixed_step_fn(batch, context, 0, 0, ids=decode_ids)()  # zero caches instead
+    assert not torch.allclose(fresh, decode, rtol=1e-3, atol=1e-3)
+
+
+def test_mixed_decode_rows_alone_are_the_decode_sections_step(model: lf.Llama) -> None:
+    for batch, context in ((1, 8), (4, 16)):
+        sampled = model.mixed_step_fn(batch, context, 0, 0)().argmax(-1)
+        assert torch.equal(sampled, model.decode_step_fn(batch, context)())
+
+
 def test_operators_are_the_pass_in_order(model: lf.Llama) -> None:
     ops = model.prefill_ops(lf.tokens(model, 1, 8))
     assert len(ops) == lf.TINY.layers * len(lf.OPERATORS) + 1
@@ -52,9 +80,43 @@ def test_tiny_run_writes_every_section(tmp_path: Path) -> None:
     out = tmp_path / "raw.json"
     assert lf.main(["--tiny", "--out", str(out)]) == 0
     raw = json.loads(out.read_text())
-    for section in ("prefill", "prefill_graph", "chunking", "operators", "preemption", "packing", "decode"):
+    for section in lf.SECTIONS:
         assert raw[section], section
     assert raw["tiny"] is True
+    mixed = raw["mixed"]
+    assert {(r["batch"], r["context"], r["chunk"], r["done"]) for r in mixed} == {
+        (b, c, k, d) for b, c in lf.plan(True)["mixed"]["decode"] for k, d in lf.plan(True)["mixed"]["chunks"]}
+    for r in mixed:
+        assert all(len(r[k]) == 2 and min(r[k]) > 0 for k in ("mixed_s", "decode_s", "chunk_s")), r
+
+
+def test_mixed_section_resumes_after_a_crash(tmp_path: Path) -> None:
+    """With --parts, a rerun keeps what a dead process measured and skips (and reports) what it died on."""
+    mixed = lf.plan(True)["mixed"]
+    (b, c), (k, d), (k2, d2) = mixed["decode"][0], mixed["chunks"][0], mixed["chunks"][1]
+    kept = {"batch": b, "context": c, "chunk": k, "done": d, "mixed_s": [1.0], "decode_s": [1.0], "chunk_s": [1.0],
+            "mixed_eager_s": [1.0]}
+    parts = tmp_path / "parts.jsonl"
+    parts.write_text(json.dumps({"start": [b, c, k, d]}) + "\n" + json.dumps({"record": kept}) + "\n"
+                     + json.dumps({"start": [b, c, k2, d2]}) + "\n" + '{"sta')  # died mid-line
+    out = tmp_path / "raw.json"
+    assert lf.main(["--tiny", "--sections", "mixed", "--parts", str(parts), "--out", str(out)]) == 0
+    raw = json.loads(out.read_text())
+    keys = [lf.mixed_key(r) for r in raw["mixed"]]
+    assert raw["mixed"][0] == kept  # not measured again
+    assert [lf.mixed_key(e) for e in raw["mixed_errors"]] == [(b, c, k2, d2)]
+    assert len(keys) == len(set(keys)) == len(mixed["decode"]) * len(mixed["chunks"]) - 1
+    assert lf.main(["--tiny", "--sections", "mixed", "--parts", str(parts), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["mixed"] == raw["mixed"]  # all done: a third run measures nothing
+
+
+def test_sections_flag_runs_only_the_chosen_sections(tmp_path: Path) -> None:
+    out = tmp_path / "raw.json"
+    assert lf.main(["--tiny", "--sections", "mixed,decode", "--out", str(out)]) == 0
+    raw = json.loads(out.read_text())
+    assert raw["sections"] == ["mixed", "decode"]
+    assert raw["mixed"] and raw["decode"] and not raw["prefill"] and not raw["packing"]
+    assert lf.main(["--tiny", "--sections", "mixd", "--out", str(out)]) == 2
 
 
 def test_latency_check_fits_the_committed_h100_run(tmp_path: Path) -> None:
@@ -69,7 +131,9 @@ def test_latency_check_fits_the_committed_h100_run(tmp_path: Path) -> None:
     for r in raw["decode"]:  # the fitted decode line follows the graph-replayed steps it was fitted to
         assert abs(fitted.decode_step_time_s(r["batch"], r["batch"] * r["context"]) / r["graph_step_s"] - 1) < 0.1
     assert fit_decode(check.decode_samples(raw)).stats.r2 > 0.99
-    assert "## Packing" in (tmp_path / "latency_check.md").read_text()
+    report = (tmp_path / "latency_check.md").read_text()
+    assert "## Packing" in report
+    assert "## Mixed steps (colocated)" in report and report.count("\n| 128 | 2048 | 4096 | 4096 |") == 1
     assert (tmp_path / "latency_check.png").stat().st_size > 10_000
 
 

@@ -22,19 +22,28 @@ Weights are random bf16 of the real shapes (hidden 4096, 32 layers, 32 query / 8
 - ``prefill_graph``: short prompts' passes replayed from CUDA graphs, for the same reason;
 - ``decode``: one decode step over B sequences of C context tokens each, replayed from a CUDA graph
   (SGLang captures its decode steps in graphs) and, for comparison, launched eagerly.
+- ``mixed``: a colocated engine's mixed step (SGLang's mixed chunk): one pass carrying a decode batch of B
+  sequences of C context tokens each and a prefill chunk of K new tokens after D already prefilled, the
+  B + K rows together through the matrix products, attention per part (decode rows over their own KV,
+  the chunk's rows causal over D + K). Timed next to the decode step alone and the chunk alone, the three
+  replayed from CUDA graphs in interleaved rounds (the GPU's time), and the mixed pass eagerly as well
+  (SGLang runs mixed steps without a graph).
 
 Attention is torch's scaled_dot_product_attention (flash on Hopper where it accepts the shapes), not
 SGLang's FlashInfer/FA3 kernels, and the KV cache is dense, not paged; the report says so.
 
     python tests/bench/gpu/llama_forward.py --out raw.json            # on the GPU machine
     python tests/bench/gpu/llama_forward.py --tiny --out raw.json     # a seconds-long CPU smoke run
+    python tests/bench/gpu/llama_forward.py --sections mixed --out mixed.json   # some sections only
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import math
+import os
 import platform
 import random
 import statistics
@@ -49,6 +58,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 OPERATORS = ("qkv_proj", "attn", "o_proj", "gate_up_proj", "down_proj")
+SECTIONS = ("prefill", "chunking", "operators", "preemption", "packing", "prefill_graph", "decode", "mixed")
 
 
 @dataclass(frozen=True)
@@ -276,6 +286,77 @@ class Llama:
 
         return step
 
+    # -- mixed (colocated) step ------------------------------------------------------------------------
+    def kv_cache(self, batch: int, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Dense K and V caches for ``batch`` sequences of ``tokens`` slots, every layer."""
+        s = self.s
+        kc = torch.zeros(s.layers, batch, s.kv_heads, tokens, s.head_dim, device=self.device, dtype=self.dtype)
+        return kc, torch.zeros_like(kc)
+
+    def mixed_step_fn(self, batch: int, context: int, chunk: int, done: int,
+                      decode_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+                      chunk_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+                      ids: torch.Tensor | None = None) -> Callable[[], torch.Tensor]:
+        """One forward pass carrying a decode batch and a prefill chunk (SGLang's mixed chunk).
+
+        Decode rows: ``batch`` sequences whose caches (``decode_kv``, [layers, batch, kv_heads, >= context,
+        head_dim]) hold ``context`` tokens, the new one at slot ``context - 1``, as :meth:`decode_step_fn`.
+        Chunk rows: ``chunk`` new tokens of one prompt after ``done`` already prefilled, their KV written at
+        ``done:done + chunk`` of ``chunk_kv`` ([layers, 1, kv_heads, >= done + chunk, head_dim]) and their
+        attention causal over the ``done + chunk`` tokens. ``ids`` holds the batch + chunk input tokens (zeros
+        by default). The qkv, o, gate_up and down products run once over all batch + chunk rows; attention
+        runs per part. ``batch = 0`` is the chunk alone, ``chunk = 0`` the decode step alone.
+
+        The step returns the logits of the decode rows and of the chunk's last token (batch + 1 rows, or
+        batch, or 1) and samples them greedily, as a decode step does. Static shapes and buffers only, so
+        it can be captured in a CUDA graph.
+        """
+        s = self.s
+        if batch <= 0 and chunk <= 0:
+            raise ValueError("a mixed step needs decode rows or chunk rows")
+        q_dim, kv_dim = s.heads * s.head_dim, s.kv_heads * s.head_dim
+        end = done + chunk
+        dk, dv = decode_kv if decode_kv is not None else self.kv_cache(batch, context) if batch else (None, None)
+        ck, cv = chunk_kv if chunk_kv is not None else self.kv_cache(1, end) if chunk else (None, None)
+        if ids is None:
+            ids = torch.zeros(batch + chunk, dtype=torch.long, device=self.device)
+        if ids.shape != (batch + chunk,):
+            raise ValueError(f"ids must hold {batch + chunk} tokens, got {tuple(ids.shape)}")
+        dcos, dsin = self.rope(torch.tensor([max(context - 1, 0)], device=self.device))
+        ccos, csin = self.rope(torch.arange(done, end, device=self.device))
+        out_rows = torch.tensor(list(range(batch)) + ([batch + chunk - 1] if chunk else []), device=self.device)
+        sampled = torch.zeros(len(out_rows), dtype=torch.long, device=self.device)
+
+        def step() -> torch.Tensor:
+            x = self.embed[ids]
+            for i, layer in enumerate(self.layers):
+                qkv = self.rms(x, layer["norm1"]) @ layer["qkv"].T
+                q, k, v = qkv.split([q_dim, kv_dim, kv_dim], dim=-1)
+                parts = []
+                if batch:
+                    qd = self.rotate(q[:batch].view(batch, s.heads, 1, s.head_dim), dcos, dsin)
+                    dk[i, :, :, context - 1] = self.rotate(k[:batch].view(batch, s.kv_heads, 1, s.head_dim),
+                                                           dcos, dsin)[:, :, 0]
+                    dv[i, :, :, context - 1] = v[:batch].view(batch, s.kv_heads, s.head_dim)
+                    parts.append(self.attention(qd, dk[i, :, :, :context], dv[i, :, :, :context],
+                                                causal=False).reshape(batch, q_dim))
+                if chunk:
+                    qc = self.rotate(q[batch:].view(1, chunk, s.heads, s.head_dim).transpose(1, 2), ccos, csin)
+                    ck[i, :, :, done:end] = self.rotate(
+                        k[batch:].view(1, chunk, s.kv_heads, s.head_dim).transpose(1, 2), ccos, csin)
+                    cv[i, :, :, done:end] = v[batch:].view(1, chunk, s.kv_heads, s.head_dim).transpose(1, 2)
+                    a = self.attention_prefix(qc, ck[i, :, :, :end], cv[i, :, :, :end])
+                    parts.append(a.transpose(1, 2).reshape(chunk, q_dim))
+                x = x + (parts[0] if len(parts) == 1 else torch.cat(parts)) @ layer["o"].T
+                gate, up = (self.rms(x, layer["norm2"]) @ layer["gate_up"].T).chunk(2, dim=-1)
+                x = x + (F.silu(gate) * up) @ layer["down"].T
+            last = x if not chunk else x[out_rows]
+            logits = self.rms(last, self.norm) @ self.lm_head.T
+            sampled.copy_(logits.argmax(-1))
+            return logits
+
+        return step
+
 
 # -- measurements ---------------------------------------------------------------------------------------
 def tokens(model: Llama, k: int, seq: int) -> torch.Tensor:
@@ -411,12 +492,122 @@ def time_decode(model: Llama, clock: Clock, batch: int, context: int, steps: int
     return clock.seconds(a, clock.mark()) / steps
 
 
+def mixed_key(r: dict[str, Any]) -> tuple[int, int, int, int]:
+    return (r["batch"], r["context"], r["chunk"], r["done"])
+
+
+class MixedLog:
+    """The mixed section's progress as JSON lines (with ``--parts``), so that a process that dies mid-run (a
+    crash inside a CUDA graph, say) is resumed by the next one: the configurations measured are kept, the one
+    that was running when it died is reported as failed and skipped. Without a path it lives in memory."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.records: dict[tuple[int, ...], dict[str, Any]] = {}
+        self.failed: dict[tuple[int, ...], str] = {}
+        self.current: tuple[int, ...] | None = None
+        started: set[tuple[int, ...]] = set()
+        if path and os.path.exists(path):
+            with open(path) as f:
+                for line in f:
+                    try:
+                        event = json.loads(line)
+                    except json.JSONDecodeError:
+                        continue  # a line the crash cut short
+                    if "start" in event:
+                        started.add(tuple(event["start"]))
+                    elif "record" in event:
+                        self.records[mixed_key(event["record"])] = event["record"]
+                    elif "failed" in event:
+                        self.failed[tuple(event["failed"])] = event["error"]
+        for key in started - set(self.records) - set(self.failed):
+            self.fail(key, "the process died while this ran (a crash: see the log)")
+
+    def _write(self, event: dict[str, Any]) -> None:
+        if self.path:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(event) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+
+    def pending(self, key: tuple[int, ...]) -> bool:
+        return key not in self.records and key not in self.failed
+
+    def start(self, key: tuple[int, ...]) -> None:
+        self.current = key
+        self._write({"start": list(key)})
+
+    def record(self, rec: dict[str, Any]) -> None:
+        self.records[mixed_key(rec)] = rec
+        self.current = None
+        self._write({"record": rec})
+
+    def fail(self, key: tuple[int, ...], error: str) -> None:
+        self.failed[key] = error
+        self._write({"failed": list(key), "error": error})
+
+
+def measure_mixed(model: Llama, clock: Clock, batch: int, context: int, shapes: list[tuple[int, int]], rounds: int,
+                  eager_runs: int, progress: Callable[[str], None], log: MixedLog) -> None:
+    """Mixed steps of a decode batch of ``batch`` x ``context`` with each (chunk, done) of ``shapes``, next to
+    the decode step alone and the chunk alone. The three share their caches and are replayed from CUDA graphs
+    (on a GPU) in ``rounds`` interleaved rounds, each replay timed with its own events; the mixed pass is then
+    also run eagerly ``eager_runs`` times after one warm-up. Each shape's graphs are freed before the next's.
+
+    A graph replays the buffers its step closed over (input ids, RoPE tables, outputs) without holding them:
+    every step is kept in a variable for as long as its graph is replayed."""
+    log.start((batch, context, *shapes[0]))
+    decode_kv = model.kv_cache(batch, context)
+    chunk_kv = model.kv_cache(1, max(c + d for c, d in shapes))
+    decode_step = model.mixed_step_fn(batch, context, 0, 0, decode_kv=decode_kv)
+    decode = capture(clock, decode_step)
+    for chunk, done in shapes:
+        log.start((batch, context, chunk, done))
+        alone_step = model.mixed_step_fn(0, 0, chunk, done, chunk_kv=chunk_kv)
+        alone = capture(clock, alone_step)
+        mixed_step = model.mixed_step_fn(batch, context, chunk, done, decode_kv=decode_kv, chunk_kv=chunk_kv)
+        mixed = capture(clock, mixed_step)
+        runs = {"decode_s": decode, "chunk_s": alone, "mixed_s": mixed}
+        times: dict[str, list[float]] = {k: [] for k in runs}
+        for _ in range(2):  # warm-up replays
+            for fn in runs.values():
+                fn()
+        for _ in range(rounds):
+            clock.sync()
+            for name, fn in runs.items():
+                a = clock.mark()
+                fn()
+                times[name].append(clock.seconds(a, clock.mark()))
+        mixed_step()  # eager warm-up
+        eager = []
+        for _ in range(eager_runs):
+            clock.sync()
+            a = clock.mark()
+            mixed_step()
+            eager.append(clock.seconds(a, clock.mark()))
+        clock.sync()
+        del runs, fn, alone, mixed  # the graphs go before the steps whose buffers they replay
+        del alone_step, mixed_step
+        if clock.cuda:
+            torch.cuda.empty_cache()
+        log.record({"batch": batch, "context": context, "chunk": chunk, "done": done, **times,
+                    "mixed_eager_s": eager})
+        med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+        progress(f"mixed B={batch:>3} C={context:>5} + chunk K={chunk:>5} after D={done:>5}: mixed {med['mixed_s']:.2f} ms"
+                 f" (eager {statistics.median(eager) * 1e3:.2f}), decode {med['decode_s']:.2f} + chunk "
+                 f"{med['chunk_s']:.2f} = {med['decode_s'] + med['chunk_s']:.2f} ms apart")
+    clock.sync()
+    del decode
+    del decode_step
+
+
 # -- the run --------------------------------------------------------------------------------------------
 def plan(tiny: bool) -> dict[str, Any]:
     if tiny:
         return {"prefill": [16, 32, 64, 128], "operators": [64], "preemption": [128], "packing": [(4, 16), (2, 32)],
                 "decode": [(1, 32), (4, 32), (4, 64), (8, 16)],
-                "prefill_graph": [16, 64], "chunking": [(64, 16), (64, 64)], "repeats": 2, "trials": 3, "steps": 3}
+                "prefill_graph": [16, 64], "chunking": [(64, 16), (64, 64)], "repeats": 2, "trials": 3, "steps": 3,
+                "mixed": {"decode": [(2, 16), (4, 32)], "chunks": [(8, 0), (16, 0), (8, 24)], "rounds": 2, "eager": 1}}
     return {
         "prefill": [128, 256, 512, 1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768],
         "operators": [512, 2048, 8192, 32768],
@@ -429,6 +620,11 @@ def plan(tiny: bool) -> dict[str, Any]:
         "decode": [(1, 512), (1, 4096), (1, 16384), (8, 1024), (8, 8192), (32, 512), (32, 2048), (32, 8192),
                    (64, 512), (64, 1024), (64, 2048), (64, 4096), (128, 256), (128, 1024), (128, 2048),
                    (256, 256), (256, 512), (256, 1024)],
+        # decode batch (B, context each) x prefill chunk (K new tokens, D done before it): B x C + D + K stays
+        # within an H100's memory next to the weights (B = 128 x 2048 is 32 GiB of KV)
+        "mixed": {"decode": [(b, c) for b in (8, 32, 64, 128) for c in (512, 2048)],
+                  "chunks": [(k, d) for d in (0, 4096) for k in (256, 512, 1024, 2048, 4096)],
+                  "rounds": 7, "eager": 2},
         "repeats": 5, "trials": 25, "steps": 30,
     }
 
@@ -437,7 +633,17 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--tiny", action="store_true", help="toy shapes on the CPU: checks the script, measures nothing")
+    ap.add_argument("--parts", help="the mixed section's progress file (JSON lines): a rerun resumes from it, "
+                    "skipping what is measured and what was running when a process died")
+    ap.add_argument("--sections", default=",".join(SECTIONS),
+                    help=f"comma-separated sections to run (default all: {','.join(SECTIONS)})")
     args = ap.parse_args(argv)
+    sections = [x.strip() for x in args.sections.split(",") if x.strip()]
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown or not sections:
+        print(f"unknown sections {unknown or '(none given)'}; choose from {','.join(SECTIONS)}", file=sys.stderr)
+        return 2
+    faulthandler.enable()  # a crash in native code says where
     device = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
     if device.type == "cpu" and not args.tiny:
         print("no GPU: use --tiny for a smoke run", file=sys.stderr)
@@ -449,8 +655,8 @@ def main(argv: list[str]) -> int:
     clock = Clock(device)
     result: dict[str, Any] = {
         "shape": asdict(shape), "dtype": str(dtype), "torch": torch.__version__, "python": platform.python_version(),
-        "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu", "tiny": args.tiny,
-        "prefill": [], "prefill_graph": [], "chunking": [], "operators": [], "preemption": [], "packing": [], "decode": [],
+        "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu", "tiny": args.tiny, "argv": argv,
+        "sections": sections, **{name: [] for name in SECTIONS},
     }
     t_start = time.perf_counter()
 
@@ -461,26 +667,25 @@ def main(argv: list[str]) -> int:
         model = Llama(shape, device, dtype)
         result["sdpa_path"] = model.sdpa_path
         progress(f"model ready on {result['device']} ({model.sdpa_path})")
-        for seq in p["prefill"]:
+        for seq in (p["prefill"] if "prefill" in sections else []):
             secs = time_prefill(model, clock, 1, seq, p["repeats"])
             result["prefill"].append({"tokens": seq, "seconds": secs})
             progress(f"prefill {seq:>6} tokens: {statistics.median(secs) * 1e3:8.2f} ms")
-        for seq, chunk in p["chunking"]:
+        for seq, chunk in (p["chunking"] if "chunking" in sections else []):
             secs = time_chunked(model, clock, seq, chunk, p["repeats"])
             result["chunking"].append({"tokens": seq, "chunk": chunk, "seconds": secs})
             progress(f"chunked prefill {seq:>6} in {chunk:>6}-token chunks: {min(secs) * 1e3:8.2f} ms "
                      f"({model.chunk_path or 'one pass'})")
-        result["chunk_path"] = model.chunk_path
-        for seq in p["operators"]:
+        for seq in (p["operators"] if "operators" in sections else []):
             op_s = time_operators(model, clock, seq)
             result["operators"].append({"tokens": seq, "op_s": op_s})
             progress(f"operators {seq:>6}: longest {max(op_s[:-1]) * 1e3:.3f} ms of {sum(op_s) * 1e3:.1f} ms")
-        for seq in p["preemption"]:
+        for seq in (p["preemption"] if "preemption" in sections else []):
             rec = measure_preemption(model, clock, seq, p["trials"], rng)
             result["preemption"].append(rec)
             b = rec["blocking_s"]
             progress(f"preemption {seq:>6}: blocking max {max(b, default=0) * 1e3:.3f} ms over {len(b)} cuts")
-        for k, seq in p["packing"]:
+        for k, seq in (p["packing"] if "packing" in sections else []):
             one = time_prefill(model, clock, 1, seq, p["repeats"])
             packed = time_prefill(model, clock, k, seq, p["repeats"])
             one_g = time_prefill_graph(model, clock, 1, seq, p["repeats"])
@@ -490,11 +695,11 @@ def main(argv: list[str]) -> int:
             progress(f"packing {k} x {seq}: {k * min(one) * 1e3:.2f} ms apart, {min(packed) * 1e3:.2f} ms packed; "
                      f"GPU time {k * min(one_g) * 1e3:.2f} vs {min(packed_g) * 1e3:.2f} ms")
             clock.sync()
-        for seq in p["prefill_graph"]:
+        for seq in (p["prefill_graph"] if "prefill_graph" in sections else []):
             secs = time_prefill_graph(model, clock, 1, seq, p["repeats"])
             result["prefill_graph"].append({"tokens": seq, "seconds": secs})
             progress(f"prefill {seq:>6} tokens, GPU time: {statistics.median(secs) * 1e3:8.2f} ms")
-        for batch, ctx in p["decode"]:
+        for batch, ctx in (p["decode"] if "decode" in sections else []):
             rec = {"batch": batch, "context": ctx,
                    "graph_step_s": time_decode(model, clock, batch, ctx, p["steps"], graph=True),
                    "eager_step_s": time_decode(model, clock, batch, ctx, p["steps"], graph=False)}
@@ -503,6 +708,42 @@ def main(argv: list[str]) -> int:
                 torch.cuda.empty_cache()
             progress(f"decode B={batch:>3} C={ctx:>5}: graph {rec['graph_step_s'] * 1e3:.2f} ms, "
                      f"eager {rec['eager_step_s'] * 1e3:.2f} ms")
+        if "mixed" in sections:
+            m = p["mixed"]
+            log = MixedLog(args.parts)
+            result["mixed_timing"] = ("CUDA-graph replays, interleaved rounds; mixed_eager_s eager" if clock.cuda
+                                      else "eager (no GPU)")
+            order = [(b, c, k, d) for b, c in m["decode"] for k, d in m["chunks"]]
+
+            def finish_mixed() -> None:
+                result["mixed"] = [log.records[key] for key in order if key in log.records]
+                result["mixed_errors"] = [{"batch": b, "context": c, "chunk": k, "done": d, "error": log.failed[key]}
+                                          for key in order if key in log.failed for b, c, k, d in [key]]
+                with open(args.out, "w") as f:  # what is measured so far survives a later crash
+                    json.dump(result, f, indent=1)
+
+            for batch, ctx in m["decode"]:
+                shapes = [(k, d) for k, d in m["chunks"] if log.pending((batch, ctx, k, d))]
+                if not shapes:
+                    continue
+                try:
+                    measure_mixed(model, clock, batch, ctx, shapes, m["rounds"], m["eager"], progress, log)
+                except torch.cuda.OutOfMemoryError as exc:  # too big for the GPU: the other batches go on
+                    for k, d in shapes:
+                        if log.pending((batch, ctx, k, d)):
+                            log.fail((batch, ctx, k, d), f"out of memory: {exc!r}"[:500])
+                    progress(f"mixed B={batch} C={ctx}: out of memory")
+                except RuntimeError as exc:  # a CUDA error leaves the context unusable: a fresh process resumes
+                    if log.current is not None:
+                        log.fail(log.current, repr(exc)[:500])
+                    finish_mixed()
+                    progress(f"mixed B={batch} C={ctx} failed: {exc!r}"[:300])
+                    return 3
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                finish_mixed()
+            finish_mixed()
+        result["chunk_path"] = model.chunk_path
     result["wall_s"] = time.perf_counter() - t_start
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
