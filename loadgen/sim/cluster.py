@@ -5,7 +5,8 @@ Costs of those operations (see :class:`SimCosts`):
 
 - a **role flip** follows SGLang's rule, as the live sidecar does: the instance stops taking requests,
   drains what it has, then pays ``role_switch_s`` of the profile (``/pd_role_switch`` rebuilds the
-  scheduler) before it serves in the new role;
+  scheduler) before it serves in the new role; a move into or out of colocated serving is a restart in the
+  other mode and pays ``start_s``;
 - a **start** takes ``start_s`` (process start, weights load, CUDA graphs) before the instance is ready;
   a **stop** drains first. GPU-seconds count from the start decision to the moment the instance stopped;
 - a **migration** pauses the request for the migration mechanism's time for its context (a KV copy at
@@ -274,8 +275,10 @@ class SimCluster:
         self._check_drained(inst)
 
     def flip(self, inst: SimInstance, new_role: Role) -> bool:
-        """Drain ``inst``, switch it to ``new_role`` (paying the profile's switch time), put it back to work."""
-        if inst.status != "ready" or inst.role == new_role or "null" in (inst.role, new_role):
+        """Drain ``inst``, switch it to ``new_role``, put it back to work. Between prefill and decode the switch
+        costs the profile's ``role_switch_s`` (``/pd_role_switch``); into or out of colocated serving it is a
+        restart of the engine in the other mode (SGLang switches modes only at launch), ``start_s``."""
+        if inst.status != "ready" or inst.role == new_role:
             return False
         inst.status = "draining"
         self._pending_role[inst.instance_id] = new_role
@@ -329,7 +332,9 @@ class SimCluster:
             inst.kick()
             self._release()
 
-        self.queue.at(self.queue.now_s + self.model.role_switch_time_s(), PRIORITY_STEP_END, switched)
+        restart = "null" in (inst.role, new_role)
+        took = self.costs.start_s if restart else self.model.role_switch_time_s()
+        self.queue.at(self.queue.now_s + took, PRIORITY_STEP_END, switched)
 
     def _log(self, inst: SimInstance, what: str) -> None:
         self.lifecycle.events.append((self.queue.now_s, inst.instance_id, what))

@@ -157,6 +157,7 @@ class SimInstance:
         chunk = p.chunked_prefill_size if self.engine.chunk_tokens is None else self.engine.chunk_tokens
         self.chunked = chunk > 0
         self.chunk = chunk if self.chunked else MAX_PREFILL_TOKENS
+        self.mixed_chunk = chunk if self.chunked else p.chunked_prefill_size
         self.preemptible = self.engine.preemption == "operator"
         self.preemptions = PreemptionStats()
         self.used_kv = 0
@@ -561,8 +562,10 @@ class SimInstance:
 
     def _mixed_step(self) -> float | None:
         """Colocated (and decode with local prompts): decode-prioritised, prefill chunks fill what the decode
-        batch leaves of the budget."""
-        self._plan = self._prefill_parts(max(0, self.chunk - len(self._batch)), self.admission_kv)
+        batch leaves of the budget. The budget is the chunk size even when prefill instances run unchunked
+        (FlowPrefill's operator preemption): a mixed step's prefill part delays every running request's next
+        token, so SGLang chunks it."""
+        self._plan = self._prefill_parts(max(0, self.mixed_chunk - len(self._batch)), self.admission_kv)
         if not self._batch and not self._plan:
             return None
         context = sum(r.input_tokens + r.generated for r in self._batch)

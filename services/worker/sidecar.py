@@ -86,7 +86,6 @@ log = logging.getLogger(__name__)
 _ROLES: tuple[Role, ...] = ("prefill", "decode", "null")
 _RESTART_ERRORS: tuple[type[BaseException], ...] = (PoiseError, OSError, *ETCD_ERRORS)
 ADOPT_HEALTH_TIMEOUT_S = 30.0  # a previous run's engine that is not healthy by then is replaced
-_SWITCH_ERRORS: tuple[type[BaseException], ...] = (PoiseError, *ETCD_ERRORS)
 
 
 class DrainTimeout(PoiseError, TimeoutError):
@@ -207,7 +206,7 @@ class WorkerService(AsyncServiceMixin):
             error_reply=self._command_error, concurrent=True,
         )
         self._admin = AdminEndpoint(self._bus, self.subjects, worker_admin_service(self.instance_id), self.service_status)
-        self._admin.register("set-role", self._admin_set_role, "set-role role=prefill|decode [drain_timeout_s=<s>]")
+        self._admin.register("set-role", self._admin_set_role, "set-role role=prefill|decode|null [drain_timeout_s=<s>] (null: colocated, a restart)")
         self._admin.register("retire", self._admin_retire, "retire [drain_timeout_s=<s>]: drain, deregister, exit")
         await self._admin.start()
         # The planner's connector retires engines here: the admin subject is the operator's only.
@@ -559,10 +558,11 @@ class WorkerService(AsyncServiceMixin):
             old = self.role or "null"
             if cmd.new_role == old:
                 return reply(True, f"already {old}")
-            if "null" in (cmd.new_role, old):
-                return reply(False, f"cannot switch {old} -> {cmd.new_role}: runtime role switch is only between "
-                                    "prefill and decode")
-            if self.settings.engine_kind == "sglang" and not self.settings.sglang_role_switch:
+            restart = "null" in (cmd.new_role, old)
+            if restart and self.settings.engine_kind == "attach":
+                return reply(False, f"cannot switch {old} -> {cmd.new_role}: colocated and PD serving differ at "
+                                    "launch, and this worker attached to an engine it cannot restart")
+            if not restart and self.settings.engine_kind == "sglang" and not self.settings.sglang_role_switch:
                 return reply(False, f"cannot switch {old} -> {cmd.new_role}: the engine was launched without "
                                     f"--enable-pd-role-switch (transfer_backend={self.settings.transfer_backend})")
             if not self._registered or self._restarting or self._stop.stopping:
@@ -577,8 +577,11 @@ class WorkerService(AsyncServiceMixin):
                 await self._wait_idle(timeout_s)
                 await self._set_status("switching")
                 assert self._client is not None
-                result = await self._client.pd_role_switch(cmd.new_role)
-            except _SWITCH_ERRORS as exc:
+                if restart:
+                    result = await self._relaunch(cmd.new_role)
+                else:
+                    result = await self._client.pd_role_switch(cmd.new_role)
+            except _RESTART_ERRORS as exc:  # a relaunch can fail to spawn (OSError)
                 log.warning("role switch of %s to %s failed: %s", self.instance_id, cmd.new_role, exc)
                 try:
                     await self._set_status("ready")
@@ -590,6 +593,30 @@ class WorkerService(AsyncServiceMixin):
             took = time.monotonic() - t0
             log.info("role switch of %s: %s -> %s in %.2fs", self.instance_id, old, cmd.new_role, took)
             return reply(True, f"{old} -> {cmd.new_role} in {took:.2f}s: {result.get('message', '') or 'ok'}")
+
+    async def _relaunch(self, new_role: Role) -> dict[str, Any]:
+        """Restart the engine in ``new_role``: SGLang serves colocated or disaggregated as it was launched, so a
+        move between the two is a restart (the engine is drained and deregistered-for-routing by then). The
+        supervisor pauses meanwhile, and watches the new engine after; one that does not come up is its to
+        restart, in the new role."""
+        supervisor = next((t for t in self._tasks if t.get_name() == f"supervise-{self.instance_id}"), None)
+        if supervisor is not None:
+            await cancel_and_wait([supervisor])
+            self._tasks.remove(supervisor)
+        self.role = new_role
+        try:
+            engine = self._engine
+            if engine is not None:
+                pid = engine.pid
+                await engine.stop(self.settings.stop_timeout_s)
+                remove_pid_file(pid_file(self.settings.log_dir, self.instance_id), pid)
+            await self._launch()
+            await self._wait_healthy()
+            await self._read_engine_info()
+        finally:
+            if self._engine is not None and not self._stop.stopping:
+                self._tasks.append(asyncio.create_task(self._supervise(), name=f"supervise-{self.instance_id}"))
+        return {"message": f"engine restarted as {new_role}"}
 
     async def _wait_idle(self, timeout_s: float) -> None:
         """Return once two consecutive ``/v1/loads`` reads show the engine idle; raise :class:`DrainTimeout`."""

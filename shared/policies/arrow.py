@@ -34,7 +34,15 @@ import msgspec
 
 from shared.latency import LatencyModel
 from shared.policies.context import PolicyContext
-from shared.policies.dispatch import DispatchParams, Placement, Rejection, open_engines, rejection
+from shared.policies.dispatch import (
+    ColocatedShare,
+    DispatchParams,
+    Placement,
+    Rejection,
+    open_engines,
+    pick_colocated,
+    rejection,
+)
 from shared.policies.pools import PoolDecision, RoleChange
 from shared.policies.ttft_predictor import QuadraticTtft
 from shared.policies.views import EngineView, RequestView
@@ -112,6 +120,7 @@ class ArrowDispatch(_ArrowModel):
                  dispatch: DispatchParams | None = None) -> None:
         super().__init__(model, ctx, params)
         self.dispatch_params = dispatch or DispatchParams()
+        self.share = ColocatedShare()
 
     def prefill_delay(self, e: EngineView) -> float:
         return self.predictor(e.instance_id).queue_delay(e.inflight_reqs, e.inflight_tokens, e.inflight_tokens_sq)
@@ -123,12 +132,13 @@ class ArrowDispatch(_ArrowModel):
               exclude: frozenset[str] = frozenset()) -> Placement | Rejection:
         prefills, full_p = open_engines(engines, "prefill", exclude, self.dispatch_params)
         decodes, full_d = open_engines(engines, "decode", exclude, self.dispatch_params)
+        colocated, full_c = open_engines(engines, "null", exclude, self.dispatch_params)
+        paired = len(prefills) + len(decodes) if prefills and decodes else 0
+        if colocated and self.share.take(len(colocated), paired):
+            return Placement(prefill_id=None, decode_id=pick_colocated(colocated).instance_id)
         if prefills and decodes:
             return Placement(prefill_id=self._prefill(request, prefills).instance_id,
                              decode_id=self._decode(request, decodes).instance_id)
-        colocated, full_c = open_engines(engines, "null", exclude, self.dispatch_params)
-        if colocated:
-            return Placement(prefill_id=None, decode_id=self._decode(request, colocated).instance_id)
         return rejection(engines, full_p + full_d + full_c)
 
     def _prefill(self, request: RequestView, prefills: list[EngineView]) -> EngineView:

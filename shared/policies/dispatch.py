@@ -5,7 +5,9 @@ A policy is pure: ``place(request, engines, now_s, exclude)`` returns a :class:`
 request (the gateway retries once on another pair). Arrow's SLO-aware dispatch (a later issue) implements
 the same Protocol.
 
-Colocated (``null``) engines serve a request alone; they are used when no prefill/decode pair can.
+Colocated (``null``) engines serve a request alone. With no prefill/decode pair they take every request;
+beside pairs (a cluster moving between disaggregated and colocated serving, see shared/policies/poise.py)
+they take their share of the requests, one per instance, by :class:`ColocatedShare`.
 """
 
 from __future__ import annotations
@@ -70,6 +72,34 @@ def rejection(engines: Sequence[EngineView], full: int) -> Rejection:
     return Rejection(reason=f"no ready prefill+decode pair or colocated engine (ready roles: {have})", retryable=False)
 
 
+def pick_colocated(engines: Sequence[EngineView]) -> EngineView:
+    """The colocated engine with the fewest prompts waiting, then the fewest requests in flight: a colocated
+    engine's TTFT is its prefill queue, and the KV it holds says little about that."""
+    return min(engines, key=lambda e: (e.waiting_reqs + e.queue_reqs, e.inflight_reqs, e.instance_id))
+
+
+class ColocatedShare:
+    """Which requests go to colocated engines while prefill/decode pairs serve beside them: each instance
+    takes an equal share of the requests (a pair's two instances two shares), spread evenly in arrival order
+    (deterministic, no draws)."""
+
+    def __init__(self) -> None:
+        self._credit = 0.0
+
+    def take(self, colocated: int, paired: int) -> bool:
+        """True when this request goes to a colocated engine (``colocated`` of them open, ``paired`` prefill
+        and decode engines open)."""
+        if colocated <= 0:
+            return False
+        if paired <= 0:
+            return True
+        self._credit += colocated / (colocated + paired)
+        if self._credit >= 1.0:
+            self._credit -= 1.0
+            return True
+        return False
+
+
 class _PairPolicy:
     """Shared shape: choose a prefill and a decode independently, fall back to colocated engines."""
 
@@ -77,6 +107,7 @@ class _PairPolicy:
 
     def __init__(self, params: DispatchParams | None = None) -> None:
         self.params = params or DispatchParams()
+        self.share = ColocatedShare()
 
     def _pick(self, candidates: list[EngineView], phase: str) -> EngineView:
         raise NotImplementedError
@@ -86,12 +117,13 @@ class _PairPolicy:
     ) -> Placement | Rejection:
         prefills, full_p = open_engines(engines, "prefill", exclude, self.params)
         decodes, full_d = open_engines(engines, "decode", exclude, self.params)
+        colocated, full_c = open_engines(engines, "null", exclude, self.params)
+        paired = len(prefills) + len(decodes) if prefills and decodes else 0
+        if colocated and self.share.take(len(colocated), paired):
+            return Placement(prefill_id=None, decode_id=pick_colocated(colocated).instance_id)
         if prefills and decodes:
             return Placement(prefill_id=self._pick(prefills, "prefill").instance_id,
                              decode_id=self._pick(decodes, "decode").instance_id)
-        colocated, full_c = open_engines(engines, "null", exclude, self.params)
-        if colocated:
-            return Placement(prefill_id=None, decode_id=self._pick(colocated, "null").instance_id)
         return rejection(engines, full_p + full_d + full_c)
 
 

@@ -23,6 +23,22 @@ What keeps it stable, and why each rule is there:
 - A drain has a deadline (the planner's ``drain_timeout_s``; the simulator's ``SimCosts.drain_timeout_s``):
   after it the flip is called off and the instance keeps its role.
 
+Colocated serving is a mode the controller can move the whole cluster into, and out of again. Where the
+TPOT SLO leaves room for prefill in the decode steps, colocated engines serve more than any split: each one
+does both phases, so no side sits short while the other idles (Azure conversation: colocated holds 15.5x
+the trace rate, the best fixed split 13x; tests/bench/results/sustained). Where a prompt's step does not fit
+the TPOT SLO (long prompts: Azure code, Mooncake) it serves less. The controller scores the colocated
+cluster with :func:`shared.policies.split_capacity.colocated_load` beside the splits and changes mode when
+
+- one mode scores ``min_gain`` better than the other (colocated: only while feasible; an infeasible
+  colocated mode is left without waiting out the dwell), ``confirm`` evaluations in a row, and
+- the last mode change is ``mode_dwell_s`` old.
+
+A mode change moves one instance at a time, each as soon as the last one is done (no cooldown: the
+decision was made, each step only carries it out); the move is a restart of the engine in the other mode
+(SGLang switches between colocated and PD only at launch), so it costs the engine's start time. Meanwhile
+the dispatcher sends colocated engines their share of the requests (``shared.policies.dispatch.ColocatedShare``).
+
 The controller does not forecast: the splits it scores are flat in the rate (both sides' loads are linear
 in it), so what moves the best split is the length mix, which the window tracks; the load level only sets
 whether a move is worth its drain. The queued prefill work counts as extra load spread over
@@ -38,7 +54,14 @@ import msgspec
 from shared.latency import LatencyModel
 from shared.policies.context import PolicyContext
 from shared.policies.pools import PoolDecision, RoleChange
-from shared.policies.split_capacity import Mix, SideLoad, best_split, split_loads
+from shared.policies.split_capacity import (
+    ColocatedLoad,
+    Mix,
+    SideLoad,
+    best_split,
+    colocated_load,
+    split_loads,
+)
 from shared.protocol.messages import ClusterSnapshot, InstanceLoad, SeriesPoint
 from shared.series import merge_points
 
@@ -59,6 +82,10 @@ class PoiseParams(msgspec.Struct, frozen=True, kw_only=True):
     max_backoff_s: float = 600.0
     backlog_horizon_s: float = 60.0  # queued prefill work is load spread over this many seconds
     max_drain_s: float = 45.0  # no flip of an instance that would take longer to drain (the drain deadline is 60 s)
+    colocated: bool = True  # colocated serving is a mode the controller may choose (restarts the engines)
+    colocated_step_share: float = 0.6  # colocated only while a typical prompt's step fits this share of the TPOT
+    #                                    SLO (chosen: azure-conv's is 0.41, azure-code's 1.04; docs/evaluation.md)
+    mode_dwell_s: float = 900.0  # after a mode change, the next waits this long (a move restarts every engine)
 
 
 class PoisePools:
@@ -78,6 +105,10 @@ class PoisePools:
         self._called_off = 0  # flips called off in a row
         self._blocked_until = {1: float("-inf"), -1: float("-inf")}  # per direction, after call-offs
         self.last_loads: list[SideLoad] = []  # the newest scoring, for logs, status and tests
+        self.last_colocated: ColocatedLoad | None = None
+        self.mode: str | None = None  # "colocated" or "disaggregated": the mode the cluster is in or moving to
+        self._mode_since = float("-inf")
+        self._mode_streak = 0
         self.last_mix: Mix | None = None
         self.decisions = 0
         self.drains_deferred = 0  # flips the model wanted but no instance could drain in max_drain_s
@@ -92,8 +123,12 @@ class PoisePools:
         if not self.last_loads or self.last_mix is None:
             return ""
         m, best = self.last_mix, best_split(self.last_loads)
+        co = self.last_colocated
+        colocated = "" if co is None else (
+            f"; colocated {co.score:.2f}" if co.feasible else f"; colocated infeasible (step {co.step_s * 1e3:.0f} ms)")
         return (f"mix {m.rate_rps:.1f} req/s, ISL {m.isl:.0f}, OSL {m.osl:.0f} -> best {best.prefill}P{best.decode}D "
-                f"(score {best.score:.2f}: P {best.rho_prefill:.2f}, D {best.rho_decode:.2f})")
+                f"(score {best.score:.2f}: P {best.rho_prefill:.2f}, D {best.rho_decode:.2f}){colocated}; "
+                f"mode {self.mode}")
 
     def decide(self, snapshot: ClusterSnapshot, now_s: float) -> PoolDecision | None:
         if any(i.info.status in ("draining", "switching") for i in snapshot.instances):
@@ -102,22 +137,37 @@ class PoisePools:
         mix = mix_of(snapshot.series, self.params.window_s, self.params.min_completed)
         if mix is None:
             return None
-        ready = [i for i in snapshot.instances if i.info.status == "ready" and i.load is not None
-                 and i.info.role in ("prefill", "decode")]
+        ready = [i for i in snapshot.instances if i.info.status == "ready" and i.load is not None]
         prefills = [i for i in ready if i.info.role == "prefill"]
         decodes = [i for i in ready if i.info.role == "decode"]
-        if not prefills or not decodes:
+        colocated = [i for i in ready if i.info.role == "null"]
+        total = len(ready)
+        if total < 2 * self.ctx.min_per_role:
             return None
-        total = len(prefills) + len(decodes)
+        if colocated:
+            # Colocated engines prefill every request themselves, which the series counts as local prefill:
+            # a split would prefill them remotely, save DOPD's short ones, which colocated serving hides.
+            mix = msgspec.structs.replace(mix, local_share=0.0, local_isl=0.0)
+        if self.mode is None:  # the mode the cluster was launched in
+            self.mode = "colocated" if len(colocated) * 2 > total else "disaggregated"
         backlog_s = sum(self._queued_prefill_s(i, mix) for i in prefills)
         loads = split_loads(self.model, mix, total, self.ctx.tpot_slo_s, ttft_slo_s=self.ctx.ttft_slo_s,
                             prefill_target=self.params.prefill_target,
                             decode_target=self.params.decode_target, min_per_role=self.ctx.min_per_role,
                             prefill_backlog_s=backlog_s / self.params.backlog_horizon_s)
-        self.last_loads, self.last_mix = loads, mix
+        co = colocated_load(self.model, mix, total, self.ctx.tpot_slo_s, decode_target=self.params.decode_target,
+                            step_share=self.params.colocated_step_share)
+        self.last_loads, self.last_mix, self.last_colocated = loads, mix, co
         self.decisions += 1
+        best = best_split(loads, len(prefills) if prefills else None)
+        self._choose_mode(best, co, now_s)
+        if self.mode == "colocated" and (prefills or decodes):
+            return self._convert(prefills, decodes, best, now_s, mix)
+        if self.mode == "disaggregated" and colocated:
+            return self._restore(colocated, prefills, decodes, best, now_s, mix)
+        if not prefills or not decodes:
+            return None
         current = next(s for s in loads if s.prefill == len(prefills))
-        best = best_split(loads, len(prefills))
         worth = best.score < current.score * (1.0 - self.params.min_gain)
         direction = 0 if best.prefill == current.prefill or not worth else (1 if best.prefill > current.prefill else -1)
         self._streak = self._streak + 1 if direction == self._direction and direction != 0 else int(direction != 0)
@@ -134,13 +184,59 @@ class PoisePools:
                                         f"{best.prefill}P{best.decode}D {best.score:.2f}")
         return PoolDecision(changes=[change] if change is not None else [])
 
-    def _flip(self, side: Sequence[InstanceLoad], new_role: str, now_s: float, mix: Mix,
-              reason: str) -> RoleChange | None:
-        """The instance of ``side`` that drains soonest, among those not dwelling after a flip of their own,
-        when it can drain within ``max_drain_s``: a drain that outlives its deadline is called off, and until
-        then it only took the instance's share of new work away from a cluster that is already behind."""
-        if len(side) <= self.ctx.min_per_role:
-            return None
+    def _choose_mode(self, best: SideLoad, co: ColocatedLoad, now_s: float) -> None:
+        """Change ``self.mode`` when the other mode has scored ``min_gain`` better ``confirm`` times in a row
+        and the last change is ``mode_dwell_s`` old; an infeasible colocated mode is left without the dwell."""
+        keep = 1.0 - self.params.min_gain
+        if self.mode == "colocated":
+            leave = not co.feasible
+            wants = leave or best.score < co.score * keep
+        else:
+            leave = False
+            wants = self.params.colocated and co.feasible and co.score < best.score * keep
+        self._mode_streak = self._mode_streak + 1 if wants else 0
+        if not wants or self._mode_streak < self.params.confirm:
+            return
+        if not leave and now_s - self._mode_since < self.params.mode_dwell_s:
+            return
+        self.mode = "disaggregated" if self.mode == "colocated" else "colocated"
+        self._mode_since, self._mode_streak, self._streak, self._direction = now_s, 0, 0, 0
+
+    def _convert(self, prefills: Sequence[InstanceLoad], decodes: Sequence[InstanceLoad], best: SideLoad,
+                 now_s: float, mix: Mix) -> PoolDecision:
+        """One more instance into colocated serving: from the side the remaining pairs need least (the best
+        split's shares), the last prefill or decode instance only once the other side is gone."""
+        if not decodes:
+            side = prefills
+        elif not prefills:
+            side = decodes
+        elif len(prefills) == 1 or len(decodes) == 1:
+            side = decodes if len(prefills) == 1 and len(decodes) > 1 else prefills
+        else:
+            side = prefills if len(prefills) / (len(prefills) + len(decodes)) > best.prefill / (best.prefill + best.decode) \
+                else decodes
+        reason = f"poise: colocated mode ({self.describe_split()})"
+        change = self._pick_victim(side, "null", now_s, mix, reason)
+        return PoolDecision(changes=[change] if change is not None else [])
+
+    def _restore(self, colocated: Sequence[InstanceLoad], prefills: Sequence[InstanceLoad],
+                 decodes: Sequence[InstanceLoad], best: SideLoad, now_s: float, mix: Mix) -> PoolDecision:
+        """One colocated instance back to disaggregated serving, in the role the best split needs most (a
+        pair first: an instance without a partner serves nothing)."""
+        if not decodes:
+            role = "decode"
+        elif not prefills:
+            role = "prefill"
+        else:
+            role = "prefill" if best.prefill - len(prefills) >= best.decode - len(decodes) else "decode"
+        reason = f"poise: disaggregated mode ({self.describe_split()})"
+        change = self._pick_victim(colocated, role, now_s, mix, reason)
+        return PoolDecision(changes=[change] if change is not None else [])
+
+    def _pick_victim(self, side: Sequence[InstanceLoad], new_role: str, now_s: float, mix: Mix,
+                     reason: str) -> RoleChange | None:
+        """The instance of ``side`` that drains soonest, among those not dwelling after a move of their own,
+        when it drains within ``max_drain_s``."""
         movable = [i for i in side if now_s - self._flipped_at.get(i.info.instance_id, float("-inf"))
                    >= self.params.min_dwell_s]
         if not movable:
@@ -149,13 +245,24 @@ class PoisePools:
         if drain_s > self.params.max_drain_s:
             self.drains_deferred += 1
             return None
-        self._last_flip_s = now_s
-        self._last_direction = 1 if new_role == "prefill" else -1
         self._flipped_at[victim.info.instance_id] = now_s
         self._pending = (victim.info.instance_id, new_role)
-        self._streak = 0
         return RoleChange(instance_id=victim.info.instance_id, new_role=new_role,  # type: ignore[arg-type]
                           reason=reason)
+
+    def _flip(self, side: Sequence[InstanceLoad], new_role: str, now_s: float, mix: Mix,
+              reason: str) -> RoleChange | None:
+        """The instance of ``side`` that drains soonest, among those not dwelling after a flip of their own,
+        when it can drain within ``max_drain_s``: a drain that outlives its deadline is called off, and until
+        then it only took the instance's share of new work away from a cluster that is already behind."""
+        if len(side) <= self.ctx.min_per_role:
+            return None
+        change = self._pick_victim(side, new_role, now_s, mix, reason)
+        if change is not None:
+            self._last_flip_s = now_s
+            self._last_direction = 1 if new_role == "prefill" else -1
+            self._streak = 0
+        return change
 
     def _check_pending(self, snapshot: ClusterSnapshot, now_s: float) -> None:
         """Once the last flip is over, see whether it happened: an instance back in its old role means the drain

@@ -19,7 +19,8 @@ from shared.protocol.messages import ClusterSnapshot, Role
 
 
 class RoleChange(msgspec.Struct, frozen=True, kw_only=True):
-    """Move one instance to ``new_role`` (prefill <-> decode; SGLang flips only between those two)."""
+    """Move one instance to ``new_role``. Between prefill and decode SGLang flips at runtime
+    (``/pd_role_switch``); into or out of colocated serving (``null``) the sidecar restarts the engine."""
 
     instance_id: str
     new_role: Role

@@ -21,6 +21,13 @@ utilisation, 1.0 meaning the side can no longer meet its SLO on average:
 
 The split's load is the larger of the two, each over its own target (prefill queues need headroom for
 bursts; a decode batch runs at its SLO up to the line). Pure arithmetic, no state.
+
+Colocated serving (:func:`colocated_load`) is the decode model with every prompt prefilled in the decode
+steps (the same arithmetic as DOPD's local prefill, for all requests). Its load averages the prefill work over
+the steps, which hides what decides colocated serving in practice: a step that carries a prompt delays
+every running request's next token. So colocated serving is only *feasible* while one typical prompt's
+step, the decode overhead plus the prefill work of ``sqrt(E[ISL^2])`` tokens (at most one chunk), fits in
+``step_share`` of the TPOT SLO.
 """
 
 from __future__ import annotations
@@ -125,6 +132,27 @@ def split_loads(model: LatencyModel, mix: Mix, instances: int, tpot_slo_s: float
         out.append(SideLoad(prefill=p, decode=d, rho_prefill=rho_p, rho_decode=rho_d,
                             score=max(rho_p / prefill_target, rho_d / decode_target)))
     return out
+
+
+class ColocatedLoad(msgspec.Struct, frozen=True, kw_only=True):
+    instances: int
+    rho: float  # the decode model's load with every prompt prefilled in the decode steps
+    step_s: float  # a step carrying one typical prompt (sqrt(E[ISL^2]) tokens, at most a chunk)
+    feasible: bool  # step_s fits in the TPOT SLO's step share
+    score: float  # rho over the decode target (inf when not feasible)
+
+
+def colocated_load(model: LatencyModel, mix: Mix, instances: int, tpot_slo_s: float, *,
+                   decode_target: float = 0.95, step_share: float = 0.6) -> ColocatedLoad:
+    """How loaded ``instances`` colocated engines would be under ``mix`` (see the module doc)."""
+    p = model.profile
+    everything_local = msgspec.structs.replace(mix, local_share=1.0, local_isl=mix.isl)
+    rho = decode_rho(model, everything_local, instances, tpot_slo_s)
+    typical = min(math.sqrt(max(mix.isl_sq, 0.0)), float(p.chunked_prefill_size))
+    step_s = p.decode_overhead_s * model.time_scale + model.prefill_work_s(int(typical))
+    feasible = step_s <= step_share * tpot_slo_s
+    return ColocatedLoad(instances=instances, rho=rho, step_s=step_s, feasible=feasible,
+                         score=rho / decode_target if feasible else math.inf)
 
 
 def best_split(loads: list[SideLoad], current: int | None = None) -> SideLoad:

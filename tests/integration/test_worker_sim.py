@@ -1,4 +1,5 @@
-"""End to end: a worker spawns engine_sim, registers it, publishes its loads, flips its role, restarts it."""
+"""End to end: a worker spawns engine_sim, registers it, publishes its loads, flips its role, restarts it, moves it
+into colocated serving and back (a restart each way)."""
 
 from __future__ import annotations
 
@@ -72,6 +73,27 @@ async def test_worker_runs_engine_sim_end_to_end(nats_server: NatsServer, etcd_s
         await _until(lambda: "p0" not in watcher.instances)
         await _until(lambda: "p0" in watcher.instances, timeout_s=30)
         assert watcher.instances["p0"].role == "decode" and worker.restarts == 1 and worker.engine_pid != pid
+
+        # Into colocated serving and out again: SGLang takes its mode at launch, so each is a restart in the
+        # other mode, and the supervisor watches the new engine (a crash restarts it as colocated).
+        pid = worker.engine_pid
+        reply = await bus.request(subjects.worker_command("p0"), RoleCommand(command_id="c2", new_role="null",
+                                                                              drain_timeout_s=5),
+                                  RoleCommandReply, timeout_s=40)
+        assert reply.ok and "restarted" in reply.message, reply.message
+        await _until(lambda: "p0" in watcher.instances and watcher.instances["p0"].role == "null")
+        assert watcher.instances["p0"].bootstrap_port is None and worker.engine_pid not in (None, pid)
+        pid = worker.engine_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        await _until(lambda: worker.restarts == 2 and "p0" in watcher.instances, timeout_s=30)
+        assert watcher.instances["p0"].role == "null" and not _alive(pid)
+        reply = await bus.request(subjects.worker_command("p0"), RoleCommand(command_id="c3", new_role="prefill",
+                                                                              drain_timeout_s=5),
+                                  RoleCommandReply, timeout_s=40)
+        assert reply.ok, reply.message
+        await _until(lambda: "p0" in watcher.instances and watcher.instances["p0"].role == "prefill")
+        assert watcher.instances["p0"].bootstrap_port == worker.settings.bootstrap_port
     finally:
         pid = worker.engine_pid
         await worker.stop()

@@ -14,13 +14,18 @@ from loadgen.sim.run import simulate
 from loadgen.slo import slo_for
 from loadgen.traces import load_trace
 from shared.latency import LatencyModel, load_profile
-from shared.policies import LeastLoad, PolicyContext
+from shared.policies import ArrowDispatch, EngineView, LeastLoad, Placement, PolicyContext, RequestView
 from shared.policies.poise import PoiseParams, PoisePools, mix_of
-from shared.policies.split_capacity import Mix, best_split, decode_rho, prefill_seconds, split_loads
+from shared.policies.split_capacity import Mix, best_split, colocated_load, decode_rho, prefill_seconds, split_loads
 from shared.protocol.messages import ClusterSnapshot, InstanceInfo, InstanceLoad, LoadReport, SeriesPoint
 
 MODEL = LatencyModel(load_profile())
 CTX = PolicyContext(ttft_slo_s=2.0, tpot_slo_s=0.15, max_instances=8)
+
+
+def split_params(**changes: float) -> PoiseParams:
+    """The split rules alone: these tests score P:D splits, colocated serving has its own."""
+    return PoiseParams(colocated=False, **changes)  # type: ignore[arg-type]
 
 
 def equal_lengths(rate: float, isl: float, osl: float) -> Mix:
@@ -98,7 +103,7 @@ def test_mix_of_reads_the_window_and_reads_missing_moments_as_equal_lengths() ->
 
 
 def test_moves_one_flip_at_a_time_after_confirmation_towards_the_best_split() -> None:
-    pools = PoisePools(MODEL, CTX)
+    pools = PoisePools(MODEL, CTX, split_params())
     code = series(2048, 28, 20.0)
     assert pools.decide(snap(cluster(4, 4), code), 0.0) is None  # first evaluation: not yet confirmed
     decision = pools.decide(snap(cluster(4, 4), code), 10.0)
@@ -111,7 +116,7 @@ def test_moves_one_flip_at_a_time_after_confirmation_towards_the_best_split() ->
 
 
 def test_an_instance_that_flipped_does_not_flip_back_within_its_dwell_time() -> None:
-    params = PoiseParams(confirm=1, cooldown_s=0.0, min_dwell_s=300.0, reverse_after_s=0.0)
+    params = split_params(confirm=1, cooldown_s=0.0, min_dwell_s=300.0, reverse_after_s=0.0)
     pools = PoisePools(MODEL, CTX, params)
     decision = pools.decide(snap(cluster(4, 4), series(2048, 28, 20.0)), 0.0)
     assert decision is not None
@@ -130,7 +135,7 @@ def test_an_instance_that_flipped_does_not_flip_back_within_its_dwell_time() -> 
 
 
 def test_no_reversal_within_reverse_after_and_a_called_off_flip_backs_off() -> None:
-    pools = PoisePools(MODEL, CTX, PoiseParams(confirm=1, cooldown_s=0.0, min_dwell_s=0.0))
+    pools = PoisePools(MODEL, CTX, split_params(confirm=1, cooldown_s=0.0, min_dwell_s=0.0))
     code, chat = series(2048, 28, 20.0), series(300, 1000, 20.0)
     first = pools.decide(snap(cluster(4, 4), code), 0.0)
     assert first is not None and first.changes[0].new_role == "prefill"
@@ -153,7 +158,7 @@ def test_no_reversal_within_reverse_after_and_a_called_off_flip_backs_off() -> N
 
 
 def test_no_flip_when_the_gain_is_small_but_a_queued_backlog_counts() -> None:
-    pools = PoisePools(MODEL, CTX, PoiseParams(confirm=1))
+    pools = PoisePools(MODEL, CTX, split_params(confirm=1))
     # A balanced mix for 4P4D at a light load: the best split is within min_gain of the current one.
     loads = split_loads(MODEL, mix_of(series(1200, 200, 3.0), 120.0), 8, CTX.tpot_slo_s)  # type: ignore[arg-type]
     current = next(s for s in loads if s.prefill == 4)
@@ -204,9 +209,85 @@ def test_on_a_shifting_stress_slice_poise_holds_without_oscillating() -> None:
     assert run.summary.slo_attainment >= static.attainment - 0.005
     assert max_flips_in_window(lifecycle["events"], 300.0) <= 1
     assert lifecycle["flips_called_off"] == 0
-    # It moves towards prefill as the prompts grow, one instance at a time; at most one change of direction
-    # (an early move to decode while the prompts are still short), never back and forth.
-    directions = [+1 if what.endswith("to prefill") else -1 for _, _, what in lifecycle["events"]
-                  if what.startswith("drain to flip")]
-    changes = sum(a != b for a, b in zip(directions, directions[1:], strict=False))
-    assert 1 <= len(directions) <= 6 and changes <= 1 and directions[-1] == +1, directions
+    # While the prompts are short it moves the cluster into colocated serving, one instance at a time; as they
+    # grow past what a colocated step can carry, back to disaggregated serving, prefill-heavy. No ping-pong:
+    # one mode change each way at most.
+    targets = [what.rsplit(" ", 1)[-1] for _, _, what in lifecycle["events"] if what.startswith("drain to flip")]
+    modes = ["colocated" if t == "null" else "disaggregated" for t in targets]
+    changes = sum(a != b for a, b in zip(modes, modes[1:], strict=False))
+    assert 1 <= len(targets) <= 12 and changes <= 1, targets
+    assert targets[-1] in ("prefill", "decode") and targets.count("prefill") >= targets.count("decode"), targets
+
+
+def test_colocated_serving_is_feasible_only_while_a_typical_prompt_fits_a_step() -> None:
+    chat = Mix(rate_rps=20.0, isl=1155, osl=211, isl_sq=1601.0**2, osl_sq=2 * 211.0**2, isl_osl=1155 * 211)
+    code = Mix(rate_rps=20.0, isl=2048, osl=28, isl_sq=2844.0**2, osl_sq=2 * 28.0**2, isl_osl=2048 * 28)
+    co_chat = colocated_load(MODEL, chat, 8, 0.15)
+    co_code = colocated_load(MODEL, code, 8, 0.1)
+    assert co_chat.feasible and not co_code.feasible and co_code.score == float("inf")
+    assert co_chat.step_s == pytest.approx(MODEL.profile.decode_overhead_s + MODEL.prefill_work_s(1601))
+    # Eight engines doing both phases carry a chat mix with less load than the best split of eight.
+    assert co_chat.score < best_split(split_loads(MODEL, chat, 8, 0.15, ttft_slo_s=2.0)).score
+    # The load is the decode model's with every prompt prefilled in the decode steps.
+    everything_local = msgspec.structs.replace(chat, local_share=1.0, local_isl=chat.isl)
+    assert co_chat.rho == pytest.approx(decode_rho(MODEL, everything_local, 8, 0.15))
+
+
+def colocated(n: int) -> list[InstanceLoad]:
+    return [inst(f"c{i}", "null") for i in range(n)]
+
+
+def test_poise_moves_the_cluster_into_colocated_serving_one_restart_at_a_time_and_out_when_prompts_grow() -> None:
+    # min_gain 0.1: with equal lengths (this series) colocated engines score ~20% below the best split
+    pools = PoisePools(MODEL, CTX, PoiseParams(min_dwell_s=0.0, min_gain=0.1))
+    chat = series(1155, 211, 20.0)
+    assert pools.decide(snap(cluster(4, 4), chat), 0.0) is None  # not yet confirmed
+    first = pools.decide(snap(cluster(4, 4), chat), 10.0)
+    assert first is not None and [c.new_role for c in first.changes] == ["null"] and pools.mode == "colocated"
+    moved = first.changes[0].instance_id
+    # Nothing else moves while that restart is under way ...
+    assert pools.decide(snap(cluster(4, 4, **{moved: "switching"}), chat), 20.0) is None
+    # ... and the next goes as soon as it is done: no cooldown inside a mode change.
+    rest = [i for i in cluster(4, 4) if i.info.instance_id != moved]
+    second = pools.decide(snap([*rest, *colocated(1)], chat), 21.0)
+    assert second is not None and second.changes[0].new_role == "null"
+    # The last pair goes last: while both sides remain, neither is emptied first.
+    two = pools.decide(snap([*cluster(1, 1), *colocated(6)], chat), 30.0)
+    assert two is not None and two.changes[0].new_role == "null"
+    # Long prompts: a colocated step would break the TPOT SLO. The mode is left without waiting out its
+    # dwell (after confirmation), a decode instance first so that the first prefill one has a partner.
+    code = series(6000, 28, 5.0)
+    assert pools.decide(snap(colocated(8), code), 40.0) is None
+    back = pools.decide(snap(colocated(8), code), 50.0)
+    assert back is not None and back.changes[0].new_role == "decode" and pools.mode == "disaggregated"
+    nxt = pools.decide(snap([inst("d9", "decode"), *colocated(7)], code), 60.0)
+    assert nxt is not None and nxt.changes[0].new_role == "prefill"
+
+
+def test_after_leaving_colocated_serving_the_way_back_waits_out_the_mode_dwell() -> None:
+    pools = PoisePools(MODEL, CTX, PoiseParams(min_dwell_s=0.0, min_gain=0.1, mode_dwell_s=900.0))
+    pools.decide(snap(colocated(8), series(6000, 28, 5.0)), 0.0)
+    left = pools.decide(snap(colocated(8), series(6000, 28, 5.0)), 10.0)
+    assert left is not None and pools.mode == "disaggregated"
+    # The prompts are short again at once: colocated serving scores better, but the mode just changed.
+    chat = series(1155, 211, 20.0)
+    for t in (20.0, 30.0, 500.0, 900.0):
+        decision = pools.decide(snap(cluster(4, 4), chat), t)
+        assert pools.mode == "disaggregated" and (decision is None or "null" not in [c.new_role for c in decision.changes])
+    back = pools.decide(snap(cluster(4, 4), chat), 910.0)
+    assert pools.mode == "colocated" and back is not None and back.changes[0].new_role == "null"
+
+
+def test_colocated_engines_take_their_share_beside_pairs_and_everything_alone() -> None:
+    engines = [EngineView(instance_id=i, role=r, status="ready", kv_capacity_tokens=380_000,  # type: ignore[arg-type]
+                          max_running_requests=256)
+               for i, r in [("p0", "prefill"), ("p1", "prefill"), ("d0", "decode"), ("d1", "decode"),
+                            ("d2", "decode"), ("d3", "decode"), ("c0", "null"), ("c1", "null")]]
+    for policy in (LeastLoad(), ArrowDispatch(MODEL, CTX)):
+        picks = [policy.place(RequestView(rid=f"r{k}", input_tokens=100, max_output_tokens=10), engines, 0.0)
+                 for k in range(400)]
+        alone = [p for p in picks if isinstance(p, Placement) and p.prefill_id is None]
+        assert len(alone) == 100  # 2 of 8 instances: a quarter of the requests
+        assert {p.decode_id for p in alone} == {"c0"}  # equal queues: the lowest id (views do not change here)
+        only = policy.place(RequestView(rid="x", input_tokens=100, max_output_tokens=10), engines[6:], 0.0)
+        assert isinstance(only, Placement) and only.prefill_id is None
