@@ -34,13 +34,14 @@ if TYPE_CHECKING:  # the simulator is imported only when a comparison runs
 
 @dataclass(frozen=True)
 class SplitSample:
-    """The live stack's instances at one moment: ready prefill, ready decode, and flipping (draining or
-    switching) instances."""
+    """The live stack's instances at one moment: ready prefill, ready decode, flipping (draining or
+    switching) and ready colocated instances."""
 
     t_s: float
     prefill: int
     decode: int
     flipping: int = 0
+    colocated: int = 0
 
 
 @dataclass(frozen=True)
@@ -64,13 +65,13 @@ class LiveSplit:
     flips: list[FlipEvent]
 
     @classmethod
-    def from_unix(cls, samples: Sequence[tuple[float, int, int, int]], events: Sequence[dict[str, Any]],
+    def from_unix(cls, samples: Sequence[tuple[float, ...]], events: Sequence[dict[str, Any]],
                   started_at: str) -> LiveSplit:
-        """Samples ``(unix_s, prefill, decode, flipping)`` and planner events (``PlannerEvent`` as dicts) on
+        """Samples ``(unix_s, prefill, decode, flipping[, colocated])`` and planner events (``PlannerEvent`` as dicts) on
         the replay's clock (``ReplayResult.started_at``, ISO 8601). Earlier samples clamp to 0: the split the
         replay started with."""
         t0 = datetime.fromisoformat(started_at).timestamp()
-        out = [SplitSample(max(0.0, ts - t0), p, d, f) for ts, p, d, f in sorted(samples)]
+        out = [SplitSample(max(0.0, ts - t0), *(int(n) for n in counts)) for ts, *counts in sorted(samples)]
         # Only the newest sample at or before the start describes the split at 0.
         before = [s for s in out if s.t_s == 0.0]
         out = before[-1:] + [s for s in out if s.t_s > 0.0]
@@ -84,7 +85,8 @@ class LiveSplit:
         """The samples where the split changed (and the first one)."""
         out: list[SplitSample] = []
         for s in self.samples:
-            if not out or (s.prefill, s.decode, s.flipping) != (out[-1].prefill, out[-1].decode, out[-1].flipping):
+            if not out or (s.prefill, s.decode, s.flipping, s.colocated) != \
+                    (out[-1].prefill, out[-1].decode, out[-1].flipping, out[-1].colocated):
                 out.append(s)
         return out
 
@@ -280,6 +282,9 @@ def plot_split_comparison(live: ReplayResult, live_split: LiveSplit | None, sims
                       alpha=0.8, label="prefill, live (ready)")
         split_ax.step(xs, [s.decode for s in steps] + [steps[-1].decode], where="post", color="tab:purple", lw=1.8,
                       label="decode, live (ready)")
+        if any(s.colocated for s in steps):
+            split_ax.step(xs, [s.colocated for s in steps] + [steps[-1].colocated], where="post", color="tab:orange",
+                          lw=1.8, label="colocated, live (ready)")
         for f in live_split.flips:
             if f.kind == "flip_requested":
                 split_ax.axvline(f.t_s, color="gray", ls=":", lw=1)
@@ -295,7 +300,7 @@ def plot_split_comparison(live: ReplayResult, live_split: LiveSplit | None, sims
             split_ax.step(xs, [p for _, p, _ in timeline] + [timeline[-1][1]], where="post", color="tab:green",
                           ls="--", lw=1.3, label="prefill, poise (simulated)")
             split_ax.step(xs, [d for _, _, d in timeline] + [timeline[-1][2]], where="post", color="tab:purple",
-                          ls="--", lw=1.3, label="decode, poise (simulated)")
+                          ls="--", lw=1.3, label="decode (+ colocated), poise (simulated)")
     split_ax.set_ylabel("instances")
     split_ax.set_xlabel("seconds since the replay started (live wall clock = simulated clock)")
     split_ax.grid(alpha=0.3)

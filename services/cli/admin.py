@@ -47,10 +47,11 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="machine-readable output")
     role = sub.add_parser("set-role", help="flip an engine to another role through the planner (same as flip)")
     role.add_argument("instance")
-    role.add_argument("role", choices=["prefill", "decode"])
+    role.add_argument("role", choices=["prefill", "decode", "null"], help="null: colocated serving (the engine restarts)")
     flip = sub.add_parser("flip", help="flip an engine to another role through the planner")
     flip.add_argument("instance", metavar="ID")
-    flip.add_argument("--to", dest="role", required=True, choices=["prefill", "decode"])
+    flip.add_argument("--to", dest="role", required=True, choices=["prefill", "decode", "null"],
+                      help="null: colocated serving (the engine restarts)")
     flip.add_argument("--reason", default=None, help="recorded in the planner's events and the sidecar's log")
     flip.add_argument("--drain-timeout-s", type=float, default=None, help="drain timeout (default: the planner's)")
     for verb in (role, flip):

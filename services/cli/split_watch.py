@@ -25,12 +25,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Sample = tuple[float, int, int, int]  # (unix s, ready prefill, ready decode, draining or switching)
+Sample = tuple[float, int, int, int, int]  # (unix s, ready prefill, ready decode, draining or switching, ready colocated)
 
 
-def count_split(instances: Any) -> tuple[int, int, int]:
-    """(ready prefill, ready decode, flipping) of a snapshot's instances; colocated ones are left out."""
-    prefill = decode = flipping = 0
+def count_split(instances: Any) -> tuple[int, int, int, int]:
+    """(ready prefill, ready decode, flipping, ready colocated) of a snapshot's instances."""
+    prefill = decode = flipping = colocated = 0
     for inst in instances:
         info = inst.info
         if info.status in ("draining", "switching"):
@@ -39,7 +39,9 @@ def count_split(instances: Any) -> tuple[int, int, int]:
             prefill += 1
         elif info.status == "ready" and info.role == "decode":
             decode += 1
-    return prefill, decode, flipping
+        elif info.status == "ready" and info.role == "null":
+            colocated += 1
+    return prefill, decode, flipping, colocated
 
 
 class SplitWatcher:

@@ -62,6 +62,7 @@ from shared.runtime import AdminEndpoint, AdminHandler, cancel_and_wait, fetch_s
 log = logging.getLogger(__name__)
 
 _SWITCHABLE: tuple[Role, ...] = ("prefill", "decode")
+_ADMIN_ROLES: tuple[Role, ...] = ("prefill", "decode", "null")  # null: colocated serving, a restart of the engine
 # The sidecar marks its instance draining when the role command arrives; the gateways see it through an etcd
 # watch. Evacuating only after that keeps new requests from landing there behind the migrator's back.
 EVACUATE_AFTER_S = 0.5
@@ -255,8 +256,8 @@ class PlannerService(ElectedService):
     async def _admin_flip(self, args: dict[str, str], default_reason: str) -> AdminReply:
         instance = require_arg(args, "instance")
         role = require_arg(args, "role")
-        if role not in _SWITCHABLE:
-            raise ValueError(f"role must be one of {', '.join(_SWITCHABLE)}")
+        if role not in _ADMIN_ROLES:
+            raise ValueError(f"role must be one of {', '.join(_ADMIN_ROLES)}")
         drain = float(args["drain_timeout_s"]) if args.get("drain_timeout_s") else None
         from_role: Role | None = None
         with contextlib.suppress(*ETCD_ERRORS):  # only for the event; the sidecar knows its role anyway

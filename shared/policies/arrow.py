@@ -40,7 +40,6 @@ from shared.policies.dispatch import (
     Placement,
     Rejection,
     open_engines,
-    pick_colocated,
     rejection,
 )
 from shared.policies.pools import PoolDecision, RoleChange
@@ -135,7 +134,7 @@ class ArrowDispatch(_ArrowModel):
         colocated, full_c = open_engines(engines, "null", exclude, self.dispatch_params)
         paired = len(prefills) + len(decodes) if prefills and decodes else 0
         if colocated and self.share.take(len(colocated), paired):
-            return Placement(prefill_id=None, decode_id=pick_colocated(colocated).instance_id)
+            return Placement(prefill_id=None, decode_id=self._decode(request, colocated).instance_id)
         if prefills and decodes:
             return Placement(prefill_id=self._prefill(request, prefills).instance_id,
                              decode_id=self._decode(request, decodes).instance_id)

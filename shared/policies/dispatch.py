@@ -72,12 +72,6 @@ def rejection(engines: Sequence[EngineView], full: int) -> Rejection:
     return Rejection(reason=f"no ready prefill+decode pair or colocated engine (ready roles: {have})", retryable=False)
 
 
-def pick_colocated(engines: Sequence[EngineView]) -> EngineView:
-    """The colocated engine with the fewest prompts waiting, then the fewest requests in flight: a colocated
-    engine's TTFT is its prefill queue, and the KV it holds says little about that."""
-    return min(engines, key=lambda e: (e.waiting_reqs + e.queue_reqs, e.inflight_reqs, e.instance_id))
-
-
 class ColocatedShare:
     """Which requests go to colocated engines while prefill/decode pairs serve beside them: each instance
     takes an equal share of the requests (a pair's two instances two shares), spread evenly in arrival order
@@ -120,7 +114,7 @@ class _PairPolicy:
         colocated, full_c = open_engines(engines, "null", exclude, self.params)
         paired = len(prefills) + len(decodes) if prefills and decodes else 0
         if colocated and self.share.take(len(colocated), paired):
-            return Placement(prefill_id=None, decode_id=pick_colocated(colocated).instance_id)
+            return Placement(prefill_id=None, decode_id=self._pick(colocated, "null").instance_id)
         if prefills and decodes:
             return Placement(prefill_id=self._pick(prefills, "prefill").instance_id,
                              decode_id=self._pick(decodes, "decode").instance_id)

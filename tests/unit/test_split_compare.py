@@ -73,6 +73,10 @@ def test_live_split_on_the_replays_clock() -> None:
     assert live.samples[0] == SplitSample(0.0, 2, 2, 0)  # the newest sample before the start stands for t=0
     assert [(s.t_s, s.prefill, s.decode, s.flipping) for s in live.steps()] == [
         (0.0, 2, 2, 0), (40.0, 2, 1, 1), (47.0, 3, 1, 0)]
+    # Samples that count colocated engines too: a move into colocated serving is a step of its own.
+    colocated = LiveSplit.from_unix([(t0, 2, 2, 0, 0), (t0 + 5, 2, 1, 1, 0), (t0 + 40, 2, 1, 0, 1)], [],
+                                    "2026-01-01T00:00:00+00:00")
+    assert [(s.t_s, s.colocated) for s in colocated.steps()] == [(0.0, 0), (5.0, 0), (40.0, 1)]
     assert [f.kind for f in live.flips] == ["flip_requested", "flip_done"]  # pauses are not flips
     assert [(f.instance_id, f.t_s) for f in live.done_flips()] == [("d1", pytest.approx(46.8))]
 
@@ -83,7 +87,7 @@ def test_count_split_counts_ready_roles_and_flipping_instances() -> None:
 
     instances = [inst("prefill", "ready"), inst("prefill", "ready"), inst("decode", "draining"),
                  inst("decode", "ready"), inst("null", "ready"), inst("prefill", "starting")]
-    assert count_split(instances) == (2, 1, 1)
+    assert count_split(instances) == (2, 1, 1, 1)
 
 
 def test_the_fixed_mix_is_the_poise_mix_without_its_controller() -> None:
