@@ -90,10 +90,15 @@ class ControlPlane(_Strict):
     gateway_args: list[str] = Field(default_factory=list, description="Extra gateway flags.")
     planner_args: list[str] = Field(default_factory=list, description="Extra planner flags.")
     monitoring: bool = Field(True, description="Run Prometheus and Grafana on the control-plane node.")
+    gateway_replicas: int = Field(2, ge=1, le=16, description="Gateways behind nginx on ports.gateway (1: one gateway "
+                                  "on ports.gateway, no nginx). A gateway's death loses the requests it holds; the "
+                                  "others keep serving.")
 
 
 class Ports(_Strict):
     gateway: int = Field(8000, ge=1, le=65535)
+    gateway_replica_base: int = Field(18000, ge=1, le=65535, description="With gateway_replicas > 1: the first "
+                                      "replica's port (nginx serves ports.gateway); the next get +1, +2, ...")
     monitor: int = Field(9100, ge=1, le=65535)
     nats: int = Field(4222, ge=1, le=65535)
     nats_monitor: int = Field(8222, ge=1, le=65535)
@@ -112,6 +117,7 @@ class Images(_Strict):
     etcd: str = Field("quay.io/coreos/etcd:v3.5.21")
     prometheus: str = Field("prom/prometheus:v3.5.0")
     grafana: str = Field("grafana/grafana:12.1.0")
+    nginx: str = Field("nginx:1.27-alpine")
 
 
 class Inventory(_Strict):
@@ -226,6 +232,9 @@ def control_ports(inv: Inventory) -> dict[str, int]:
              "gateway": p.gateway, "monitor": p.monitor}
     if inv.control_plane.monitoring:
         ports |= {"prometheus": p.prometheus, "grafana": p.grafana}
+    replicas = inv.control_plane.gateway_replicas
+    if replicas > 1:
+        ports |= {f"gateway replica {k + 1}": p.gateway_replica_base + k for k in range(replicas)}
     return ports
 
 

@@ -46,6 +46,7 @@ ENGINE_PYTHON = "python3"  # the interpreter in the engine image (deploy/Dockerf
 POISE_PYTHON = "python"  # the interpreter in the Poise image (deploy/Dockerfile)
 LOG_DIR = "/var/log/poise"
 HF_CACHE = "/root/.cache/huggingface"
+NGINX_CONF = "/etc/nginx/conf.d/default.conf"
 DATASOURCE_UID = "poise-prometheus"  # deploy/grafana/dashboards/poise.json refers to it
 
 
@@ -179,22 +180,27 @@ def build_plan(inv: Inventory, source: str = "inventory") -> Plan:
         "planner": (PlannerSettings, flags({**common, **plan_fields, "policy": cp.planner_policy}) + cp.planner_args, ()),
         "migrator": (MigratorSettings, flags({**common, "policy": cp.migration_policy,
                                               "mechanism": cp.migration_mechanism}), ()),
-        "gateway": (GatewaySettings, flags({**common, **plan_fields, "dispatch_policy": cp.dispatch_policy,
-                                            "host": "0.0.0.0", "port": inv.ports.gateway,
-                                            # as poise up: a migrator may move non-streaming requests too
-                                            "move_non_streaming": cp.migration_policy != "none" or None})
-                    + cp.gateway_args,
-                    (("HTTP API + metrics", inv.ports.gateway),)),
     }
+    for name, port in gateway_ports(inv).items():
+        # Behind nginx a replica listens on the loopback only: clients meet nginx's header and body timeouts.
+        host = "0.0.0.0" if cp.gateway_replicas == 1 else "127.0.0.1"
+        poise_service[name] = (GatewaySettings, flags({**common, **plan_fields, "dispatch_policy": cp.dispatch_policy,
+                                                       "host": host, "port": port,
+                                                       # as poise up: a migrator may move non-streaming requests too
+                                                       "move_non_streaming": cp.migration_policy != "none" or None})
+                               + cp.gateway_args, (("HTTP API + metrics", port),))
     control: list[Container] = [_nats(inv, worker_ids), _etcd(inv, ctrl), _etcd_auth(inv, worker_ids)]
     for name, (cls, argv, ports) in poise_service.items():
         checked(f"control_plane ({name})", cls, argv)
-        env = {"PYTHONUNBUFFERED": "1", **secrets.service_env(f"POISE_{name.upper()}_", name)}
-        if name == "gateway":
+        service = "gateway" if name.startswith("gateway") else name
+        env = {"PYTHONUNBUFFERED": "1", **secrets.service_env(f"POISE_{service.upper()}_", service)}
+        if service == "gateway":
             env |= secrets.gateway_api_keys_env()
         control.append(Container(
-            name=name, image=inv.images.poise, command=(POISE_PYTHON, "-m", f"services.{name}", *argv), ports=ports,
+            name=name, image=inv.images.poise, command=(POISE_PYTHON, "-m", f"services.{service}", *argv), ports=ports,
             env=tuple(env.items()), depends_on=("nats-server", "etcd", "etcd-auth")))
+    if cp.gateway_replicas > 1:
+        control.append(_gateway_lb(inv))
     if cp.monitoring:
         control += _monitoring(inv)
 
@@ -232,6 +238,58 @@ def build_plan(inv: Inventory, source: str = "inventory") -> Plan:
     nodes += [NodePlan(node=n, containers=tuple(engines[n.name]), control_plane=False)
               for n in inv.nodes if n.name != ctrl.name]
     return Plan(inventory=inv, nodes=tuple(nodes))
+
+
+def gateway_ports(inv: Inventory) -> dict[str, int]:
+    """The gateway containers and their ports: ``gateway`` on ports.gateway alone, or ``gateway``,
+    ``gateway-2``, ... from ports.gateway_replica_base behind nginx."""
+    n = inv.control_plane.gateway_replicas
+    if n == 1:
+        return {"gateway": inv.ports.gateway}
+    return {("gateway" if k == 0 else f"gateway-{k + 1}"): inv.ports.gateway_replica_base + k for k in range(n)}
+
+
+def _gateway_lb(inv: Inventory) -> Container:
+    return Container(name="gateway-lb", image=inv.images.nginx, command=(),
+                     ports=(("HTTP API (load balancer)", inv.ports.gateway),),
+                     volumes=(f"./nginx/gateway-lb.conf:{NGINX_CONF}:ro",),
+                     depends_on=tuple(gateway_ports(inv)))
+
+
+def gateway_lb_config(inv: Inventory) -> str:
+    """nginx in front of the gateway replicas (host network: they listen on the loopback ports of
+    :func:`gateway_ports`). Its limits are the gateways' own (their flags in the inventory), so a request nginx passes is one a
+    gateway would take, and a client trickling its headers is cut after 10 s (uvicorn has no header timeout).
+    A request is sent to another gateway only when nothing reached the first (error or connect timeout), never
+    a second generation of one request; streams pass unbuffered."""
+    g = parse_flags(GatewaySettings, list(inv.control_plane.gateway_args))
+    assert isinstance(g, GatewaySettings)
+    max_body_kib = max(1, -(-g.max_body_bytes // 1024))
+    servers = "\n".join(f"    server 127.0.0.1:{port} max_fails=1 fail_timeout=5s;" for port in gateway_ports(inv).values())
+    return f"""# Rendered by python -m services.deploy: the gateways' load balancer (see gateway_lb_config).
+upstream poise_gateways {{
+{servers}
+    keepalive 64;
+}}
+
+server {{
+    listen {inv.ports.gateway};
+    client_max_body_size {max_body_kib}k;
+    client_header_timeout 10s;
+    client_body_timeout {g.body_timeout_s:g}s;
+
+    location / {{
+        proxy_pass http://poise_gateways;
+        proxy_http_version 1.1;
+        proxy_set_header Connection "";
+        proxy_set_header Host $host;
+        proxy_buffering off;
+        proxy_read_timeout {g.request_timeout_s:g}s;
+        proxy_next_upstream error timeout;
+        proxy_next_upstream_tries 2;
+    }}
+}}
+"""
 
 
 def _nats(inv: Inventory, worker_ids: list[str]) -> Container:
@@ -363,7 +421,10 @@ def prometheus_config(plan: Plan) -> str:
     doc = {
         "global": {"scrape_interval": "5s", "evaluation_interval": "5s"},
         "scrape_configs": [
-            {"job_name": "poise-gateway", "static_configs": [{"targets": [f"{ctrl.address}:{inv.ports.gateway}"]}]},
+            # Prometheus runs on the control-plane node: replicas behind nginx listen on its loopback.
+            {"job_name": "poise-gateway", "static_configs": [
+                {"targets": [f"{ctrl.address if inv.control_plane.gateway_replicas == 1 else '127.0.0.1'}:{port}"
+                             for port in gateway_ports(inv).values()]}]},
             # The monitor's per-engine series carry their own `instance` label (the Poise instance id): keep it.
             {"job_name": "poise-monitor", "honor_labels": True,
              "static_configs": [{"targets": [f"{ctrl.address}:{inv.ports.monitor}"]}]},
@@ -397,6 +458,8 @@ def render(inv: Inventory, assets: Assets, *, source: str = "inventory.yaml",
                     {v: secret_values[v] for v in secrets.referenced(text)})
     files[f"{inv.control_node.name}/nats/nats-server.conf"] = secrets.nats_server_config(
         inv.namespace, [c.name.removeprefix("worker-") for c in plan.engines])
+    if inv.control_plane.gateway_replicas > 1:
+        files[f"{inv.control_node.name}/nginx/gateway-lb.conf"] = gateway_lb_config(inv)
     if inv.control_plane.monitoring:
         ctrl = inv.control_node.name
         files[f"{ctrl}/prometheus/prometheus.yml"] = prometheus_config(plan)

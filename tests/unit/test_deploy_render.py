@@ -20,7 +20,7 @@ from compose_spec.compose_spec import PyCompose
 from services.deploy.__main__ import load_assets, main
 from services.deploy.apply import ApplyError, Step, apply, apply_steps, preflight
 from services.deploy.devstack import clean_env, environment
-from services.deploy.inventory import PLACED_WORKER_FIELDS, Inventory, load_inventory, parse_inventory
+from services.deploy.inventory import PLACED_WORKER_FIELDS, Inventory, InventoryError, load_inventory, parse_inventory
 from services.deploy.render import Plan, build_plan, render
 from services.deploy.secrets import (
     all_variables,
@@ -37,7 +37,8 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "deploy" / "inventory.example.yaml"
 # SGLang 0.5.23's launch_server options, extracted from the wheel's source (tests/contract/fixtures/).
 SGLANG_OPTIONS = ROOT / "tests" / "contract" / "fixtures" / "sglang-0.5.23" / "cli_flags.json"
-CONTROL = ["nats-server", "etcd", "etcd-auth", "monitor", "planner", "migrator", "gateway", "prometheus", "grafana"]
+CONTROL = ["nats-server", "etcd", "etcd-auth", "monitor", "planner", "migrator", "gateway", "gateway-2", "gateway-lb",
+           "prometheus", "grafana"]
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +151,10 @@ def test_control_plane_commands(plan: Plan) -> None:
     ctrl = {c.name: c for c in plan.nodes[0].containers}
     assert ctrl["gateway"].command[:3] == ("python", "-m", "services.gateway")
     assert _value(ctrl["gateway"].command, "--dispatch-policy") == "arrow"
-    assert _value(ctrl["gateway"].command, "--port") == "8000"
+    # Two replicas behind nginx on the gateway port, each on the loopback (clients meet nginx's timeouts).
+    assert [_value(ctrl[g].command, "--port") for g in ("gateway", "gateway-2")] == ["18000", "18001"]
+    assert {_value(ctrl[g].command, "--host") for g in ("gateway", "gateway-2")} == {"127.0.0.1"}
+    assert dict(ctrl["gateway-lb"].ports) == {"HTTP API (load balancer)": 8000}
     assert _value(ctrl["planner"].command, "--policy") == "poise"
     assert "-js" in ctrl["nats-server"].command  # JetStream
     assert "--advertise-client-urls" in ctrl["etcd"].command
@@ -177,7 +181,7 @@ def test_rendered_files(inventory: Inventory) -> None:
     assert rendering == render(inventory, load_assets())  # deterministic
     assert set(rendering.files) == {
         "ctrl/docker-compose.yml", "gpu-a/docker-compose.yml", "gpu-b/docker-compose.yml",
-        "ctrl/nats/nats-server.conf", "ctrl/prometheus/prometheus.yml", "ctrl/grafana/provisioning/datasources/prometheus.yml",
+        "ctrl/nats/nats-server.conf", "ctrl/nginx/gateway-lb.conf", "ctrl/prometheus/prometheus.yml", "ctrl/grafana/provisioning/datasources/prometheus.yml",
         "ctrl/grafana/provisioning/dashboards/poise.yml", "ctrl/grafana/dashboards/poise.json"}
     for node in rendering.plan.nodes:
         text = rendering.files[f"{node.node.name}/docker-compose.yml"]
@@ -200,8 +204,29 @@ def test_prometheus_scrapes_gateway_monitor_and_every_engine(inventory: Inventor
     config = yaml.safe_load(rendering.files["ctrl/prometheus/prometheus.yml"])
     targets = {t for job in config["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]}
     engines = {f"{n.node.address}:{dict(c.ports)['engine HTTP + metrics']}" for n in rendering.plan.nodes for c in n.engines}
-    assert targets == {"192.0.2.10:8000", "192.0.2.10:9100"} | engines
+    assert targets == {"127.0.0.1:18000", "127.0.0.1:18001", "192.0.2.10:9100"} | engines
     assert len(engines) == 8
+
+
+def test_the_gateways_load_balancer_has_their_limits_and_one_gateway_needs_none() -> None:
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["control_plane"]["gateway_replicas"] = 3
+    data["control_plane"]["gateway_args"] = ["--max-body-bytes", "1048576", "--body-timeout-s", "12"]
+    conf = render(parse_inventory(data), load_assets()).files["ctrl/nginx/gateway-lb.conf"]
+    assert [line.split()[1] for line in conf.splitlines() if line.strip().startswith("server 127")] == [
+        "127.0.0.1:18000", "127.0.0.1:18001", "127.0.0.1:18002"]
+    assert "listen 8000;" in conf and "client_max_body_size 1024k;" in conf and "client_body_timeout 12s;" in conf
+    assert "proxy_buffering off;" in conf and "proxy_next_upstream error timeout;" in conf
+    data["control_plane"]["gateway_replicas"] = 1
+    one = render(parse_inventory(data), load_assets())
+    ctrl = {c.name: c for c in one.plan.nodes[0].containers}
+    assert "gateway-lb" not in ctrl and "gateway-2" not in ctrl and "ctrl/nginx/gateway-lb.conf" not in one.files
+    assert _value(ctrl["gateway"].command, "--port") == "8000"
+    # A replica port that collides with another service's is refused up front.
+    data["control_plane"]["gateway_replicas"] = 2
+    data["ports"]["gateway_replica_base"] = 9099  # the second replica would take the monitor's 9100
+    with pytest.raises(InventoryError, match="9100"):
+        parse_inventory(data)
 
 
 # -- the CLI and make --------------------------------------------------------------------------------------------
