@@ -30,9 +30,11 @@ the trace rate, the best fixed split 13x; tests/bench/results/sustained). Where 
 the TPOT SLO (long prompts: Azure code, Mooncake) it serves less. The controller scores the colocated
 cluster with :func:`shared.policies.split_capacity.colocated_load` beside the splits and changes mode when
 
-- one mode scores ``min_gain`` better than the other (colocated: only while feasible; an infeasible
+- one mode scores ``mode_gain`` better than the other (colocated: only while feasible; an infeasible
   colocated mode is left without waiting out the dwell), ``confirm`` evaluations in a row, and
-- the last mode change is ``mode_dwell_s`` old.
+- the last mode change is ``mode_dwell_s`` old, and
+- into colocated serving: the cluster carries its load with one instance away, in either mode (a move begun
+  under overload only deepens the queues).
 
 A mode change moves one instance at a time, each as soon as the last one is done (no cooldown: the
 decision was made, each step only carries it out); the move is a restart of the engine in the other mode
@@ -47,7 +49,7 @@ whether a move is worth its drain. The queued prefill work counts as extra load 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import msgspec
 
@@ -86,6 +88,8 @@ class PoiseParams(msgspec.Struct, frozen=True, kw_only=True):
     colocated_step_share: float = 0.6  # colocated only while a typical prompt's step fits this share of the TPOT
     #                                    SLO (chosen: azure-conv's is 0.41, azure-code's 1.04; docs/evaluation.md)
     mode_dwell_s: float = 900.0  # after a mode change, the next waits this long (a move restarts every engine)
+    mode_gain: float = 0.1  # a mode change wants the other mode to score this much lower (the dwell, not a wide
+    #                         hysteresis, keeps modes stable; chosen on azure-conv: docs/evaluation.md)
 
 
 class PoisePools:
@@ -160,7 +164,7 @@ class PoisePools:
         self.last_loads, self.last_mix, self.last_colocated = loads, mix, co
         self.decisions += 1
         best = best_split(loads, len(prefills) if prefills else None)
-        self._choose_mode(best, co, now_s)
+        self._choose_mode(best, co, now_s, lambda: self._can_spare_one(mix, total))
         if self.mode == "colocated" and (prefills or decodes):
             return self._convert(prefills, decodes, best, now_s, mix)
         if self.mode == "disaggregated" and colocated:
@@ -184,16 +188,33 @@ class PoisePools:
                                         f"{best.prefill}P{best.decode}D {best.score:.2f}")
         return PoolDecision(changes=[change] if change is not None else [])
 
-    def _choose_mode(self, best: SideLoad, co: ColocatedLoad, now_s: float) -> None:
-        """Change ``self.mode`` when the other mode has scored ``min_gain`` better ``confirm`` times in a row
-        and the last change is ``mode_dwell_s`` old; an infeasible colocated mode is left without the dwell."""
-        keep = 1.0 - self.params.min_gain
+    def _can_spare_one(self, mix: Mix, total: int) -> bool:
+        """Whether the cluster carries the load with one instance away, in either mode: a move into colocated
+        serving takes one instance out for its drain and restart at a time, and begun under overload it only
+        deepens the queues (and the move does not finish before the load falls)."""
+        if total <= 2:
+            return False
+        less = total - 1
+        split = best_split(split_loads(self.model, mix, less, self.ctx.tpot_slo_s, ttft_slo_s=self.ctx.ttft_slo_s,
+                                       prefill_target=self.params.prefill_target,
+                                       decode_target=self.params.decode_target, min_per_role=self.ctx.min_per_role))
+        co = colocated_load(self.model, mix, less, self.ctx.tpot_slo_s, decode_target=self.params.decode_target,
+                            step_share=self.params.colocated_step_share)
+        return split.score <= 1.0 and co.score <= 1.0
+
+    def _choose_mode(self, best: SideLoad, co: ColocatedLoad, now_s: float, spare: Callable[[], bool]) -> None:
+        """Change ``self.mode`` when the other mode has scored ``mode_gain`` better ``confirm`` times in a row
+        and the last change is ``mode_dwell_s`` old; an infeasible colocated mode is left without the dwell.
+        Colocated serving is entered only while the cluster can spare an instance (:meth:`_can_spare_one`); once
+        entered, the move goes on at any load: a cluster left half-way serves worse than either mode (pairs of
+        the wrong split beside colocated engines, an instance without a partner)."""
+        keep = 1.0 - self.params.mode_gain
         if self.mode == "colocated":
             leave = not co.feasible
             wants = leave or best.score < co.score * keep
         else:
             leave = False
-            wants = self.params.colocated and co.feasible and co.score < best.score * keep
+            wants = self.params.colocated and co.feasible and co.score < best.score * keep and spare()
         self._mode_streak = self._mode_streak + 1 if wants else 0
         if not wants or self._mode_streak < self.params.confirm:
             return

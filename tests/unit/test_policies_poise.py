@@ -238,8 +238,7 @@ def colocated(n: int) -> list[InstanceLoad]:
 
 
 def test_poise_moves_the_cluster_into_colocated_serving_one_restart_at_a_time_and_out_when_prompts_grow() -> None:
-    # min_gain 0.1: with equal lengths (this series) colocated engines score ~20% below the best split
-    pools = PoisePools(MODEL, CTX, PoiseParams(min_dwell_s=0.0, min_gain=0.1))
+    pools = PoisePools(MODEL, CTX, PoiseParams(min_dwell_s=0.0))
     chat = series(1155, 211, 20.0)
     assert pools.decide(snap(cluster(4, 4), chat), 0.0) is None  # not yet confirmed
     first = pools.decide(snap(cluster(4, 4), chat), 10.0)
@@ -265,7 +264,7 @@ def test_poise_moves_the_cluster_into_colocated_serving_one_restart_at_a_time_an
 
 
 def test_after_leaving_colocated_serving_the_way_back_waits_out_the_mode_dwell() -> None:
-    pools = PoisePools(MODEL, CTX, PoiseParams(min_dwell_s=0.0, min_gain=0.1, mode_dwell_s=900.0))
+    pools = PoisePools(MODEL, CTX, PoiseParams(min_dwell_s=0.0, mode_dwell_s=900.0))
     pools.decide(snap(colocated(8), series(6000, 28, 5.0)), 0.0)
     left = pools.decide(snap(colocated(8), series(6000, 28, 5.0)), 10.0)
     assert left is not None and pools.mode == "disaggregated"
@@ -291,3 +290,20 @@ def test_colocated_engines_take_their_share_beside_pairs_and_everything_alone() 
         assert {p.decode_id for p in alone} == {"c0"}  # equal queues: the lowest id (views do not change here)
         only = policy.place(RequestView(rid="x", input_tokens=100, max_output_tokens=10), engines[6:], 0.0)
         assert isinstance(only, Placement) and only.prefill_id is None
+
+
+def test_colocated_serving_is_not_entered_under_a_load_that_one_instance_away_would_break() -> None:
+    chat = series(1155, 211, 20.0)
+    light = PoisePools(MODEL, CTX)
+    light.decide(snap(cluster(4, 4), chat), 0.0)
+    assert light.decide(snap(cluster(4, 4), chat), 10.0) is not None and light.mode == "colocated"
+    # The same mix at a rate where seven instances would be past capacity in either mode: no move begins
+    # (each would take an instance away for its drain and restart while the queues grow).
+    mix = mix_of(chat, 120.0)
+    assert mix is not None
+    heavy_rate = 20.0 / colocated_load(MODEL, mix, 7, CTX.tpot_slo_s).score * 1.05
+    heavy = series(1155, 211, heavy_rate)
+    pools = PoisePools(MODEL, CTX)
+    for t in (0.0, 10.0, 20.0):
+        decision = pools.decide(snap(cluster(4, 4), heavy), t)
+        assert pools.mode == "disaggregated" and (decision is None or "null" not in [c.new_role for c in decision.changes])
