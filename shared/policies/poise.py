@@ -30,11 +30,16 @@ the trace rate, the best fixed split 13x; tests/bench/results/sustained). Where 
 the TPOT SLO (long prompts: Azure code, Mooncake) it serves less. The controller scores the colocated
 cluster with :func:`shared.policies.split_capacity.colocated_load` beside the splits and changes mode when
 
-- one mode scores ``mode_gain`` better than the other (colocated: only while feasible; an infeasible
-  colocated mode is left without waiting out the dwell), ``confirm`` evaluations in a row, and
+- one mode scores ``mode_gain`` better than the other (colocated: only while the model calls it feasible),
+  ``confirm`` evaluations in a row, and
 - the last mode change is ``mode_dwell_s`` old, and
 - into colocated serving: the cluster carries its load with one instance away, in either mode (a move begun
   under overload only deepens the queues).
+
+Colocated serving is left, without waiting out the dwell, once the TPOT it serves at reaches
+``tpot_exit_share`` of the SLO (the median of the monitor's per-interval p90 over ``tpot_window_s``) and a
+split would carry the load with one instance away: the model's step rule decides whether to try colocated
+serving, the measurement whether it holds, and no move is begun into an overload it cannot relieve.
 
 A mode change moves one instance at a time, each as soon as the last one is done (no cooldown: the
 decision was made, each step only carries it out); the move is a restart of the engine in the other mode
@@ -49,6 +54,7 @@ whether a move is worth its drain. The queued prefill work counts as extra load 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import msgspec
@@ -90,6 +96,8 @@ class PoiseParams(msgspec.Struct, frozen=True, kw_only=True):
     mode_dwell_s: float = 900.0  # after a mode change, the next waits this long (a move restarts every engine)
     mode_gain: float = 0.1  # a mode change wants the other mode to score this much lower (the dwell, not a wide
     #                         hysteresis, keeps modes stable; chosen on azure-conv: docs/evaluation.md)
+    tpot_exit_share: float = 0.8  # colocated serving is left when its measured TPOT p90 reaches this share of the SLO
+    tpot_window_s: float = 60.0  # ... the median of the monitor's per-interval TPOT p90 over this window
 
 
 class PoisePools:
@@ -164,7 +172,8 @@ class PoisePools:
         self.last_loads, self.last_mix, self.last_colocated = loads, mix, co
         self.decisions += 1
         best = best_split(loads, len(prefills) if prefills else None)
-        self._choose_mode(best, co, now_s, lambda: self._can_spare_one(mix, total))
+        tpot_p90 = window_tpot_p90(snapshot.series, self.params.tpot_window_s)
+        self._choose_mode(best, co, now_s, lambda: self._one_away(mix, total), tpot_p90)
         if self.mode == "colocated" and (prefills or decodes):
             return self._convert(prefills, decodes, best, now_s, mix)
         if self.mode == "disaggregated" and colocated:
@@ -188,33 +197,45 @@ class PoisePools:
                                         f"{best.prefill}P{best.decode}D {best.score:.2f}")
         return PoolDecision(changes=[change] if change is not None else [])
 
-    def _can_spare_one(self, mix: Mix, total: int) -> bool:
-        """Whether the cluster carries the load with one instance away, in either mode: a move into colocated
-        serving takes one instance out for its drain and restart at a time, and begun under overload it only
-        deepens the queues (and the move does not finish before the load falls)."""
+    def _one_away(self, mix: Mix, total: int) -> tuple[float, float]:
+        """The scores of the best split and of colocated serving with one instance away (inf at two or fewer):
+        a mode change takes one instance out for its drain and restart at a time."""
         if total <= 2:
-            return False
+            return math.inf, math.inf
         less = total - 1
         split = best_split(split_loads(self.model, mix, less, self.ctx.tpot_slo_s, ttft_slo_s=self.ctx.ttft_slo_s,
                                        prefill_target=self.params.prefill_target,
                                        decode_target=self.params.decode_target, min_per_role=self.ctx.min_per_role))
         co = colocated_load(self.model, mix, less, self.ctx.tpot_slo_s, decode_target=self.params.decode_target,
                             step_share=self.params.colocated_step_share)
-        return split.score <= 1.0 and co.score <= 1.0
+        return split.score, co.score
 
-    def _choose_mode(self, best: SideLoad, co: ColocatedLoad, now_s: float, spare: Callable[[], bool]) -> None:
+    def _choose_mode(self, best: SideLoad, co: ColocatedLoad, now_s: float,
+                     one_away: Callable[[], tuple[float, float]], tpot_p90_s: float | None) -> None:
         """Change ``self.mode`` when the other mode has scored ``mode_gain`` better ``confirm`` times in a row
-        and the last change is ``mode_dwell_s`` old; an infeasible colocated mode is left without the dwell.
-        Colocated serving is entered only while the cluster can spare an instance (:meth:`_can_spare_one`); once
-        entered, the move goes on at any load: a cluster left half-way serves worse than either mode (pairs of
-        the wrong split beside colocated engines, an instance without a partner)."""
+        and the last change is ``mode_dwell_s`` old.
+
+        Colocated serving is entered only while the model calls it feasible and the cluster carries its load
+        with one instance away in either mode (``one_away``: a move begun under overload only deepens the
+        queues); once entered, the move goes on at any load (a cluster left half-way serves worse than either
+        mode: pairs of the wrong split beside colocated engines, an instance without a partner). It is left,
+        without waiting out the dwell, when it stops holding (the TPOT it serves at reaches
+        ``tpot_exit_share`` of the SLO; the model's step rule only while nothing was measured) and a split
+        would carry the load with one instance away: under an overload no split carries, the restarts would
+        only take capacity away."""
         keep = 1.0 - self.params.mode_gain
         if self.mode == "colocated":
-            leave = not co.feasible
-            wants = leave or best.score < co.score * keep
+            if tpot_p90_s is not None:
+                failing = tpot_p90_s >= self.params.tpot_exit_share * self.ctx.tpot_slo_s
+            else:
+                failing = not co.feasible
+            leave = failing and one_away()[0] <= 1.0
+            # Its load, not its score: the step rule that makes the score infinite only gates the way in.
+            wants = leave or best.score < co.rho / self.params.decode_target * keep
         else:
             leave = False
-            wants = self.params.colocated and co.feasible and co.score < best.score * keep and spare()
+            wants = (self.params.colocated and co.feasible and co.score < best.score * keep
+                     and max(one_away()) <= 1.0)
         self._mode_streak = self._mode_streak + 1 if wants else 0
         if not wants or self._mode_streak < self.params.confirm:
             return
@@ -333,6 +354,17 @@ class PoisePools:
         mean = tokens / n
         return (n * p.prefill_overhead_s + p.prefill_s_per_token * tokens
                 + p.prefill_s_per_token2 * tokens * mean) * self.model.time_scale
+
+
+def window_tpot_p90(series: Sequence[SeriesPoint], window_s: float) -> float | None:
+    """The median of the series' per-interval TPOT p90 over its last ``window_s`` (None when none measured):
+    one interval's p90 of a few requests swings, the median of a minute's does not."""
+    if not series:
+        return None
+    end = series[-1].start_unix_s + series[-1].interval_s
+    values = sorted(p.tpot_p90_s for p in series if p.start_unix_s + p.interval_s > end - window_s
+                    and p.tpot_p90_s is not None)
+    return values[len(values) // 2] if values else None
 
 
 def mix_of(series: Sequence[SeriesPoint], window_s: float, min_completed: int = 1) -> Mix | None:
