@@ -196,16 +196,30 @@ def comparison_mixes(instances: int, split: str, *, engine: dict[str, Any] | Non
 
 
 def simulate_comparison(workload: Any, mixes: Sequence[tuple[str, str, Callable[[], PolicyMix]]], *, profile: str,
-                        slo: SLO, rate_scale: float, classes: SLOClasses | None = None) -> list[SimRun]:
+                        slo: SLO, rate_scale: float, classes: SLOClasses | None = None,
+                        restart_s: float | None = None) -> list[SimRun]:
     """Run ``workload`` through every mix in virtual time, timestamps divided by ``rate_scale`` as the live
-    replay divides them (``rate_mode="compress"``), judged by the live run's SLO (and classes)."""
+    replay divides them (``rate_mode="compress"``), judged by the live run's SLO (and classes). ``restart_s``:
+    what an engine restart costs (a move into or out of colocated serving), as the live stack's took; None:
+    the simulator's default, an SGLang engine's."""
+    from loadgen.sim.cluster import SimCosts
     from loadgen.sim.run import simulate
     from shared.latency import LatencyModel, load_profile
 
     model = LatencyModel(load_profile(profile))
+    costs = SimCosts(start_s=restart_s) if restart_s is not None else None
     return [SimRun(key, label, simulate(workload, build(), model, slo, rate_scale=rate_scale, rate_mode="compress",
-                                        slo_classes=classes))
+                                        slo_classes=classes, costs=costs))
             for key, label, build in mixes]
+
+
+def live_restart_s(events: Sequence[dict[str, Any]]) -> float | None:
+    """The median command-to-done time of the live planner's moves into or out of colocated serving (engine
+    restarts), from its events; None when there were none."""
+    took = sorted(float(e["duration_s"]) for e in events
+                  if e.get("kind") == "flip_done" and e.get("duration_s") is not None
+                  and "null" in (e.get("from_role"), e.get("to_role")))
+    return took[len(took) // 2] if took else None
 
 
 # --- The figure and the report's line ----------------------------------------------------------------------------

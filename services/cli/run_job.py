@@ -62,7 +62,13 @@ class MainJobSettings(RunSettings):
 def _comparison_hook(settings: MainJobSettings, watcher: SplitWatcher | None,
                      ) -> Callable[[ReplayResult, Path, SLO, SLOClasses | None], str | None]:
     """The `run_replay` hook: stop the watcher, simulate the slice, write split.{png,json}, return the Markdown."""
-    from loadgen.split_compare import LiveSplit, comparison_mixes, simulate_comparison, write_split_comparison
+    from loadgen.split_compare import (
+        LiveSplit,
+        comparison_mixes,
+        live_restart_s,
+        simulate_comparison,
+        write_split_comparison,
+    )
 
     def extra(result: ReplayResult, out: Path, slo: SLO, classes: SLOClasses | None) -> str | None:
         try:
@@ -97,13 +103,17 @@ def _comparison_hook(settings: MainJobSettings, watcher: SplitWatcher | None,
             workload = select_workload(settings)
             if classes is not None:
                 workload = classes.assign(workload)
-            print(f"simulating the same slice for the comparison ({split}: poise, fixed, static-minload)",
+            # engine_sim restarts in seconds, SGLang in tens: the simulation charges what the live restarts took.
+            restart_s = live_restart_s(watcher.events) if watcher is not None else None
+            print(f"simulating the same slice for the comparison ({split}: poise, fixed, static-minload"
+                  + (f"; engine restarts {restart_s:.1f} s as live" if restart_s is not None else "") + ")",
                   file=sys.stderr)
             sims = simulate_comparison(
                 workload, comparison_mixes(settings.prefill + settings.decode, split,
                                            engine={k: v for k, v in engine.items() if v is not None},
                                            local_prefill_tokens=local),
-                profile=settings.profile, slo=slo, rate_scale=settings.rate_scale, classes=classes)
+                profile=settings.profile, slo=slo, rate_scale=settings.rate_scale, classes=classes,
+                restart_s=restart_s)
         title = f"{settings.trace} at {settings.rate_scale:g}x: planner {settings.planner_policy} live vs simulated"
         return write_split_comparison(out, result, live_split, sims, slo, title=title, rate_scale=settings.rate_scale,
                                       classes=classes)

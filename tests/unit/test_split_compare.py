@@ -21,6 +21,7 @@ from loadgen.split_compare import (
     SplitSample,
     attainment_over_time,
     comparison_mixes,
+    live_restart_s,
     simulate_comparison,
     write_split_comparison,
 )
@@ -139,3 +140,13 @@ def test_without_a_recorded_split_the_report_says_so(tmp_path: Path) -> None:
     markdown = write_split_comparison(tmp_path, live, None, [], SLO_, title="t", rate_scale=1.0)
     assert "not recorded" in markdown and (tmp_path / "split.png").exists()
     assert isinstance(SimRun("k", "l", live).flips, int)
+
+
+def test_the_comparison_charges_restarts_what_the_live_ones_took() -> None:
+    events = [{"kind": "flip_done", "from_role": "decode", "to_role": "null", "duration_s": 2.5},
+              {"kind": "flip_done", "from_role": "prefill", "to_role": "null", "duration_s": 3.5},
+              {"kind": "flip_done", "from_role": "null", "to_role": "prefill", "duration_s": 2.0},
+              {"kind": "flip_done", "from_role": "decode", "to_role": "prefill", "duration_s": 0.4},  # no restart
+              {"kind": "flip_requested", "from_role": "decode", "to_role": "null"}]
+    assert live_restart_s(events) == 2.5
+    assert live_restart_s(events[3:]) is None
