@@ -169,8 +169,9 @@ POISE_ENGINE = EngineSpec(prefill_policy="flowprefill", preemption="operator", c
 def _poise(instances: int, split: str | None) -> PolicyMix:
     roles, layout = _roles(instances, split)
     return PolicyMix("poise", roles, LeastLoad(),
-                     f"starts {layout}; scores every split on the served mix (latency model), flips one at a time "
-                     f"towards a clearly better one; Arrow's SLO-aware dispatch; "
+                     f"starts {layout}; scores every split and colocated serving on the served mix (latency model), "
+                     f"flips one at a time towards a clearly better split or restarts the cluster into colocated "
+                     f"serving; Arrow's SLO-aware dispatch; "
                      f"prompts <= {DOPD_LOCAL_PREFILL.max_local_prefill_tokens} tokens prefilled on decode; "
                      f"engines: {POISE_ENGINE.describe()}", engine=POISE_ENGINE, local_prefill=DOPD_LOCAL_PREFILL,
                      bind=lambda model, ctx: {"dispatch": ArrowDispatch(model, ctx), "pools": PoisePools(model, ctx)})

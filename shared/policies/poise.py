@@ -102,7 +102,8 @@ class PoiseParams(msgspec.Struct, frozen=True, kw_only=True):
 
 class PoisePools:
     name = "poise"
-    note = "poise: scores every P:D split on the served mix (latency model), flips one at a time towards a clearly better one"
+    note = ("poise: scores every P:D split and colocated serving on the served mix (latency model); flips one "
+            "instance at a time towards a clearly better split, or restarts the cluster into colocated serving")
 
     def __init__(self, model: LatencyModel, ctx: PolicyContext, params: PoiseParams | None = None) -> None:
         self.model, self.ctx = model, ctx
