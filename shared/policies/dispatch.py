@@ -2,7 +2,7 @@
 
 A policy is pure: ``place(request, engines, now_s, exclude)`` returns a :class:`Placement` or a
 :class:`Rejection`, never raises for ordinary overload. ``exclude`` holds engines that already failed this
-request (the gateway retries once on another pair). Arrow's SLO-aware dispatch (a later issue) implements
+request (the gateway retries once on another pair). Arrow's SLO-aware dispatch (shared/policies/arrow.py) implements
 the same Protocol.
 
 Colocated (``null``) engines serve a request alone. With no prefill/decode pair they take every request;

@@ -1,9 +1,9 @@
-"""Scaling policies: how many prefill and decode replicas to run (Dynamo's planners now, DOPD later).
+"""Scaling policies: how many prefill and decode replicas to run (Dynamo's planners and DOPD's).
 
 A policy is pure: ``decide(snapshot, now_s)`` reads a :class:`ClusterSnapshot` and returns a
 :class:`ScalingTarget` (replica counts per role) or ``None`` for "no opinion". Whoever executes it starts
 and stops engines to reach the counts: the simulator with a start-up cost, the live planner through a
-connector (issue 4). Scaling never flips a role; flips are the pool policies' business (``pools.py``).
+connector (services/planner/connectors.py). Scaling never flips a role; flips are the pool policies' business (``pools.py``).
 
 The two Dynamo baselines follow ../shared/anchors.md §2.3. Where Dynamo learns a performance model
 (profiler data, online regressions of forward-pass metrics), these read the same latency profile the
