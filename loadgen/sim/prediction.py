@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from loadgen.sim.instance import SimRequest
 from shared.policies import LengthPredictor, RequestView
+from shared.policies.length import counted_down
 
 DEFAULT_INTERVAL_TOKENS = 20  # ARES k
 
@@ -31,4 +32,4 @@ class PredictionCadence:
             view = RequestView(rid=req.rid, input_tokens=req.input_tokens, max_output_tokens=req.output_tokens)
             req.predicted = self.predictor.predict_remaining(view, at, req.output_tokens)
             req.predicted_at = at
-        return max(1.0, req.predicted - (g - at))
+        return counted_down(req.predicted, at, g)

@@ -41,6 +41,7 @@ from services.gateway.resume import NotResumable, resume_body
 from services.gateway.validation import ParsedRequest
 from shared.http1 import Http1Pool
 from shared.policies import DispatchPolicy, Placement, RequestView
+from shared.policies.length import counted_down
 from shared.protocol.length_prediction import PREDICTION_FIELD
 from shared.protocol.request_slo import RequestSlo
 
@@ -319,7 +320,7 @@ class RequestFlow:
         if self._prediction is None:
             return None
         value, at = self._prediction
-        return max(1.0, value - (self.delivered_tokens - at))
+        return counted_down(value, at, self.delivered_tokens)
 
     def movable(self) -> str | None:
         """Why the request cannot be moved now (None: it can)."""

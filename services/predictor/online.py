@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from shared.policies.length import counted_down
+
 PredictFn = Callable[[Any], np.ndarray]
 """Hidden states [B, d] (numpy, or a tensor on the engine's device) -> predicted remaining tokens [B] (numpy)."""
 HiddenSource = Any
@@ -144,8 +146,7 @@ class ContinuousPredictor:
         cap = max(track.max_new_tokens - generated, 0)
         if track.predicted is None:
             return float(cap)
-        counted_down = max(1.0, track.predicted - (generated - track.generated_at))
-        return float(min(counted_down, cap))
+        return float(min(counted_down(track.predicted, track.generated_at, generated), cap))
 
     def predicted_at(self, rid: str) -> int | None:
         """How many tokens ``rid`` had generated when its estimate was last predicted (None: not yet)."""

@@ -156,5 +156,13 @@ LENGTH_PREDICTORS: dict[str, Callable[[], LengthPredictor]] = {
 }
 
 
+def counted_down(predicted: float, predicted_at: int, generated: int) -> float:
+    """ARES' estimate between two predictions (spec §1.2.6 [REC]): the remaining length predicted at
+    ``predicted_at`` generated tokens, less the tokens generated since, at least 1 (a request that outlives its
+    prediction still has a token to go). The one copy of the rule: the gateway, the predictor service and the
+    simulator all count down with it."""
+    return max(1.0, predicted - (generated - predicted_at))
+
+
 def make_length_predictor(name: str) -> LengthPredictor:
     return lookup(LENGTH_PREDICTORS, name, "length predictor")()
