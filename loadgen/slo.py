@@ -13,6 +13,7 @@ from collections.abc import Callable
 import msgspec
 
 from loadgen.workload import Workload
+from shared.slo_spec import check_class_name, parse_class_spec
 
 
 class SLO(msgspec.Struct, frozen=True):
@@ -65,8 +66,6 @@ def slo_for(workload_name: str) -> SLO:
 # the request's trace index, so the same request lands in the same class on every run, in every process, at
 # every rate scale and in every slice: runs stay comparable and the simulator agrees with the live replay.
 
-#: Characters allowed in a class name: it is used as a key in reports and in CLI specs (``name=...``).
-_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 #: How far the shares may sum from 1 (rounding of hand-written decimals like 0.1 + 0.2 + 0.7).
 SHARE_TOLERANCE = 1e-6
 _MASK64 = (1 << 64) - 1
@@ -93,8 +92,7 @@ class SLOClass(msgspec.Struct, frozen=True):
     share: float
 
     def __post_init__(self) -> None:
-        if not self.name or not set(self.name) <= _NAME_CHARS:
-            raise ValueError(f"SLO class name must be non-empty letters, digits, '_', '.' or '-', got {self.name!r}")
+        check_class_name(self.name, "SLO class")
         if not 0 < self.share <= 1:
             raise ValueError(f"SLO class {self.name!r}: share must be in (0, 1], got {self.share}")
 
@@ -162,15 +160,6 @@ class SLOClasses(msgspec.Struct, frozen=True):
         return Workload(name=workload.name, requests=labelled)
 
 
-def _parse_seconds(text: str, default: float, what: str, spec: str) -> float:
-    if not text.strip():
-        return default
-    try:
-        return float(text)
-    except ValueError:
-        raise ValueError(f"SLO class spec {spec!r}: {what} must be a number of seconds, got {text!r}") from None
-
-
 def parse_slo_classes(specs: list[str], default: SLO) -> SLOClasses | None:
     """Parse CLI specs ``NAME=TTFT_S:TPOT_S[:SHARE]`` into `SLOClasses`; None when ``specs`` is empty.
 
@@ -183,23 +172,8 @@ def parse_slo_classes(specs: list[str], default: SLO) -> SLOClasses | None:
         return None
     parsed: list[tuple[str, SLO, float | None]] = []
     for spec in specs:
-        name, sep, rest = spec.partition("=")
-        parts = rest.split(":")
-        if not sep or not name.strip() or len(parts) not in (2, 3):
-            raise ValueError(f"SLO class spec {spec!r}: expected NAME=TTFT_S:TPOT_S[:SHARE], e.g. interactive=0.5:0.05:0.3")
-        ttft = _parse_seconds(parts[0], default.ttft_s, "TTFT", spec)
-        tpot = _parse_seconds(parts[1], default.tpot_s, "TPOT", spec)
-        share: float | None = None
-        if len(parts) == 3 and parts[2].strip():
-            try:
-                share = float(parts[2])
-            except ValueError:
-                raise ValueError(f"SLO class spec {spec!r}: SHARE must be a number in (0, 1], got {parts[2]!r}") from None
-        try:
-            slo = SLO(ttft_s=ttft, tpot_s=tpot)
-        except ValueError as exc:
-            raise ValueError(f"SLO class spec {spec!r}: {exc}") from None
-        parsed.append((name.strip(), slo, share))
+        c = parse_class_spec(spec, default.ttft_s, default.tpot_s)
+        parsed.append((c.name, SLO(ttft_s=c.ttft_s, tpot_s=c.tpot_s), c.share))
     missing = [name for name, _, share in parsed if share is None]
     if len(missing) > 1:
         raise ValueError(f"SLO classes: only one class may leave out its share (the remainder), not {', '.join(missing)}")

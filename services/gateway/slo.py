@@ -31,6 +31,8 @@ import msgspec
 
 from services.gateway.errors import APIError, bad_request
 from shared.protocol.request_slo import RequestSlo
+from shared.slo_spec import NAME_CHARS
+from shared.slo_spec import parse_class_spec as parse_spec
 
 #: Body fields the gateway reads and strips (the Poise extension).
 SLO_BODY_FIELD = "slo"
@@ -39,7 +41,6 @@ _SLO_KEYS = frozenset({"ttft_s", "tpot_s", "name"})
 #: Route names for default classes, and the paths that mean the same.
 ROUTES = {"completions": "completions", "chat": "chat", "/v1/completions": "completions",
           "/v1/chat/completions": "chat"}
-_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
 
 class Targets(msgspec.Struct, frozen=True):
@@ -65,48 +66,10 @@ class ResolvedSlo(msgspec.Struct, frozen=True, kw_only=True):
                           waited_s=max(0.0, waited_s))
 
 
-def _positive(value: float, what: str) -> float:
-    if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"{what} must be a positive number of seconds, got {value!r}")
-    return value
-
-
-def _seconds(text: str, default: float | None, what: str, spec: str) -> float:
-    if not text.strip():
-        if default is None:
-            raise ValueError(f"SLO class spec {spec!r}: {what} is empty and there is no default to take")
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"SLO class spec {spec!r}: {what} must be a number of seconds, got {text!r}") from None
-    try:
-        return _positive(value, what)
-    except ValueError as exc:
-        raise ValueError(f"SLO class spec {spec!r}: {exc}") from None
-
-
-def _check_name(name: str, what: str) -> str:
-    if not name or not set(name) <= _NAME_CHARS:
-        raise ValueError(f"{what}: a class name is letters, digits, '_', '.' or '-', got {name!r}")
-    return name
-
-
 def parse_class_spec(spec: str, default: Targets) -> tuple[str, Targets]:
     """``NAME=TTFT_S:TPOT_S[:SHARE]`` -> (name, targets); empty targets take ``default``'s, SHARE is ignored."""
-    name, sep, rest = spec.partition("=")
-    parts = rest.split(":")
-    if not sep or len(parts) not in (2, 3):
-        raise ValueError(f"SLO class spec {spec!r}: expected NAME=TTFT_S:TPOT_S, e.g. text=0.25:0.1")
-    name = _check_name(name.strip(), f"SLO class spec {spec!r}")
-    if len(parts) == 3 and parts[2].strip():
-        try:
-            float(parts[2])
-        except ValueError:
-            raise ValueError(f"SLO class spec {spec!r}: SHARE must be a number (it is ignored here)") from None
-    ttft = _seconds(parts[0], default.ttft_s, "TTFT", spec)
-    tpot = _seconds(parts[1], default.tpot_s, "TPOT", spec)
-    return name, Targets(ttft, tpot)
+    parsed = parse_spec(spec, default.ttft_s, default.tpot_s)
+    return parsed.name, Targets(parsed.ttft_s, parsed.tpot_s)
 
 
 def _pairs(items: Iterable[str], what: str) -> list[tuple[str, str]]:
@@ -237,7 +200,7 @@ def _explicit(value: Any) -> tuple[float | None, float | None, str | None]:
                               param=f"{SLO_BODY_FIELD}.{key}")
         out.append(None if v is None else float(v))
     name = value.get("name")
-    if name is not None and (not isinstance(name, str) or not name or not set(name) <= _NAME_CHARS):
+    if name is not None and (not isinstance(name, str) or not name or not set(name) <= NAME_CHARS):
         raise bad_request(f"'{SLO_BODY_FIELD}.name' must be letters, digits, '_', '.' or '-', got {name!r}",
                           param=f"{SLO_BODY_FIELD}.name")
     return out[0], out[1], name

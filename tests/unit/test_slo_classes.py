@@ -144,7 +144,7 @@ def test_parse_defaults_and_remainder() -> None:
         (["a=soon:1"], "TTFT must be a number"),
         (["a=1:x"], "TPOT must be a number"),
         (["a=1:1:half"], "SHARE must be a number"),
-        (["a=0:1"], "'a=0:1': SLO targets must be > 0"),
+        (["a=0:1"], "'a=0:1': TTFT must be a positive number of seconds"),
         (["a=1:1:0.5", "b=1:1:0.4"], "sum to 1"),
         (["a=1:1", "b=1:1"], "only one class may leave out its share"),
         (["a=1:1:1", "b=1:1"], "leave nothing for 'b'"),
