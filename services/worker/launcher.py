@@ -18,7 +18,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -62,7 +62,7 @@ def _sim_command(s: WorkerSettings, python: str, role: Role) -> list[str]:
         cmd += ["--served-model-name", s.model]
     cmd += ["--profile", s.profile, "--time-scale", repr(s.time_scale), "--seed", str(s.seed),
             "--instance-id", s.instance_id, "--enable-pd-role-switch"]
-    return cmd + list(s.extra_args)
+    return cmd + role_extra_args(s.extra_args, role)
 
 
 #: SGLang versions this launcher (flags) and Poise's engine client (HTTP API) were checked against, from the
@@ -120,7 +120,31 @@ def _sglang_command(s: WorkerSettings, python: str, role: Role) -> list[str]:
     cmd += ["--enable-metrics"]
     if s.engine_api_key:  # SGLang reads it from its command line only (so it shows in ps on the engine's host)
         cmd += ["--api-key", s.engine_api_key]
-    return cmd + list(s.extra_args)
+    return cmd + role_extra_args(s.extra_args, role)
+
+
+def role_extra_args(extra_args: Sequence[str], role: Role) -> list[str]:
+    """``extra_args`` as an engine of ``role`` gets them: a colocated engine drops ``--chunked-prefill-size``
+    of -1 or 0 (no chunking) and keeps its default chunk. Unchunked prefill suits a prefill engine that
+    preempts at operator boundaries (FlowPrefill); in a colocated engine's mixed steps a whole prompt would
+    delay every running request's next token. The simulator's colocated engines chunk the same way
+    (loadgen/sim/instance.py)."""
+    out = list(extra_args)
+    if role != "null":
+        return out
+    kept: list[str] = []
+    i = 0
+    while i < len(out):
+        flag, _, inline = out[i].partition("=")
+        if flag == "--chunked-prefill-size":
+            value = inline if inline else (out[i + 1] if i + 1 < len(out) else "")
+            step = 1 if inline else 2
+            if value.lstrip("-").isdigit() and int(value) <= 0:
+                i += step
+                continue
+        kept.append(out[i])
+        i += 1
+    return kept
 
 
 def engine_environment(settings: WorkerSettings) -> dict[str, str]:

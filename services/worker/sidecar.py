@@ -151,6 +151,7 @@ class WorkerService(AsyncServiceMixin):
         self._profile: LatencyProfile | None = None
         self._registered = False
         self._restarting = False  # the supervisor owns the registration while it restarts the engine
+        self._supervisor: asyncio.Task[None] | None = None  # watches a spawned engine (:meth:`_supervise`)
         self._failing_since: float | None = None  # monotonic time loads started failing
         self._health_deregistered = False
         self._reg_lock = asyncio.Lock()
@@ -222,7 +223,7 @@ class WorkerService(AsyncServiceMixin):
             log.info("worker %s: %s engine has no ISL forecast hook; the planner's forecasts are not relayed",
                      self.instance_id, s.engine_kind)
         if self._engine is not None:
-            self._tasks.append(asyncio.create_task(self._supervise(), name=f"supervise-{self.instance_id}"))
+            self._start_supervisor()
         log.info("worker %s: %s engine %s registered as %s", self.instance_id, s.engine_kind, self.url, self.role)
 
     async def stop(self) -> None:
@@ -594,15 +595,19 @@ class WorkerService(AsyncServiceMixin):
             log.info("role switch of %s: %s -> %s in %.2fs", self.instance_id, old, cmd.new_role, took)
             return reply(True, f"{old} -> {cmd.new_role} in {took:.2f}s: {result.get('message', '') or 'ok'}")
 
+    def _start_supervisor(self) -> None:
+        self._supervisor = asyncio.create_task(self._supervise(), name=f"supervise-{self.instance_id}")
+        self._tasks.append(self._supervisor)
+
     async def _relaunch(self, new_role: Role) -> dict[str, Any]:
         """Restart the engine in ``new_role``: SGLang serves colocated or disaggregated as it was launched, so a
         move between the two is a restart (the engine is drained and deregistered-for-routing by then). The
         supervisor pauses meanwhile, and watches the new engine after; one that does not come up is its to
         restart, in the new role."""
-        supervisor = next((t for t in self._tasks if t.get_name() == f"supervise-{self.instance_id}"), None)
-        if supervisor is not None:
-            await cancel_and_wait([supervisor])
-            self._tasks.remove(supervisor)
+        if self._supervisor is not None:
+            await cancel_and_wait([self._supervisor])
+            self._tasks.remove(self._supervisor)
+            self._supervisor = None
         self.role = new_role
         try:
             engine = self._engine
@@ -615,7 +620,7 @@ class WorkerService(AsyncServiceMixin):
             await self._read_engine_info()
         finally:
             if self._engine is not None and not self._stop.stopping:
-                self._tasks.append(asyncio.create_task(self._supervise(), name=f"supervise-{self.instance_id}"))
+                self._start_supervisor()
         return {"message": f"engine restarted as {new_role}"}
 
     async def _wait_idle(self, timeout_s: float) -> None:

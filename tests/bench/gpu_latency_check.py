@@ -34,7 +34,7 @@ RAW = RESULTS / "llama_forward_h100.json"
 ARES_RAW = RESULTS / "ares_overhead_h100.json"  # tests/bench/gpu/ares_overhead.py
 SERVING_RAW = RESULTS / "serving_overhead_h100.json"  # tests/bench/gpu/serving_overhead.py
 MIXED_RAW = RESULTS / "mixed_h100.json"  # tests/bench/gpu/llama_forward.py --sections mixed
-# the committed mixed_h100.json predates the script recording its arguments
+# the command of a mixed JSON that records none (the committed mixed_h100.json has no `argv` field)
 MIXED_ARGV = ["--sections", "mixed", "--parts", "mixed_parts.jsonl", "--out", "mixed_h100.json"]
 FITTED_NAME = "llama-3.1-8b-h100-torch"
 OPERATORS = ("qkv_proj", "attn", "o_proj", "gate_up_proj", "down_proj")

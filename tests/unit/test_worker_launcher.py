@@ -38,6 +38,20 @@ def test_sim_colocated_has_no_bootstrap_and_keeps_extra_args() -> None:
     assert cmd[-2:] == ["--kv-capacity-tokens", "1000"]
 
 
+def test_a_colocated_engine_keeps_its_chunk_where_prefill_engines_run_unchunked() -> None:
+    extra = ["--prefill-policy", "flowprefill", "--chunked-prefill-size", "-1", "--preemption", "operator"]
+    prefill = build_engine_command(_settings(extra_args=extra), python="py")
+    assert prefill is not None and prefill[-6:] == extra
+    for kind in ("sim", "sglang"):
+        fields: dict[str, object] = {"model_path": "m"} if kind == "sglang" else {}
+        for args in (extra, ["--chunked-prefill-size=0", "--preemption", "operator"]):
+            cmd = build_engine_command(_settings(role="null", engine_kind=kind, extra_args=args, **fields), python="py")
+            assert cmd is not None and not any(a.startswith("--chunked-prefill-size") for a in cmd)
+            assert cmd[-2:] == ["--preemption", "operator"]
+    chunked = build_engine_command(_settings(role="null", extra_args=["--chunked-prefill-size", "4096"]), python="py")
+    assert chunked is not None and chunked[-2:] == ["--chunked-prefill-size", "4096"]
+
+
 def test_role_override_relaunches_in_the_current_role() -> None:
     cmd = build_engine_command(_settings(role="prefill"), python="py", role="decode")
     assert cmd is not None and cmd[cmd.index("--mode") + 1] == "decode"

@@ -99,6 +99,16 @@ class Clock:
         if self.cuda:
             torch.cuda.synchronize()
 
+    def runs(self, fn: Callable[[], Any], repeats: int) -> list[float]:
+        """Seconds of ``repeats`` runs of ``fn``, each started on an idle device."""
+        out = []
+        for _ in range(repeats):
+            self.sync()
+            a = self.mark()
+            fn()
+            out.append(self.seconds(a, self.mark()))
+        return out
+
 
 class Llama:
     """The decoder's arithmetic over random weights; no module machinery, so operators are easy to cut."""
@@ -366,13 +376,7 @@ def tokens(model: Llama, k: int, seq: int) -> torch.Tensor:
 def time_prefill(model: Llama, clock: Clock, k: int, seq: int, repeats: int) -> list[float]:
     ids = tokens(model, k, seq)
     model.prefill(ids)  # warm-up: kernels chosen, allocator primed
-    out = []
-    for _ in range(repeats):
-        clock.sync()
-        a = clock.mark()
-        model.prefill(ids)
-        out.append(clock.seconds(a, clock.mark()))
-    return out
+    return clock.runs(lambda: model.prefill(ids), repeats)
 
 
 def capture(clock: Clock, fn: Callable[[], Any]) -> Callable[[], Any]:
@@ -394,13 +398,7 @@ def capture(clock: Clock, fn: Callable[[], Any]) -> Callable[[], Any]:
 def time_chunked(model: Llama, clock: Clock, seq: int, chunk: int, repeats: int) -> list[float]:
     ids = tokens(model, 1, seq)
     model.prefill_chunked(ids, chunk)
-    out = []
-    for _ in range(repeats):
-        clock.sync()
-        a = clock.mark()
-        model.prefill_chunked(ids, chunk)
-        out.append(clock.seconds(a, clock.mark()))
-    return out
+    return clock.runs(lambda: model.prefill_chunked(ids, chunk), repeats)
 
 
 def time_prefill_graph(model: Llama, clock: Clock, k: int, seq: int, repeats: int) -> list[float]:
@@ -409,13 +407,7 @@ def time_prefill_graph(model: Llama, clock: Clock, k: int, seq: int, repeats: in
     prompt is mostly launch gaps."""
     ids = tokens(model, k, seq)
     run = capture(clock, lambda: model.prefill(ids))
-    out = []
-    for _ in range(repeats):
-        clock.sync()
-        a = clock.mark()
-        run()
-        out.append(clock.seconds(a, clock.mark()))
-    return out
+    return clock.runs(run, repeats)
 
 
 def time_operators(model: Llama, clock: Clock, seq: int) -> list[float]:
@@ -579,12 +571,7 @@ def measure_mixed(model: Llama, clock: Clock, batch: int, context: int, shapes: 
                 fn()
                 times[name].append(clock.seconds(a, clock.mark()))
         mixed_step()  # eager warm-up
-        eager = []
-        for _ in range(eager_runs):
-            clock.sync()
-            a = clock.mark()
-            mixed_step()
-            eager.append(clock.seconds(a, clock.mark()))
+        eager = clock.runs(mixed_step, eager_runs)
         clock.sync()
         del runs, fn, alone, mixed  # the graphs go before the steps whose buffers they replay
         del alone_step, mixed_step
