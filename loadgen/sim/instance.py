@@ -564,7 +564,7 @@ class SimInstance:
         """Colocated (and decode with local prompts): decode-prioritised, prefill chunks fill what the decode
         batch leaves of the budget. The budget is the chunk size even when prefill instances run unchunked
         (FlowPrefill's operator preemption): a mixed step's prefill part delays every running request's next
-        token, so SGLang chunks it."""
+        token (live, the launcher starts colocated engines chunked: services/worker/launcher.py)."""
         self._plan = self._prefill_parts(max(0, self.mixed_chunk - len(self._batch)), self.admission_kv)
         if not self._batch and not self._plan:
             return None
