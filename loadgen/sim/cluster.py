@@ -387,7 +387,7 @@ class SimCluster:
                 num_waiting_reqs=inst.waiting_reqs,
                 num_waiting_uncached_tokens=inst.pending_tokens if inst.role == "prefill" else 0,
                 num_used_tokens=inst.reported_kv, max_total_num_tokens=inst.kv_capacity,
-                num_running_tokens=sum(r.input_tokens + r.generated for r in inst.running),
+                num_running_tokens=inst.running_context,
                 token_usage=inst.reported_kv / inst.kv_capacity,
                 gen_throughput_tps=len(inst.running) / inst.step_ewma_s if inst.running and inst.step_ewma_s else 0.0,
                 prefill_queue_reqs=len(inst.waiting) if inst.role == "prefill" else 0,

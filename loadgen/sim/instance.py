@@ -88,7 +88,7 @@ class PreemptionStats:
     blocking_s: list[float] = field(default_factory=list)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class SimRequest:
     """One request's progress through the simulated cluster (times in simulated seconds)."""
 
@@ -166,7 +166,8 @@ class SimInstance:
         self.prefilling: list[SimRequest] = []  # prefill/null: admitted, prompt not done
         self.reserve_queue: deque[SimRequest] = deque()  # decode: waiting for KV
         self.ready: deque[SimRequest] = deque()  # decode/null: KV in place, waiting for a batch slot
-        self.running: list[SimRequest] = []  # decode/null: in the decode batch
+        self.running: list[SimRequest] = []  # decode/null: in the decode batch (_run / _unrun)
+        self.running_context = 0  # sum of the running requests' contexts (prompt + generated), kept as they change
         self.retracted: deque[SimRequest] = deque()  # decode, grow model: parked for lack of KV, oldest first
         self.retractions = 0
         self.incoming: list[SimRequest] = []  # decode: migrating here (KV reserved), not yet in the batch
@@ -361,7 +362,7 @@ class SimInstance:
         target = req.migrate_to
         assert target is not None
         req.migrate_to = None
-        self.running.remove(req)
+        self._unrun(req)
         self.assigned -= 1
         req.migrations += 1
         req.decode = target
@@ -473,7 +474,7 @@ class SimInstance:
         while self.ready and len(self.running) < self.max_running:
             req = self.ready.popleft()
             if req.generated:  # migrated in: it already had its first token
-                self.running.append(req)
+                self._run(req)
                 continue
             req.first_token_s = now
             req.generated = 1
@@ -482,7 +483,7 @@ class SimInstance:
             if req.generated >= req.output_tokens:
                 self._finish(req)
             else:
-                self.running.append(req)
+                self._run(req)
 
     # -- the grow model's KV (module doc) ---------------------------------------------------------------
     def _growth(self) -> int:
@@ -494,7 +495,7 @@ class SimInstance:
         need = self._growth()
         while need > self.kv_capacity - self.used_kv and self.running:
             victim = min(self.running, key=retraction_order)
-            self.running.remove(victim)
+            self._unrun(victim)
             if self._needs_growth(victim):
                 need -= 1
             if victim.migrate_to is not None:
@@ -520,7 +521,22 @@ class SimInstance:
             self.retracted.popleft()
             req.kv_held = need
             self.used_kv += need
-            self.running.append(req)
+            self._run(req)
+
+    def _run(self, req: SimRequest) -> None:
+        self.running.append(req)
+        self.running_context += req.input_tokens + req.generated
+
+    def _unrun(self, req: SimRequest) -> None:
+        self.running.remove(req)
+        self.running_context -= req.input_tokens + req.generated
+
+    def _batch_context(self) -> int:
+        """The batch's summed context: the running total when the batch is every running request (a step per
+        token of the trace would otherwise re-add the whole batch)."""
+        if self.decode_batch.selects_all:
+            return self.running_context
+        return sum(r.input_tokens + r.generated for r in self._batch)
 
     def _decode_batch(self) -> list[SimRequest]:
         if self.decode_batch.selects_all:
@@ -529,10 +545,11 @@ class SimInstance:
         return list(self.decode_batch.select(self.running, self.max_running, self.queue.now_s, kv_waiting))
 
     def _decode_time(self, batch: list[SimRequest]) -> float:
+        if self.decode_batch.selects_all:
+            return self.model.decode_step_time_s(len(batch), self.running_context)
         contexts = [r.input_tokens + r.generated for r in batch]
         seconds = self.model.decode_step_time_s(len(batch), sum(contexts))
-        if not self.decode_batch.selects_all:
-            self.decode_batch.observe(len(batch), max(contexts), sum(contexts), seconds)
+        self.decode_batch.observe(len(batch), max(contexts), sum(contexts), seconds)
         return seconds
 
     def _begin_step(self) -> float | None:
@@ -568,8 +585,7 @@ class SimInstance:
         self._plan = self._prefill_parts(max(0, self.mixed_chunk - len(self._batch)), self.admission_kv)
         if not self._batch and not self._plan:
             return None
-        context = sum(r.input_tokens + r.generated for r in self._batch)
-        return self.model.mixed_step_time_s(len(self._batch), context, ((n, r.prefilled) for r, n in self._plan))
+        return self.model.mixed_step_time_s(len(self._batch), self._batch_context(), ((n, r.prefilled) for r, n in self._plan))
 
     def _end_step(self, step_id: int) -> None:
         if step_id != self._step_id:
@@ -578,10 +594,12 @@ class SimInstance:
         self._cut_at = None
         if self.role in ("decode", "null"):
             self.unwritten_kv -= len(self._batch) if self.role == "decode" else 0
-            for req in self._batch:
-                req.generated += 1
-                if req.generated >= req.output_tokens:
-                    self.running.remove(req)
+            self.running_context += len(self._batch)
+            for req in self._batch:  # once per token of the whole trace: locals, not attribute reads
+                generated = req.generated + 1
+                req.generated = generated
+                if generated >= req.output_tokens:
+                    self._unrun(req)
                     if req.migrate_to is not None:  # finished before it could move: give the room back
                         self._cancel_move(req)
                     self._finish(req)
