@@ -1,0 +1,5 @@
+"""Pure, clock-free pieces of the engine model that engine_sim and the simulator share (one copy each)."""
+
+from shared.engine.prefix_cache import BLOCK_TOKENS, CacheHold, PrefixCache, reuse_bound
+
+__all__ = ["BLOCK_TOKENS", "CacheHold", "PrefixCache", "reuse_bound"]
