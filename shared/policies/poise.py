@@ -41,10 +41,14 @@ Colocated serving is left, without waiting out the dwell, once the TPOT it serve
 split would carry the load with one instance away: the model's step rule decides whether to try colocated
 serving, the measurement whether it holds, and no move is begun into an overload it cannot relieve.
 
-A mode change moves one instance at a time, each as soon as the last one is done (no cooldown: the
-decision was made, each step only carries it out); the move is a restart of the engine in the other mode
-(SGLang switches between colocated and PD only at launch), so it costs the engine's start time. Meanwhile
-the dispatcher sends colocated engines their share of the requests (``shared.policies.dispatch.ColocatedShare``).
+A mode change moves the instances in rounds, each as soon as the last one is done (no cooldown: the
+decision was made, each round only carries it out); the move is a restart of the engine in the other mode
+(SGLang switches between colocated and PD only at launch), so it costs the engine's start time. A round
+restarts as many instances as the cluster can spare: the most, up to half of them, with which the load still
+fits in either mode (the same capacity test as entering the mode, with k instances away instead of one), so
+the exposed minutes of a move shrink where the load is light and the move goes one instance at a time where it
+is not. Meanwhile the dispatcher sends colocated engines their share of the requests
+(``shared.policies.dispatch.ColocatedShare``).
 
 The controller does not forecast: the splits it scores are flat in the rate (both sides' loads are linear
 in it), so what moves the best split is the length mix, which the window tracks; the load level only sets
@@ -174,11 +178,11 @@ class PoisePools:
         self.decisions += 1
         best = best_split(loads, len(prefills) if prefills else None)
         tpot_p90 = window_tpot_p90(snapshot.series, self.params.tpot_window_s)
-        self._choose_mode(best, co, now_s, lambda: self._one_away(mix, total), tpot_p90)
+        self._choose_mode(best, co, now_s, lambda: self._scores_away(mix, total, 1), tpot_p90)
         if self.mode == "colocated" and (prefills or decodes):
-            return self._convert(prefills, decodes, best, now_s, mix)
+            return self._convert(prefills, decodes, best, now_s, mix, self._spare(mix, total))
         if self.mode == "disaggregated" and colocated:
-            return self._restore(colocated, prefills, decodes, best, now_s, mix)
+            return self._restore(colocated, prefills, decodes, best, now_s, mix, self._spare(mix, total))
         if not prefills or not decodes:
             return None
         current = next(s for s in loads if s.prefill == len(prefills))
@@ -198,18 +202,28 @@ class PoisePools:
                                         f"{best.prefill}P{best.decode}D {best.score:.2f}")
         return PoolDecision(changes=[change] if change is not None else [])
 
-    def _one_away(self, mix: Mix, total: int) -> tuple[float, float]:
-        """The scores of the best split and of colocated serving with one instance away (inf at two or fewer):
-        a mode change takes one instance out for its drain and restart at a time."""
-        if total <= 2:
+    def _scores_away(self, mix: Mix, total: int, away: int) -> tuple[float, float]:
+        """The scores of the best split and of colocated serving with ``away`` instances out for their drain
+        and restart (inf when fewer than two would be left)."""
+        less = total - away
+        if less < 2:
             return math.inf, math.inf
-        less = total - 1
         split = best_split(split_loads(self.model, mix, less, self.ctx.tpot_slo_s, ttft_slo_s=self.ctx.ttft_slo_s,
                                        prefill_target=self.params.prefill_target,
                                        decode_target=self.params.decode_target, min_per_role=self.ctx.min_per_role))
         co = colocated_load(self.model, mix, less, self.ctx.tpot_slo_s, decode_target=self.params.decode_target,
                             step_share=self.params.colocated_step_share)
         return split.score, co.score
+
+    def _spare(self, mix: Mix, total: int) -> int:
+        """How many instances a round of a mode change may restart at once: the most, up to half the cluster,
+        with which the load fits in either mode (at least one: a move, once begun, goes on)."""
+        spare = 1
+        for away in range(2, total // 2 + 1):
+            if max(self._scores_away(mix, total, away)) > 1.0:
+                break
+            spare = away
+        return spare
 
     def _choose_mode(self, best: SideLoad, co: ColocatedLoad, now_s: float,
                      one_away: Callable[[], tuple[float, float]], tpot_p90_s: float | None) -> None:
@@ -246,35 +260,52 @@ class PoisePools:
         self._mode_since, self._mode_streak, self._streak, self._direction = now_s, 0, 0, 0
 
     def _convert(self, prefills: Sequence[InstanceLoad], decodes: Sequence[InstanceLoad], best: SideLoad,
-                 now_s: float, mix: Mix) -> PoolDecision:
-        """One more instance into colocated serving: from the side the remaining pairs need least (the best
-        split's shares), the last prefill or decode instance only once the other side is gone."""
-        if not decodes:
-            side = prefills
-        elif not prefills:
-            side = decodes
-        elif len(prefills) == 1 or len(decodes) == 1:
-            side = decodes if len(prefills) == 1 and len(decodes) > 1 else prefills
-        else:
-            side = prefills if len(prefills) / (len(prefills) + len(decodes)) > best.prefill / (best.prefill + best.decode) \
-                else decodes
+                 now_s: float, mix: Mix, spare: int) -> PoolDecision:
+        """Up to ``spare`` more instances into colocated serving, each from the side the remaining pairs need
+        least (the best split's shares), the last prefill or decode instance only once the other side is gone."""
+        prefills, decodes = list(prefills), list(decodes)
         reason = f"poise: colocated mode ({self.describe_split()})"
-        change = self._pick_victim(side, "null", now_s, mix, reason)
-        return PoolDecision(changes=[change] if change is not None else [])
+        changes: list[RoleChange] = []
+        while len(changes) < spare and (prefills or decodes):
+            if not decodes:
+                side = prefills
+            elif not prefills:
+                side = decodes
+            elif len(prefills) == 1 or len(decodes) == 1:
+                side = decodes if len(prefills) == 1 and len(decodes) > 1 else prefills
+            else:
+                share = len(prefills) / (len(prefills) + len(decodes))
+                side = prefills if share > best.prefill / (best.prefill + best.decode) else decodes
+            change = self._pick_victim(side, "null", now_s, mix, reason)
+            if change is None:
+                break
+            changes.append(change)
+            side[:] = [i for i in side if i.info.instance_id != change.instance_id]
+        return PoolDecision(changes=changes)
 
     def _restore(self, colocated: Sequence[InstanceLoad], prefills: Sequence[InstanceLoad],
-                 decodes: Sequence[InstanceLoad], best: SideLoad, now_s: float, mix: Mix) -> PoolDecision:
-        """One colocated instance back to disaggregated serving, in the role the best split needs most (a
-        pair first: an instance without a partner serves nothing)."""
-        if not decodes:
-            role = "decode"
-        elif not prefills:
-            role = "prefill"
-        else:
-            role = "prefill" if best.prefill - len(prefills) >= best.decode - len(decodes) else "decode"
+                 decodes: Sequence[InstanceLoad], best: SideLoad, now_s: float, mix: Mix,
+                 spare: int) -> PoolDecision:
+        """Up to ``spare`` colocated instances back to disaggregated serving, each in the role the best split
+        needs most (a pair first: an instance without a partner serves nothing)."""
+        colocated = list(colocated)
+        n_prefill, n_decode = len(prefills), len(decodes)
         reason = f"poise: disaggregated mode ({self.describe_split()})"
-        change = self._pick_victim(colocated, role, now_s, mix, reason)
-        return PoolDecision(changes=[change] if change is not None else [])
+        changes: list[RoleChange] = []
+        while len(changes) < spare and colocated:
+            if not n_decode:
+                role = "decode"
+            elif not n_prefill:
+                role = "prefill"
+            else:
+                role = "prefill" if best.prefill - n_prefill >= best.decode - n_decode else "decode"
+            change = self._pick_victim(colocated, role, now_s, mix, reason)
+            if change is None:
+                break
+            changes.append(change)
+            colocated = [i for i in colocated if i.info.instance_id != change.instance_id]
+            n_prefill, n_decode = n_prefill + (role == "prefill"), n_decode + (role == "decode")
+        return PoolDecision(changes=changes)
 
     def _pick_victim(self, side: Sequence[InstanceLoad], new_role: str, now_s: float, mix: Mix,
                      reason: str) -> RoleChange | None:

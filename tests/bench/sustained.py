@@ -6,9 +6,9 @@ own rate curve), the first 120 s not counted, goodput the highest scale at which
 every lower scale tried is >= 90%, one scale past the first failure probed for a non-monotone curve.
 
 Which workloads parameters may be tuned on (docs/evaluation.md): ``TUNE`` (the two Azure 2023 traces); the
-rest (``HELD_OUT``: Mooncake conversation and the stress set of ``loadgen/stress.py``) is only reported.
-Mooncake conversation, stress-ramp and stress-mix-shift were held out until a run here changed the controller:
-they are labelled ``seen``.
+rest (``HELD_OUT``: the two Mooncake traces and the stress set of ``loadgen/stress.py``) is only reported.
+Mooncake conversation, stress-ramp, stress-mix-shift and stress-bursts were held out until a run here changed
+the controller: they are labelled ``seen``.
 
 Per workload: every fixed split (the oracle ``static-best`` is the best of them), colocated, and poise
 starting from the even split 4P4D. Then the controller's goals are checked on the same runs:
@@ -52,9 +52,11 @@ OUT = Path("tests/bench/results")
 TUNE = ["azure-code", "azure-conv"]
 # Held out until a result there changed the controller (docs/evaluation.md): Mooncake conversation its capacity
 # model, stress-ramp the rule that a move into colocated serving begins only while an instance can be spared,
-# stress-mix-shift the rule that colocated serving is left by the TPOT it serves at, not by the model.
-SEEN = ["mooncake-conv", "stress-ramp", "stress-mix-shift"]
-HELD_OUT = ["mooncake-conv", "stress-step", "stress-ramp", "stress-bursts", "stress-mix-shift", "stress-diurnal"]
+# stress-mix-shift the rule that colocated serving is left by the TPOT it serves at, not by the model,
+# stress-bursts the rule that a mode change restarts as many instances at once as the load can spare.
+SEEN = ["mooncake-conv", "stress-ramp", "stress-mix-shift", "stress-bursts"]
+HELD_OUT = ["mooncake-conv", "stress-step", "stress-ramp", "stress-bursts", "stress-mix-shift", "stress-diurnal",
+            "mooncake-synthetic"]
 INSTANCES = 8
 START = "4P4D"
 SPLITS = [f"{p}P{INSTANCES - p}D" for p in range(1, INSTANCES)]

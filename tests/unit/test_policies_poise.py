@@ -209,7 +209,7 @@ def test_on_a_shifting_stress_slice_poise_holds_without_oscillating() -> None:
     assert run.summary.slo_attainment >= static.attainment - 0.005
     assert max_flips_in_window(lifecycle["events"], 300.0) <= 1
     assert lifecycle["flips_called_off"] == 0
-    # While the prompts are short it moves the cluster into colocated serving, one instance at a time, and
+    # While the prompts are short it moves the cluster into colocated serving, in rounds of restarts, and
     # stays there while the TPOT it serves at holds as the prompts grow. No ping-pong: one mode change each
     # way at most.
     targets = [what.rsplit(" ", 1)[-1] for _, _, what in lifecycle["events"] if what.startswith("drain to flip")]
@@ -236,30 +236,50 @@ def colocated(n: int) -> list[InstanceLoad]:
     return [inst(f"c{i}", "null") for i in range(n)]
 
 
-def test_poise_moves_the_cluster_into_colocated_serving_one_restart_at_a_time_and_out_when_prompts_grow() -> None:
+def test_poise_moves_the_cluster_into_colocated_serving_in_rounds_the_load_can_spare_and_out_when_prompts_grow() -> None:
     pools = PoisePools(MODEL, CTX, PoiseParams(min_dwell_s=0.0))
     chat = series(1155, 211, 20.0)
     assert pools.decide(snap(cluster(4, 4), chat), 0.0) is None  # not yet confirmed
     first = pools.decide(snap(cluster(4, 4), chat), 10.0)
-    assert first is not None and [c.new_role for c in first.changes] == ["null"] and pools.mode == "colocated"
-    moved = first.changes[0].instance_id
-    # Nothing else moves while that restart is under way ...
-    assert pools.decide(snap(cluster(4, 4, **{moved: "switching"}), chat), 20.0) is None
-    # ... and the next goes as soon as it is done: no cooldown inside a mode change.
-    rest = [i for i in cluster(4, 4) if i.info.instance_id != moved]
-    second = pools.decide(snap([*rest, *colocated(1)], chat), 21.0)
-    assert second is not None and second.changes[0].new_role == "null"
-    # The last pair goes last: while both sides remain, neither is emptied first.
-    two = pools.decide(snap([*cluster(1, 1), *colocated(6)], chat), 30.0)
-    assert two is not None and two.changes[0].new_role == "null"
+    # A light load fits on four instances in either mode: half the cluster restarts at once, from both
+    # sides so that the pairs left keep serving.
+    assert first is not None and [c.new_role for c in first.changes] == ["null"] * 4 and pools.mode == "colocated"
+    moved = {c.instance_id for c in first.changes}
+    rest = [i for i in cluster(4, 4) if i.info.instance_id not in moved]
+    assert {i.info.role for i in rest} == {"prefill", "decode"}
+    # Nothing else moves while those restarts are under way ...
+    assert pools.decide(snap(cluster(4, 4, **dict.fromkeys(moved, "switching")), chat), 20.0) is None
+    # ... and the next round goes as soon as they are done: no cooldown inside a mode change.
+    second = pools.decide(snap([*rest, *colocated(4)], chat), 21.0)
+    assert second is not None and [c.new_role for c in second.changes] == ["null"] * 4
     # Long prompts: a colocated step would break the TPOT SLO. The mode is left without waiting out its
-    # dwell (after confirmation), a decode instance first so that the first prefill one has a partner.
+    # dwell (after confirmation), a decode instance first so that the first prefill one has a partner; one
+    # at a time, as colocated serving no longer carries the load the others would have to take over.
     code = series(6000, 28, 5.0)
     assert pools.decide(snap(colocated(8), code), 40.0) is None
     back = pools.decide(snap(colocated(8), code), 50.0)
-    assert back is not None and back.changes[0].new_role == "decode" and pools.mode == "disaggregated"
+    assert back is not None and [c.new_role for c in back.changes] == ["decode"] and pools.mode == "disaggregated"
     nxt = pools.decide(snap([inst("d9", "decode"), *colocated(7)], code), 60.0)
-    assert nxt is not None and nxt.changes[0].new_role == "prefill"
+    assert nxt is not None and [c.new_role for c in nxt.changes] == ["prefill"]
+
+
+def test_a_mode_change_under_load_restarts_one_instance_at_a_time() -> None:
+    # The highest chat rate at which both modes still carry the load with one instance away: two away would
+    # not fit, so each round restarts one instance.
+    pools = PoisePools(MODEL, CTX, PoiseParams(min_dwell_s=0.0))
+    rate = 20.0
+    while True:
+        mix = mix_of(series(1155, 211, rate + 1.0), 120.0)
+        assert mix is not None
+        if max(pools._scores_away(mix, 8, 1)) > 1.0:
+            break
+        rate += 1.0
+    mix = mix_of(series(1155, 211, rate), 120.0)
+    assert mix is not None and max(pools._scores_away(mix, 8, 2)) > 1.0, "no rate where one away fits and two do not"
+    chat = series(1155, 211, rate)
+    pools.decide(snap(cluster(4, 4), chat), 0.0)
+    first = pools.decide(snap(cluster(4, 4), chat), 10.0)
+    assert first is not None and pools.mode == "colocated" and len(first.changes) == 1
 
 
 def test_after_leaving_colocated_serving_the_way_back_waits_out_the_mode_dwell() -> None:
