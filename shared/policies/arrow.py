@@ -33,6 +33,7 @@ from collections.abc import Sequence
 import msgspec
 
 from shared.latency import LatencyModel
+from shared.policies.cache_aware import RoutedPrefixes
 from shared.policies.context import PolicyContext
 from shared.policies.dispatch import (
     ColocatedShare,
@@ -120,6 +121,7 @@ class ArrowDispatch(_ArrowModel):
         super().__init__(model, ctx, params)
         self.dispatch_params = dispatch or DispatchParams()
         self.share = ColocatedShare()
+        self.prefixes = RoutedPrefixes()
 
     def prefill_delay(self, e: EngineView) -> float:
         return self.predictor(e.instance_id).queue_delay(e.inflight_reqs, e.inflight_tokens, e.inflight_tokens_sq)
@@ -136,14 +138,23 @@ class ArrowDispatch(_ArrowModel):
         if colocated and self.share.take(len(colocated), paired):
             return Placement(prefill_id=None, decode_id=self._decode(request, colocated).instance_id)
         if prefills and decodes:
-            return Placement(prefill_id=self._prefill(request, prefills).instance_id,
-                             decode_id=self._decode(request, decodes).instance_id)
+            prefill = self._prefill(request, prefills)
+            self.prefixes.record(prefill, request, now_s)
+            return Placement(prefill_id=prefill.instance_id, decode_id=self._decode(request, decodes).instance_id)
         return rejection(engines, full_p + full_d + full_c)
 
     def _prefill(self, request: RequestView, prefills: list[EngineView]) -> EngineView:
         # Alg. 1: least predicted queue delay. Whether it meets the SLO matters for flips, which the
         # planner decides (see the module docstring); the request goes to the best instance either way.
-        return min(prefills, key=lambda e: (self.prefill_delay(e), e.instance_id))
+        if not request.prefix_blocks:
+            return min(prefills, key=lambda e: (self.prefill_delay(e), e.instance_id))
+        # With a prefix an engine may cache, the predicted TTFT adds this prompt's own prefill there: only its
+        # uncached part (shared/policies/cache_aware.py), after the cached prefix.
+        def ttft(e: EngineView) -> float:
+            cached = self.prefixes.cached_tokens(e, request)
+            return self.prefill_delay(e) + self.model.prefill_time_s(request.input_tokens - cached, cached)
+
+        return min(prefills, key=lambda e: (ttft(e), e.instance_id))
 
     def _decode(self, request: RequestView, decodes: list[EngineView]) -> EngineView:
         tpot_slo = request.slo_tpot_s or self.ctx.tpot_slo_s
