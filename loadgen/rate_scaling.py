@@ -9,6 +9,12 @@ more than the trace's own gaps, and the length mix at every minute is that minut
 hour: a control loop meets the load shifts at the pace an operator would. Below 1x requests are thinned by
 the same coin. At 1x the workload is returned unchanged.
 
+A copy carries its source's prefix blocks (``hash_ids``) moved into a namespace of its own (copy ``j``: every
+id plus ``j`` times the trace's id range): it is another user's request of the same shape, so it shares
+prefixes with the other ``j``-th copies, never with the trace's own requests. Keeping the source's ids would
+repeat a nearby prompt within seconds and let a prefix cache serve more than the trace ever reuses; the
+namespaces err the other way (a system prompt every user shares is shared within each namespace only).
+
 ``compress`` divides every timestamp by ``s`` (Arrow's method, kept to compare with the papers): the same
 requests in ``1/s`` of the time. At 20x a 10-minute slice lasts 30 s, so goodput then measures how much of a
 burst an empty cluster absorbs, and control loops with 10-30 s periods barely act.
@@ -53,6 +59,7 @@ def _natural(workload: Workload, factor: float, seed: int, max_jitter_s: float, 
     arrivals = random.Random(f"natural-arrivals-{seed}")
     mix = random.Random(f"natural-mix-{seed}")
     stride = max(r.index for r in reqs) + 1
+    id_range = max((h for r in reqs for h in r.hash_ids), default=-1) + 1
     extra = factor - 1.0
     out: list[TraceRequest] = []
     half = mix_window_s / 2.0
@@ -76,6 +83,6 @@ def _natural(workload: Workload, factor: float, seed: int, max_jitter_s: float, 
             source = reqs[mix.randrange(lo_i, hi_i)]
             out.append(msgspec.structs.replace(
                 r, index=r.index + j * stride, arrival_s=t, input_tokens=source.input_tokens,
-                output_tokens=source.output_tokens, hash_ids=source.hash_ids))
+                output_tokens=source.output_tokens, hash_ids=tuple(h + j * id_range for h in source.hash_ids)))
     out.sort(key=lambda q: (q.arrival_s, q.index))
     return Workload(name=workload.name, requests=out)

@@ -26,7 +26,9 @@ class RequestRecord(msgspec.Struct):
     ``output_tokens_received`` is the server's final ``usage.completion_tokens``
     when it reports one, else the number of content chunks. ``slo_class`` is
     copied from the trace request: the SLO class it is judged against (None:
-    the run's own SLO).
+    the run's own SLO). ``cached_tokens``: prompt tokens the engine served from its
+    prefix cache (the usage's ``prompt_tokens_details.cached_tokens``; None when
+    not reported).
     """
 
     index: int
@@ -43,6 +45,7 @@ class RequestRecord(msgspec.Struct):
     http_status: int | None = None
     token_times_s: list[float] = []
     slo_class: str | None = None
+    cached_tokens: int | None = None
 
     @property
     def ok(self) -> bool:

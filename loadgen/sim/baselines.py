@@ -45,6 +45,7 @@ from shared.policies import (
     make_length_predictor,
     make_migration_policy,
 )
+from shared.policies.cache_aware import CacheAware
 from shared.policies.local_prefill import LocalPrefillParams
 from shared.policies.migration_cost import DEFAULT_MECHANISM, MIGRATION_MECHANISMS, make_migration_mechanism
 from shared.protocol.messages import Role
@@ -145,6 +146,14 @@ def _arrow(instances: int, split: str | None) -> PolicyMix:
                      bind=lambda model, ctx: {"dispatch": ArrowDispatch(model, ctx), "pools": ArrowPools(model, ctx)})
 
 
+def _static_arrow(instances: int, split: str | None) -> PolicyMix:
+    roles, layout = _roles(instances, split)
+    return PolicyMix("static-arrow", roles, LeastLoad(),
+                     f"{layout}, fixed roles, Arrow's SLO-aware dispatch as Poise runs it (least predicted TTFT, "
+                     f"a cached prefix priced by the prefill it saves)",
+                     bind=lambda model, ctx: {"dispatch": ArrowDispatch(model, ctx)})
+
+
 #: DOPD prefills ultra-short prompts on the decode instances (its "PD aggregation"); the DOPD-based mixes on a
 #: fixed GPU count do too. It never lost goodput there and gained up to 16% where a quarter of the prompts
 #: are short; Dynamo's queue rule stays off, it cost up to two thirds of the goodput on Azure code
@@ -181,11 +190,13 @@ MIXES: dict[str, Callable[[int, str | None], PolicyMix]] = {
     "colocated": _colocated,
     "static-rr": _static("static-rr", RoundRobin, "round-robin"),
     "static-minload": _static("static-minload", LeastLoad, "least-load"),
+    "static-cache-aware": _static("static-cache-aware", CacheAware, "SMG's cache_aware prefill, least-load decode"),
     DynamoLoad.name: _elastic(DynamoLoad.name, DynamoLoad, "±1 replica per role every 5 s when all engines' "
                               "estimated TTFT/ITL cross the SLO", "NVIDIA Dynamo's load planner"),
     DynamoSla.name: _elastic(DynamoSla.name, DynamoSla, "replica counts every 180 s from the last interval's rate, "
                              "ISL and OSL and the profile's per-engine capacity", "NVIDIA Dynamo's SLA planner"),
     "arrow": _arrow,
+    "static-arrow": _static_arrow,
     # No local prefill in the elastic mix: it provisions decode tightly for the forecast concurrency, and
     # prompts prefilled there cost TTFT (day-shaped Azure conversation: 92.8% attainment with it, 99.6%
     # without; tests/bench/local_prefill.py on the load of tests/bench/dopd_vs_dynamo.py).
@@ -212,12 +223,13 @@ def make_mix(name: str, instances: int, split: str | None = None, *, prefill_pol
              late_binding: str | None = None, late_binding_depth: int = 2, migration: str | None = None,
              length_predictor: str | None = None, migration_mechanism: str | None = None,
              kv_report: str | None = None, local_prefill_tokens: int | None = None,
-             decode_kv: str | None = None) -> PolicyMix:
+             decode_kv: str | None = None, prefix_cache: bool | None = None) -> PolicyMix:
     """Build the mix ``name``; the keyword arguments replace one policy of it by its registry name
     (``late_binding``: a prefill policy name for the gateway's queue, or ``"none"``; ``kv_report``: what decode
     engines report as KV use, ``reserved`` or ``current``, and ``decode_kv`` how they admit it, ``whole`` or
     ``grow`` (with retraction), see ``loadgen.sim.instance``;
-    ``local_prefill_tokens``: prompts up to this long are prefilled on their decode instance, 0 = never)."""
+    ``local_prefill_tokens``: prompts up to this long are prefilled on their decode instance, 0 = never;
+    ``prefix_cache``: prefill and colocated engines keep SGLang's radix cache, see ``loadgen.sim.instance``)."""
     if instances < 1:
         raise ValueError("--instances must be at least 1")
     try:
@@ -248,6 +260,8 @@ def make_mix(name: str, instances: int, split: str | None = None, *, prefill_pol
         if decode_kv not in ("whole", "grow"):
             raise ValueError(f"unknown decode KV model {decode_kv!r}; known: grow, whole")
         engine = dataclasses.replace(engine, decode_kv=decode_kv)  # type: ignore[arg-type]
+    if prefix_cache is not None:
+        engine = dataclasses.replace(engine, prefix_cache=prefix_cache)
     if engine != mix.engine:
         changes["engine"] = engine
         notes.append(engine.describe())

@@ -155,7 +155,9 @@ class SimCluster:
         """Dispatch ``req`` among ``views``; returns its prefill instance's id (None: none, or it failed)."""
         decision = self.policy.place(
             RequestView(rid=req.rid, input_tokens=req.input_tokens, max_output_tokens=req.output_tokens,
-                        slo_ttft_s=req.slo_ttft_s, slo_tpot_s=req.slo_tpot_s),
+                        slo_ttft_s=req.slo_ttft_s, slo_tpot_s=req.slo_tpot_s,
+                        # Engines without a prefix cache: no prefix is worth routing by.
+                        prefix_blocks=req.blocks if self.engine.prefix_cache else ()),
             views, self.queue.now_s)
         if not isinstance(decision, Placement):
             self._fail(req, f"{'429' if decision.retryable else '503'}: {decision.reason}")
@@ -326,6 +328,7 @@ class SimCluster:
 
         def switched() -> None:
             inst.role = new_role
+            inst.reset_cache()
             inst.status = "ready"
             self._log(inst, f"ready as {new_role}")
             self._record_timeline()

@@ -36,6 +36,15 @@ Decode KV, two models (``EngineSpec.decode_kv``):
   not decoding, and resumed (before any new admission) once its context plus a reservation fits again. This
   is where imbalanced decode instances lose (ARES' OOMs). The engine reports the KV it holds.
 
+Prefix cache (``EngineSpec.prefix_cache``, SGLang's radix cache: ``shared.engine.prefix_cache``): prefill and
+colocated instances keep the KV of the prompts they computed, by the requests' prefix blocks (the Mooncake
+traces' ``hash_ids``). A prompt admitted there skips its cached prefix (it counts as already prefilled) and
+allocates KV only for the rest; the tree shares the KV pool, and its unlocked blocks are evicted, least
+recently used first, when an admission needs the room. A computed prompt joins the tree, locked until the
+request lets go of its KV (a prefill instance at the end of the transfer, a colocated one at the finish).
+A role change starts an empty tree (SGLang resets its radix cache on a switch). Decode instances keep no
+cache (SGLang's ``--disaggregation-decode-enable-radix-cache`` is off by default).
+
 Colocated instances always reserve whole outputs. Transfers do not contend for bandwidth. The serving path's own delay before the first token
 (HTTP legs, bootstrap handshake) is a per-request draw calibrated on the live stack (``overhead.py``).
 """
@@ -49,6 +58,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from loadgen.sim.events import PRIORITY_STEP_END, PRIORITY_TRANSFER_DONE, EventQueue
+from shared.engine import CacheHold, PrefixCache
 from shared.latency import LatencyModel
 from shared.policies import EngineView, Preemption, make_decode_batch_policy, make_prefill_policy, preempts
 from shared.policies.prefill_order import MAX_PREFILL_TOKENS, fill, whole_prompts
@@ -70,13 +80,15 @@ class EngineSpec:
     kv_report: Literal["reserved", "current"] = "reserved"  # decode KV use as reported (see the module doc)
     decode_kv: Literal["whole", "grow"] = "whole"  # decode KV admission: whole outputs, or grow and retract
     reserved_decode_tokens: int = 512  # grow: output KV set aside at admission (SGLang's default)
+    prefix_cache: bool = False  # prefill and colocated instances reuse cached prompt prefixes (the module doc)
 
     def describe(self) -> str:
         chunk = "profile" if self.chunk_tokens is None else ("off" if self.chunk_tokens <= 0 else str(self.chunk_tokens))
         kv = "" if self.kv_report == "reserved" else ", reports current KV"
         if self.decode_kv == "grow":
             kv += f", decode KV grows from prompt + {self.reserved_decode_tokens} and retracts when full"
-        return (f"prefill {self.prefill_policy} ({self.preemption} preemption, chunk {chunk}), "
+        cache = ", radix prefix cache" if self.prefix_cache else ""
+        return (f"prefill {self.prefill_policy} ({self.preemption} preemption, chunk {chunk}){cache}, "
                 f"decode {self.decode_policy}{kv}")
 
 
@@ -116,6 +128,9 @@ class SimRequest:
     kv_held: int = 0  # KV held on its decode (or colocated) instance
     kv_incoming: int = 0  # KV reserved on a migration's target, until the move is done
     retractions: int = 0  # times a decode instance parked it for lack of KV (grow model)
+    blocks: tuple[int, ...] = ()  # the prompt's prefix blocks (a trace's hash_ids): the prefix cache's key
+    cached: int = 0  # prompt tokens its prefill or colocated instance found in its prefix cache
+    hold: CacheHold | None = None  # its claim on that cache, from admission until it lets go of its KV
 
     @property
     def kv_tokens(self) -> int:
@@ -158,6 +173,7 @@ class SimInstance:
         self.chunked = chunk > 0
         self.chunk = chunk if self.chunked else MAX_PREFILL_TOKENS
         self.mixed_chunk = chunk if self.chunked else p.chunked_prefill_size
+        self.cache: PrefixCache | None = PrefixCache() if self.engine.prefix_cache else None
         self.preemptible = self.engine.preemption == "operator"
         self.preemptions = PreemptionStats()
         self.used_kv = 0
@@ -220,7 +236,8 @@ class SimInstance:
             instance_id=self.instance_id, role=self.role, status="ready" if self.status == "ready" else "draining",
             kv_capacity_tokens=self.kv_capacity, max_running_requests=self.max_running,
             running_reqs=len(self.running) + len(self.prefilling),
-            waiting_reqs=self.waiting_reqs, used_tokens=self.reported_kv,
+            waiting_reqs=self.waiting_reqs,
+            used_tokens=self.reported_kv + (self.cache.locked_tokens if self.cache is not None else 0),
             load_age_s=0.0, inflight_reqs=self.assigned,
             inflight_tokens=self.pending_prompt_tokens if current else self.pending_tokens,
             inflight_tokens_sq=self.pending_sq, token_interval_s=self.step_ewma_s if self.running else None,
@@ -434,9 +451,11 @@ class SimInstance:
         for req, n in parts:
             if not req.admitted:
                 need = kv_per_request(req)
-                if blocked or self.used_kv + need > self.kv_capacity:
+                if blocked or not self._fits_prompt(req, need):
                     blocked = True  # in plan order: later prompts wait for KV too; admitted ones still run
                     continue
+                need -= req.hold.matched_tokens if req.hold is not None else 0
+                n = min(n, req.input_tokens - req.prefilled)  # its cached prefix counts as prefilled
                 self.used_kv += need
                 if self.role != "prefill":  # its decode-side KV (a prefill instance frees its own on the handoff)
                     req.kv_held = need
@@ -454,6 +473,29 @@ class SimInstance:
             parts = policy.plan(list(self.prefilling), budget, now).parts
             admitted = whole_prompts(parts, budget) if not self.chunked else parts
         return admitted
+
+    def _fits_prompt(self, req: SimRequest, need: int) -> bool:
+        """Whether a prompt needing ``need`` KV tokens can be admitted now. With a prefix cache its cached
+        prefix is locked first (that KV is there already) and unlocked cache is evicted for the rest; a
+        prompt that still does not fit gives its lock back."""
+        cache = self.cache
+        if cache is None or not req.blocks or self.role == "decode":
+            return self.used_kv + need <= self.kv_capacity
+        hold = cache.acquire(req.blocks, req.input_tokens, self.queue.now_s)
+        short = self.used_kv + cache.tokens + need - hold.matched_tokens - self.kv_capacity
+        if short > 0 and cache.evict(short) < short:
+            cache.cancel(hold)
+            return False
+        req.hold, req.cached = hold, hold.cached_tokens
+        skipped = max(0, hold.cached_tokens - req.prefilled)
+        req.prefilled += skipped
+        if self.role == "prefill":
+            self.pending_tokens -= skipped
+        return True
+
+    def reset_cache(self) -> None:
+        """An empty prefix cache (a role change: SGLang resets its radix cache on a switch)."""
+        self.cache = PrefixCache() if self.engine.prefix_cache else None
 
     def _retry(self, at_s: float) -> None:
         """Ask the prefill policy again at ``at_s`` (it chose to wait, e.g. for a batching timeout)."""
@@ -621,6 +663,13 @@ class SimInstance:
         self.kick()
 
     def _prompt_done(self, req: SimRequest) -> None:
+        if req.hold is not None and self.cache is not None:
+            # The computed prompt joins the tree: its own copy of those blocks is the tree's from now on.
+            self.cache.insert(req.hold, self.queue.now_s)
+            moved = req.hold.tree_tokens - req.hold.matched_tokens
+            self.used_kv -= moved
+            if self.role != "prefill":
+                req.kv_held -= moved
         if self.role != "prefill":  # colocated, or prefilled locally on a decode instance: no KV to move
             self.ready.append(req)  # first token when it joins the batch, at once if there is room
             return
@@ -631,7 +680,12 @@ class SimInstance:
         assert decode is not None
 
         def arrived() -> None:
-            self.release(req.input_tokens)
+            hold, req.hold = req.hold, None
+            if hold is not None and self.cache is not None:
+                self.cache.release(hold, self.queue.now_s)
+                self.release(req.input_tokens - hold.tree_tokens)
+            else:
+                self.release(req.input_tokens)
             decode.transfer_done(req)
 
         # The KV copy, plus the serving path's own handoff delay (see loadgen/sim/overhead.py).
@@ -643,4 +697,7 @@ class SimInstance:
         self.assigned -= 1
         self.used_kv -= req.kv_held
         req.kv_held = 0
+        if req.hold is not None and self.cache is not None:
+            self.cache.release(req.hold, self.queue.now_s)
+            req.hold = None
         self.on_finish(req)  # the freed KV is claimed again at the next step boundary (_begin_step)

@@ -65,7 +65,8 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
         target = slo_classes.slo_of(r.slo_class) if slo_classes is not None and r.slo_class is not None else slo
         requests.append(SimRequest(index=r.index, rid=f"sim-{r.index}", arrival_s=r.arrival_s,
                                    input_tokens=r.input_tokens, output_tokens=max(1, r.output_tokens),
-                                   slo_ttft_s=target.ttft_s, slo_tpot_s=target.tpot_s, slo_class=r.slo_class))
+                                   slo_ttft_s=target.ttft_s, slo_tpot_s=target.tpot_s, slo_class=r.slo_class,
+                                   blocks=r.hash_ids))
     for req in requests:
         queue.at(req.arrival_s, PRIORITY_ARRIVAL, functools.partial(cluster.submit, req))
     loop = None
@@ -96,6 +97,7 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
         # decode requests parked for lack of KV (EngineSpec.decode_kv "grow"; always 0 with "whole")
         "retractions": sum(i.retractions for i in cluster.instances.values()),
         "local_prefills": getattr(mix.dispatch, "local", 0),
+        "prefix_cache": _cache_summary(requests) if mix.engine.prefix_cache else None,
         "first_token_delay_ms": {"median": first_token_delay.median_s * 1e3, "p90": first_token_delay.p90_s * 1e3,
                                  "handshake": first_token_delay.handshake_s * 1e3},
         "rate_scale": rate_scale, "rate_mode": rate_mode, "warmup_s": warmup_s, "requests": len(records), "events": queue.processed, "sim_wall_s": wall,
@@ -121,11 +123,18 @@ def _preemptions(cluster: SimCluster) -> dict[str, float | int | None]:
             "blocking_ms_max": blocking[-1] * 1e3}
 
 
+def _cache_summary(requests: list[SimRequest]) -> dict[str, float | int]:
+    """The prefix cache's hit rate over the run: cached prompt tokens over all prompt tokens."""
+    prompt = sum(r.input_tokens for r in requests)
+    cached = sum(r.cached for r in requests)
+    return {"prompt_tokens": prompt, "cached_tokens": cached, "hit_rate": cached / prompt if prompt else 0.0}
+
+
 def _record(req: SimRequest) -> RequestRecord:
     assert req.finished_s is not None, f"request {req.rid} never finished: the simulation lost it"
     return RequestRecord(
         index=req.index, rid=req.rid, arrival_s=req.arrival_s, sent_s=req.arrival_s, first_token_s=req.first_token_s,
         finished_s=req.finished_s, input_tokens=req.input_tokens, output_tokens_expected=req.output_tokens,
         output_tokens_received=req.generated, status="error" if req.error else "ok", error=req.error,
-        slo_class=req.slo_class,
+        slo_class=req.slo_class, cached_tokens=req.cached,
     )

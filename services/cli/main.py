@@ -231,6 +231,7 @@ class _SimFields(TraceSliceSettings):
     migration_mechanism: str | None = Field(None, description="How the simulator moves a migrated request: kv-transfer (KV copy at 25 Gbit/s, default) or recompute.")
     kv_report: str | None = Field(None, description="What simulated decode engines report as KV use: reserved (prompt + whole output, default) or current (prompt + generated; ARES' baseline).")
     decode_kv: str | None = Field(None, description="How simulated decode engines admit KV: whole (prompt + whole output reserved up front, never out of memory; default) or grow (prompt + 512 reserved, growing per token, the newest request retracted when a step does not fit: SGLang's and engine_sim's).")
+    prefix_cache: bool | None = Field(None, description="Give simulated prefill and colocated engines SGLang's radix prefix cache, keyed by the trace's prefix blocks (Mooncake hash_ids; LRU eviction in the shared KV pool). Unset: the mix's default (off).")
     local_prefill_max_tokens: int | None = Field(None, ge=0, description="DOPD's local prefill: prompts up to this many tokens are prefilled on their decode instance, with no KV transfer (0 = never; unset = the mix's default).")
     replica_start_s: float = Field(30.0, ge=0.0, description="Seconds a replica the scaling mixes start takes to become ready; also what an engine restart into or out of colocated serving costs.")
     drain_timeout_s: float = Field(60.0, gt=0.0, description="A flip's drain is called off after this many seconds (the planner's drain_timeout_s).")
@@ -267,7 +268,8 @@ class _SimFields(TraceSliceSettings):
                                   late_binding=self.late_binding, late_binding_depth=self.late_binding_depth,
                                   migration=self.migration, length_predictor=self.length_predictor,
                                   migration_mechanism=self.migration_mechanism, kv_report=self.kv_report,
-                                  local_prefill_tokens=self.local_prefill_max_tokens, decode_kv=self.decode_kv)
+                                  local_prefill_tokens=self.local_prefill_max_tokens, decode_kv=self.decode_kv,
+                                  prefix_cache=self.prefix_cache)
         try:
             build()
         except ValueError as exc:
@@ -375,6 +377,9 @@ def cmd_sim(argv: list[str]) -> int:
     c = result.config
     print(f"\nsimulated {c['requests']} requests ({c['events']} events) in {c['sim_wall_s']:.2f}s wall "
           f"({c['sim_seconds_per_wall_second']:.0f} simulated s per wall s)")
+    if c["prefix_cache"] is not None:
+        pc = c["prefix_cache"]
+        print(f"prefix cache: {pc['hit_rate']:.1%} of {pc['prompt_tokens']:,} prompt tokens served from it")
     if c["retractions"]:
         print(f"decode KV ran out: {c['retractions']} retractions (requests parked until their KV fit again)")
     if mix.controlled:

@@ -132,7 +132,7 @@ def create_app(engine: SimEngine) -> FastAPI:
             ignore_eos=gen.ignore_eos, stream=gen.stream, bootstrap_host=gen.bootstrap_host,
             bootstrap_port=gen.bootstrap_port, bootstrap_room=gen.bootstrap_room, priority=gen.priority,
             slo=gen.slo, stream_key=gen.stream_key, resume=gen.resume, predict_length=gen.predict_length,
-            local_prefill=gen.local_prefill,
+            local_prefill=gen.local_prefill, prefix_blocks=gen.prefix_blocks,
         )
 
     async def finish_non_stream(req: SimRequest, request: Request) -> None:
@@ -198,7 +198,7 @@ def create_app(engine: SimEngine) -> FastAPI:
                 return failure
             text = detokenize(req.output_ids)
             build = P.completion_response if kind == "completion" else P.chat_response
-            return _json(build(req, gen.model, text))
+            return _json(build(req, gen.model, text, cached(req)))
         stream = completion_events(req, gen) if kind == "completion" else chat_events(req, gen)
         try:
             await engine.wait_for(req, request.is_disconnected, first_output=True)
@@ -218,6 +218,10 @@ def create_app(engine: SimEngine) -> FastAPI:
 
         return StreamingResponse(prepend(), media_type=SSE)
 
+    def cached(req: SimRequest) -> int | None:
+        """The request's cached prompt tokens for its usage, with --enable-cache-report (SGLang's)."""
+        return req.cached_tokens if engine.settings.enable_cache_report else None
+
     async def completion_events(req: SimRequest, gen: P.GenRequest) -> AsyncGenerator[bytes, None]:
         """OpenAIServingCompletion._generate_completion_stream."""
         created = int(time.time())
@@ -229,7 +233,8 @@ def create_app(engine: SimEngine) -> FastAPI:
             yield P.completion_chunk(req.rid, created, gen.model, "".join([token_text(t) for t in new_ids]), finish,
                                      chunk_usage, engine.due_prediction(req))
         if gen.include_usage:
-            yield P.completion_usage_chunk(req.rid, created, gen.model, req.prompt_tokens, len(req.output_ids))
+            yield P.completion_usage_chunk(req.rid, created, gen.model, req.prompt_tokens, len(req.output_ids),
+                                           cached(req))
         yield P.DONE
 
     async def chat_events(req: SimRequest, gen: P.GenRequest) -> AsyncGenerator[bytes, None]:
@@ -254,7 +259,7 @@ def create_app(engine: SimEngine) -> FastAPI:
         if final is not None:
             yield P.chat_chunk(req.rid, created, gen.model, finish=final)
         if gen.include_usage:
-            yield P.chat_usage_chunk(req.rid, created, gen.model, req.prompt_tokens, len(req.output_ids))
+            yield P.chat_usage_chunk(req.rid, created, gen.model, req.prompt_tokens, len(req.output_ids), cached(req))
         yield P.DONE
 
     @app.post("/v1/completions")

@@ -157,7 +157,8 @@ def apply(eng: SimEngine, step: Step) -> None:
 
 # -- batch formation per mode --------------------------------------------------------------------------
 def _admit(eng: SimEngine, req: SimRequest, reserve: int, now: float) -> None:
-    eng.kv.admit(req, req.prefill_len, reserve)
+    matched = req.cache_hold.matched_tokens if req.cache_hold is not None else 0
+    eng.kv.admit(req, req.prefill_len - matched, reserve - matched)
     req.phase = Phase.PREFILLING
     eng.queues.prefilling.append(req)
     if req.admitted_s is None:
@@ -221,7 +222,7 @@ def _prefill_parts(eng: SimEngine, budget: int, reserve_for: Callable[[SimReques
             if blocked:
                 continue
             reserve = reserve_for(req)
-            if len(q.prefilling) >= max_admitted or not eng.kv.fits(reserve + headroom):
+            if len(q.prefilling) >= max_admitted or not _fits_prompt(eng, req, reserve + headroom, now):
                 blocked = True  # in plan order: later prompts wait for KV too
                 continue
             q.waiting.remove(req)
@@ -237,6 +238,21 @@ def _prefill_parts(eng: SimEngine, budget: int, reserve_for: Callable[[SimReques
         fallback = eng.prefill_policy.plan(sorted(q.prefilling, key=lambda r: r.arrival_s), budget, now).parts
         out = whole_prompts(fallback, budget) if not eng.chunked else list(fallback)
     return out
+
+
+def _fits_prompt(eng: SimEngine, req: SimRequest, need: int, now: float) -> bool:
+    """Whether a prompt needing ``need`` KV tokens can be admitted. With the prefix cache its cached prefix is
+    locked first (that KV is there already; it counts as prefilled) and unlocked cache is evicted for the
+    rest; a prompt that still does not fit gives its lock back."""
+    cache = eng.kv.cache
+    if cache is None or not req.prefix_blocks or req.recompute or req.prefilled:
+        return eng.kv.fits(need)
+    hold = cache.acquire(req.prefix_blocks, req.prefill_len, now)
+    if not eng.kv.fits(need - hold.matched_tokens):
+        cache.cancel(hold)
+        return False
+    req.cache_hold, req.cached_tokens, req.prefilled = hold, hold.cached_tokens, hold.cached_tokens
+    return True
 
 
 def _plan_prefill(eng: SimEngine) -> Step | None:
@@ -400,7 +416,7 @@ def _ensure_growth(eng: SimEngine) -> int:
 
 
 def _retract(eng: SimEngine, req: SimRequest) -> None:
-    eng.kv.release(req)
+    eng.kv.release(req, time.monotonic())
     req.num_retractions += 1
     eng.num_retracted_total += 1
     eng.metrics.num_retracted_requests_total.inc()
@@ -423,6 +439,7 @@ def _advance_prefill(eng: SimEngine, req: SimRequest, n: int, now: float) -> int
     if req.prefilled < req.prefill_len:
         return 0
     q.prefilling.remove(req)
+    eng.kv.into_tree(req, now)
     eng.prefill_replan = True  # a completion: event-driven policies plan again
     if eng.mode == "prefill":
         token = _next_token(req)

@@ -62,6 +62,11 @@ class EngineSimSettings(ServiceSettings):
         "-1 = no chunking: every prompt is prefilled whole, prompts batched up to SGLang's --max-prefill-tokens "
         "default (16384 tokens; a longer prompt runs alone).",
     )
+    disable_radix_cache: bool = Field(
+        False, description="SGLang --disable-radix-cache: no prefix cache. Without it, prefill and colocated engines "
+        "reuse the KV of cached prompt prefixes (matched on 512-token blocks; least recently used blocks evicted).")
+    enable_cache_report: bool = Field(
+        False, description="SGLang --enable-cache-report: OpenAI usage carries prompt_tokens_details.cached_tokens.")
     num_reserved_decode_tokens: int = Field(
         512, ge=0, description="KV reserved per request beyond its prompt when admitted to decode (SGLang's default 512)."
     )

@@ -40,6 +40,7 @@ from services.engine_sim.reports import ENGINE_NAME, SGLANG_API_VERSION
 from services.engine_sim.requests import Phase, SimRequest, finish_abort
 from services.engine_sim.role_switch import RoleSwitchResult
 from services.engine_sim.tokens import TokenSource, draw_output_length
+from shared.engine import PrefixCache
 from shared.engine_client import engine_auth_headers
 from shared.http1 import Http1Pool
 from shared.latency import LatencyModel, LatencyProfile, load_profile
@@ -116,7 +117,7 @@ class SimEngine:
         self.prefill_arrivals = 0
         self.last_prefill_arrival_s = 0.0
         self.num_prefill_preemptions = 0
-        self.kv = KvPool(self.capacity)
+        self.kv = KvPool(self.capacity, self.new_prefix_cache())
         self.metrics = EngineMetrics(model_name=settings.served_model_name, mode=settings.mode,
                                      role_switch_enabled=settings.enable_pd_role_switch)
         self.window = ThroughputWindow()
@@ -231,6 +232,13 @@ class SimEngine:
         self.prefill_arrivals += 1
         self.last_prefill_arrival_s = time.monotonic()
 
+    def new_prefix_cache(self) -> PrefixCache | None:
+        """An empty radix cache for the current mode: prefill and colocated engines, unless
+        ``--disable-radix-cache`` (decode engines keep none: SGLang's decode radix cache is opt-in)."""
+        if self.settings.disable_radix_cache or self.mode == "decode":
+            return None
+        return PrefixCache()
+
     def kick(self) -> None:
         """Wake the scheduler: something it may act on changed (a request arrived, KV was freed, ...)."""
         self._wake.set()
@@ -254,6 +262,7 @@ class SimEngine:
         resume: RequestResume | None = None,
         predict_length: bool = False,
         local_prefill: bool = False,
+        prefix_blocks: tuple[int, ...] = (),
     ) -> SimRequest:
         """Queue a request. Raises :class:`EngineRequestError` where SGLang's tokenizer manager would refuse it.
 
@@ -264,7 +273,9 @@ class SimEngine:
         given). ``resume`` (``poise_resume``) continues a request another engine started: the prompt grows by
         the tokens already generated (what a re-prefill would see) and the ids continue from that position.
         ``local_prefill`` (``poise_local_prefill``) has a decode engine prefill the prompt itself, with no
-        prefill peer (DOPD's local prefill of ultra-short prompts); a colocated engine does that anyway."""
+        prefill peer (DOPD's local prefill of ultra-short prompts); a colocated engine does that anyway.
+        ``prefix_blocks`` (``shared.engine.prefix_blocks`` of the prompt) is what the prefix cache matches on; a
+        resumed request's grown prompt is not matched."""
         if self.stopping:
             raise EngineRequestError("engine_sim is shutting down", status=503)
         rid = rid if rid is not None else uuid.uuid4().hex
@@ -308,6 +319,7 @@ class SimEngine:
         if resume is not None and resume.kv_transfer:
             req.kv_source = (resume.kv_source_url or "", resume.kv_source_rid or "")
         req.resumed_from, req.stream_key = done, key
+        req.prefix_blocks = prefix_blocks if done == 0 else ()
         req.predict_length = predict_length and self.length_predictor is not None
         req.local_prefill = local_prefill and self.mode == "decode"
         if slo is not None:
@@ -399,7 +411,7 @@ class SimEngine:
             # Dropped before claiming its room: tell the prefill peer now rather than let it time out.
             port = req.bootstrap_port if req.bootstrap_port is not None else self.settings.resolved_bootstrap_port()
             self.spawn(release_kv(self.client, req.bootstrap_host, port, req.bootstrap_room, {"outcome": "abort"}))
-        self.kv.release(req)
+        self.kv.release(req, time.monotonic())
         req.finish = reason
         req.phase = Phase.FINISHED
         if req.timer is not None:

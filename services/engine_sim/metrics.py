@@ -174,6 +174,9 @@ class EngineMetrics:
                                           stream_names, registry=r)
         self._num_requests = Counter("sglang:num_requests_total", "The number of requests processed.",
                                      stream_names, registry=r)
+        self._cached_tokens = Counter("sglang:cached_tokens_total",
+                                      "Number of cached prompt tokens by source (device/host/storage).",
+                                      [*tn, "cache_source"], registry=r).labels(**tok, cache_source="device")
         self.num_aborted_requests = Counter("sglang:num_aborted_requests_total", "Number of requests aborted.", tn,
                                             registry=r).labels(**tok)
         self._ttft = Histogram("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
@@ -207,6 +210,8 @@ class EngineMetrics:
         n = len(req.output_ids)
         c["requests"].inc()
         c["prompt"].inc(req.prompt_tokens)
+        if req.cached_tokens:
+            self._cached_tokens.inc(req.cached_tokens)
         if n:
             c["gen"].inc(n)
         c["e2e"].observe(now - req.received_s)

@@ -32,6 +32,7 @@ from typing import Any, Literal
 import orjson
 
 from services.engine_sim.requests import SimRequest
+from shared.engine import prompt_blocks
 from shared.protocol.length_prediction import PREDICT_FIELD, PREDICTION_FIELD
 from shared.protocol.local_prefill import LOCAL_PREFILL_FIELD
 from shared.protocol.request_resume import RESUME_FIELD, RequestResume, parse_request_resume
@@ -79,6 +80,7 @@ class GenRequest:
     stream_key: str | None = None
     predict_length: bool = False  # poise_predict_length: remaining-length predictions on the stream
     local_prefill: bool = False  # poise_local_prefill: a decode engine prefills this prompt itself
+    prefix_blocks: tuple[int, ...] = ()  # the prompt's prefix identity, what the radix cache matches on
 
 
 def content_key(content: Any) -> str:
@@ -200,6 +202,7 @@ def _common(body: dict[str, Any], kind: Kind, model: str, prompt_tokens: int, ma
         slo=_slo(body),
         resume=_resume(body),
         stream_key=content_key(content),
+        prefix_blocks=prompt_blocks(content),
         predict_length=_bool(body, PREDICT_FIELD),
         local_prefill=_bool(body, LOCAL_PREFILL_FIELD),
     )
@@ -338,7 +341,7 @@ def generate_output(req: SimRequest, text: str, n_ids: int, finish: dict[str, An
         "num_retractions": req.num_retractions,
         "reasoning_tokens": 0,
         "completion_tokens": n_ids,
-        "cached_tokens": 0,
+        "cached_tokens": req.cached_tokens,
     }
     if finish is not None:
         meta["e2e_latency"] = time.monotonic() - req.received_s
@@ -352,14 +355,19 @@ def _finish_json(finish: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 # -- OpenAI ------------------------------------------------------------------------------------------------
-def usage(prompt_tokens: int, completion_tokens: int, *, exclude_none: bool = False) -> dict[str, Any]:
-    """UsageInfo as UsageProcessor.calculate_token_usage builds it (no cache report, no reasoning tokens)."""
+def usage(prompt_tokens: int, completion_tokens: int, *, exclude_none: bool = False,
+          cached_tokens: int | None = None) -> dict[str, Any]:
+    """UsageInfo as UsageProcessor.calculate_token_usage builds it (no reasoning tokens); ``cached_tokens``
+    (with --enable-cache-report) becomes ``prompt_tokens_details``."""
     u: dict[str, Any] = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
                          "completion_tokens": completion_tokens}
+    details = {"cached_tokens": cached_tokens} if cached_tokens is not None else None
     if exclude_none:
+        if details is not None:
+            u["prompt_tokens_details"] = details
         u["reasoning_tokens"] = 0
         return u
-    u.update({"prompt_tokens_details": None, "reasoning_tokens": 0, "completion_tokens_details": None})
+    u.update({"prompt_tokens_details": details, "reasoning_tokens": 0, "completion_tokens_details": None})
     return u
 
 
@@ -367,7 +375,7 @@ def matched_stop(finish: dict[str, Any] | None) -> int | str | None:
     return finish.get("matched") if finish else None
 
 
-def completion_response(req: SimRequest, model: str, text: str) -> dict[str, Any]:
+def completion_response(req: SimRequest, model: str, text: str, cached_tokens: int | None = None) -> dict[str, Any]:
     """CompletionResponse (non-streaming)."""
     return {
         "id": req.rid,
@@ -377,7 +385,7 @@ def completion_response(req: SimRequest, model: str, text: str) -> dict[str, Any
         "choices": [{"index": 0, "text": text, "logprobs": None,
                      "finish_reason": req.finish["type"] if req.finish else None,
                      "matched_stop": matched_stop(req.finish)}],
-        "usage": usage(req.prompt_tokens, len(req.output_ids)),
+        "usage": usage(req.prompt_tokens, len(req.output_ids), cached_tokens=cached_tokens),
         "metadata": {"weight_version": WEIGHT_VERSION},
     }
 
@@ -395,15 +403,16 @@ def completion_chunk(rid: str, created: int, model: str, text: str, finish: dict
     }) + b"\n\n"
 
 
-def completion_usage_chunk(rid: str, created: int, model: str, prompt_tokens: int, completion_tokens: int) -> bytes:
+def completion_usage_chunk(rid: str, created: int, model: str, prompt_tokens: int, completion_tokens: int,
+                           cached_tokens: int | None = None) -> bytes:
     """The final usage chunk: model_dump_json(exclude_none=True), empty choices."""
     return b"data: " + orjson.dumps({
         "id": rid, "object": "text_completion", "created": created, "model": model, "choices": [],
-        "usage": usage(prompt_tokens, completion_tokens, exclude_none=True),
+        "usage": usage(prompt_tokens, completion_tokens, exclude_none=True, cached_tokens=cached_tokens),
     }) + b"\n\n"
 
 
-def chat_response(req: SimRequest, model: str, text: str) -> dict[str, Any]:
+def chat_response(req: SimRequest, model: str, text: str, cached_tokens: int | None = None) -> dict[str, Any]:
     """ChatCompletionResponse (non-streaming)."""
     return {
         "id": req.rid,
@@ -413,7 +422,7 @@ def chat_response(req: SimRequest, model: str, text: str) -> dict[str, Any]:
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": None},
                      "logprobs": None, "finish_reason": req.finish["type"] if req.finish else None,
                      "matched_stop": matched_stop(req.finish)}],
-        "usage": usage(req.prompt_tokens, len(req.output_ids)),
+        "usage": usage(req.prompt_tokens, len(req.output_ids), cached_tokens=cached_tokens),
         "metadata": {"weight_version": WEIGHT_VERSION},
     }
 
@@ -437,11 +446,12 @@ def chat_chunk(rid: str, created: int, model: str, *, role: str | None = None, c
     }) + b"\n\n"
 
 
-def chat_usage_chunk(rid: str, created: int, model: str, prompt_tokens: int, completion_tokens: int) -> bytes:
+def chat_usage_chunk(rid: str, created: int, model: str, prompt_tokens: int, completion_tokens: int,
+                     cached_tokens: int | None = None) -> bytes:
     """ChatCompletionStreamResponse with usage, model_dump_json() (nulls kept)."""
     return b"data: " + orjson.dumps({
         "id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [],
-        "usage": usage(prompt_tokens, completion_tokens),
+        "usage": usage(prompt_tokens, completion_tokens, cached_tokens=cached_tokens),
     }) + b"\n\n"
 
 

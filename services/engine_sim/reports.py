@@ -53,7 +53,7 @@ def load_snapshot(eng: SimEngine) -> dict[str, Any]:
     else:
         pending_tokens = sum(r.prefill_len for r in pending)
         awaiting_kv = 0
-    total_tokens = eng.kv.used + pending_tokens
+    total_tokens = eng.kv.in_use + pending_tokens
     tps, util = eng.window.rates(now)
     moments = list(eng.decode_moments) if eng.decode_moments[0] > 0 else None
     kv_gb = eng.capacity * eng.profile.kv_bytes_per_token / 1e9
@@ -63,7 +63,7 @@ def load_snapshot(eng: SimEngine) -> dict[str, Any]:
         "num_running_reqs": num_running_reqs(eng),
         "num_waiting_reqs": num_waiting,
         "num_waiting_uncached_tokens": uncached,
-        "num_used_tokens": eng.kv.used,
+        "num_used_tokens": eng.kv.in_use,
         "num_total_tokens": total_tokens,
         "num_active_tokens": max(0, total_tokens - awaiting_kv),
         "num_prealloc_ready_tokens": 0,
@@ -71,7 +71,7 @@ def load_snapshot(eng: SimEngine) -> dict[str, Any]:
         "max_running_requests": eng.max_running,
         "token_usage": round(eng.kv.usage, 4),
         "gen_throughput": round(tps, 2),
-        "cache_hit_rate": 0.0,
+        "cache_hit_rate": cache_hit_rate(eng),
         "utilization": round(util, 4),
         "total_prefill_uncached_tokens": eng.total_prefill_tokens,
         "total_prefill_busy_us": eng.total_prefill_busy_us,
@@ -97,6 +97,11 @@ def load_snapshot(eng: SimEngine) -> dict[str, Any]:
     }
 
 
+def cache_hit_rate(eng: SimEngine) -> float:
+    """The prefix cache's hit rate since the engine took its role (0 without a cache)."""
+    return eng.kv.cache.hit_rate if eng.kv.cache is not None else 0.0
+
+
 def gauges(eng: SimEngine) -> dict[str, float]:
     """Values for the scheduler-side gauges, refreshed at each /metrics scrape."""
     q = eng.queues
@@ -106,11 +111,11 @@ def gauges(eng: SimEngine) -> dict[str, float]:
         "num_queue_reqs": num_queue_reqs(eng),
         "num_grammar_queue_reqs": 0,
         "gen_throughput": tps,
-        "cache_hit_rate": 0.0,
+        "cache_hit_rate": cache_hit_rate(eng),
         "token_usage": eng.kv.usage,
-        "num_used_tokens": eng.kv.used,
-        "kv_used_tokens": eng.kv.used,
-        "kv_available_tokens": eng.capacity - eng.kv.used,
+        "num_used_tokens": eng.kv.in_use,
+        "kv_used_tokens": eng.kv.in_use,
+        "kv_available_tokens": eng.capacity - eng.kv.in_use,
         "max_total_num_tokens": eng.capacity,
         "utilization": util,
         "num_retracted_reqs": len(q.retracted),

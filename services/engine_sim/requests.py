@@ -16,6 +16,7 @@ from http import HTTPStatus
 from typing import Any
 
 from services.engine_sim.tokens import TokenSource
+from shared.engine import CacheHold
 
 
 class Phase(enum.Enum):
@@ -91,6 +92,9 @@ class SimRequest:
     local_prefill: bool = False  # decode: prefilled here, in this engine's own steps (poise_local_prefill)
     next_prediction_at: int = 0  # generated count (whole answer) at which the next prediction is due
     timer: asyncio.TimerHandle | None = None  # prefill: bootstrap / release timeout
+    prefix_blocks: tuple[int, ...] = ()  # the prompt's prefix identity (shared.engine.prefix_blocks)
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache (usage: prompt_tokens_details)
+    cache_hold: CacheHold | None = None  # its lock on the prefix cache, from admission until its KV is freed
 
     def __post_init__(self) -> None:
         if math.isnan(self.arrival_s):

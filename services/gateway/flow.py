@@ -39,6 +39,7 @@ from services.gateway.legs import Attempt, Event, LegFailed
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.resume import NotResumable, resume_body
 from services.gateway.validation import ParsedRequest
+from shared.engine import prompt_blocks
 from shared.http1 import Http1Pool
 from shared.policies import DispatchPolicy, Placement, RequestView
 from shared.policies.length import counted_down
@@ -134,12 +135,21 @@ class RequestFlow:
         self._client_continuous_usage = isinstance(options, dict) and bool(options.get("continuous_usage_stats"))
 
     # -- dispatch ----------------------------------------------------------------------------------
+    def _prefix_blocks(self) -> tuple[int, ...]:
+        """The prompt's prefix identity, for a dispatch policy that routes by what engines cache (the same
+        blocks engine_sim's radix cache matches: shared/engine/prefix_blocks.py); empty for the others."""
+        if getattr(self.policy, "prefixes", None) is None:
+            return ()
+        body = self.parsed.body
+        prompt = body.get("messages") if self.parsed.endpoint == "chat" else body.get("prompt")
+        return prompt_blocks(prompt) if prompt else ()
+
     def _place(self, exclude: frozenset[str]) -> Placement:
         p = self.parsed
         slo = p.slo
         request = RequestView(rid=self.client_id, input_tokens=p.input_tokens, max_output_tokens=p.max_tokens,
                               priority=p.priority, slo_ttft_s=slo.ttft_s if slo else None,
-                              slo_tpot_s=slo.tpot_s if slo else None)
+                              slo_tpot_s=slo.tpot_s if slo else None, prefix_blocks=self._prefix_blocks())
         decision = self.policy.place(request, self.cluster.engines(p.model), time.monotonic(), exclude)
         if isinstance(decision, Placement):
             return decision

@@ -150,6 +150,22 @@ class PrefixCache:
             node = child
         return added
 
+    def record(self, blocks: Sequence[int], input_tokens: int, now: float) -> None:
+        """A prompt's blocks, unlocked and most recently used (a router's copy of what it sent an engine:
+        nothing is locked, hit counts are left alone)."""
+        sizes = self.block_sizes(blocks, input_tokens)
+        node = self._root
+        for block, size in zip(blocks, sizes, strict=True):
+            child = node.children.get(block)
+            if child is None:
+                child = _Node(block=block, tokens=size, parent=node)
+                node.children[block] = child
+                self.tokens += size
+            child.last_used = now
+            node = child
+        if node is not self._root and not node.children:
+            self._push(node)
+
     def release(self, hold: CacheHold, now: float) -> None:
         """The request lets go of its KV: its nodes are unlocked and, once unused, evictable (LRU)."""
         if hold.released:
@@ -158,6 +174,20 @@ class PrefixCache:
         for node in hold.nodes:
             node.refs -= 1
             node.last_used = now
+            if node.refs == 0:
+                self.locked_tokens -= node.tokens
+                if not node.children:
+                    self._push(node)
+
+    def cancel(self, hold: CacheHold) -> None:
+        """Undo an ``acquire`` whose prompt could not be admitted after all (it is counted again when it is)."""
+        if hold.released:
+            return
+        hold.released = True
+        self.prompt_tokens -= hold.input_tokens
+        self.cached_tokens -= hold.cached_tokens
+        for node in hold.nodes:
+            node.refs -= 1
             if node.refs == 0:
                 self.locked_tokens -= node.tokens
                 if not node.children:

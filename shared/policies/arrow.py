@@ -33,6 +33,7 @@ from collections.abc import Sequence
 import msgspec
 
 from shared.latency import LatencyModel
+from shared.policies.cache_aware import RoutedPrefixes
 from shared.policies.context import PolicyContext
 from shared.policies.dispatch import (
     ColocatedShare,
@@ -120,6 +121,7 @@ class ArrowDispatch(_ArrowModel):
         super().__init__(model, ctx, params)
         self.dispatch_params = dispatch or DispatchParams()
         self.share = ColocatedShare()
+        self.prefixes = RoutedPrefixes()
 
     def prefill_delay(self, e: EngineView) -> float:
         return self.predictor(e.instance_id).queue_delay(e.inflight_reqs, e.inflight_tokens, e.inflight_tokens_sq)
@@ -134,18 +136,29 @@ class ArrowDispatch(_ArrowModel):
         colocated, full_c = open_engines(engines, "null", exclude, self.dispatch_params)
         paired = len(prefills) + len(decodes) if prefills and decodes else 0
         if colocated and self.share.take(len(colocated), paired):
-            return Placement(prefill_id=None, decode_id=self._decode(request, colocated).instance_id)
+            chosen = self._decode(request, colocated, by_prefix=True)
+            self.prefixes.record(chosen, request, now_s)
+            return Placement(prefill_id=None, decode_id=chosen.instance_id)
         if prefills and decodes:
-            return Placement(prefill_id=self._prefill(request, prefills).instance_id,
-                             decode_id=self._decode(request, decodes).instance_id)
+            prefill = self._prefill(request, prefills)
+            self.prefixes.record(prefill, request, now_s)
+            return Placement(prefill_id=prefill.instance_id, decode_id=self._decode(request, decodes).instance_id)
         return rejection(engines, full_p + full_d + full_c)
 
     def _prefill(self, request: RequestView, prefills: list[EngineView]) -> EngineView:
         # Alg. 1: least predicted queue delay. Whether it meets the SLO matters for flips, which the
         # planner decides (see the module docstring); the request goes to the best instance either way.
-        return min(prefills, key=lambda e: (self.prefill_delay(e), e.instance_id))
+        if not request.prefix_blocks:
+            return min(prefills, key=lambda e: (self.prefill_delay(e), e.instance_id))
+        return min(prefills, key=lambda e: (self._ttft(request, e), e.instance_id))
 
-    def _decode(self, request: RequestView, decodes: list[EngineView]) -> EngineView:
+    def _ttft(self, request: RequestView, e: EngineView) -> float:
+        """With a prefix an engine may cache, the predicted TTFT adds this prompt's own prefill there: only its
+        uncached part (shared/policies/cache_aware.py), after the cached prefix."""
+        cached = self.prefixes.cached_tokens(e, request)
+        return self.prefill_delay(e) + self.model.prefill_time_s(request.input_tokens - cached, cached)
+
+    def _decode(self, request: RequestView, decodes: list[EngineView], by_prefix: bool = False) -> EngineView:
         tpot_slo = request.slo_tpot_s or self.ctx.tpot_slo_s
         need = request.input_tokens + request.max_output_tokens  # A5.3 [REC]: count the request itself
 
@@ -154,6 +167,10 @@ class ArrowDispatch(_ArrowModel):
             return self.running_tokens(e) + need <= self.max_tokens and interval_ok
 
         fitting = [e for e in decodes if fits(e)]
+        if by_prefix and request.prefix_blocks:
+            # A colocated engine prefills the prompt too: among those that fit, the least predicted TTFT.
+            return min(fitting or decodes, key=lambda e: (self._ttft(request, e), self.running_tokens(e),
+                                                          e.instance_id))
         return min(fitting or decodes, key=lambda e: (self.running_tokens(e), e.instance_id))
 
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from shared.latency import LatencyModel
 from shared.policies.arrow import ArrowDispatch, ArrowPools
+from shared.policies.cache_aware import CacheAware
 from shared.policies.context import PolicyContext, lookup
 from shared.policies.decode_batch import Continuous, DecodeBatchPolicy
 from shared.policies.dispatch import DispatchParams, DispatchPolicy, LeastLoad, RoundRobin
@@ -29,6 +30,7 @@ ScalingFactory = Callable[[LatencyModel, PolicyContext], ScalingPolicy]
 DISPATCH_POLICIES: dict[str, DispatchFactory] = {
     LeastLoad.name: lambda model, ctx, params: LeastLoad(params),
     RoundRobin.name: lambda model, ctx, params: RoundRobin(params),
+    CacheAware.name: lambda model, ctx, params: CacheAware(params),
     ArrowDispatch.name: lambda model, ctx, params: ArrowDispatch(model, ctx, dispatch=params),
 }
 

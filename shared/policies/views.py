@@ -49,3 +49,6 @@ class RequestView(msgspec.Struct, frozen=True, kw_only=True):
     priority: int | None = None
     slo_ttft_s: float | None = None  # the request's SLO class targets, when it has one
     slo_tpot_s: float | None = None
+    # The prompt's prefix blocks (chained hashes of 512-token blocks, or a trace's hash_ids): equal leading
+    # blocks mean a shared prefix an engine's radix cache may hold (shared/policies/cache_aware.py)
+    prefix_blocks: tuple[int, ...] = ()

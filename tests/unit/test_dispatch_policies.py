@@ -89,5 +89,5 @@ def test_registry_rejects_unknown_names() -> None:
     model, ctx = LatencyModel(load_profile()), PolicyContext(ttft_slo_s=2.0, tpot_slo_s=0.15, max_instances=8)
     assert make_dispatch_policy("least-load", model, ctx).name == "least-load"
     assert make_dispatch_policy("arrow", model, ctx).name == "arrow"
-    with pytest.raises(ValueError, match="known: arrow, least-load, round-robin"):
+    with pytest.raises(ValueError, match="known: arrow, cache-aware, least-load, round-robin"):
         make_dispatch_policy("nope", model, ctx)

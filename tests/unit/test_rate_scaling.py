@@ -56,3 +56,20 @@ def test_compress_divides_timestamps_and_bad_factors_are_refused(conv: Workload)
             scale_load(conv, bad)
     with pytest.raises(ValueError, match="unknown rate mode"):
         scale_load(conv, 2.0, "stretch")  # type: ignore[arg-type]
+
+
+def test_added_requests_share_prefixes_with_their_own_copies_only() -> None:
+    moon = load_trace("mooncake-conv").slice(0.0, 300.0)
+    ids = {h for r in moon for h in r.hash_ids}
+    scaled = scale_load(moon, 3.0)
+    originals = {r.index for r in moon}
+    added = [r for r in scaled if r.index not in originals]
+    assert added and all(r.hash_ids for r in added)
+    # A copy's prefix blocks are its source's, moved out of the trace's id range: no copy repeats a trace
+    # prompt for a prefix cache to serve, and the first and second copies do not share with each other.
+    stride = max(ids) + 1
+    assert not any(set(r.hash_ids) & ids for r in added)
+    namespaces = {h // stride for r in added for h in r.hash_ids}
+    assert namespaces == {1, 2}
+    assert all(len({h // stride for h in r.hash_ids}) == 1 for r in added)
+    assert all(h % stride in ids for r in added for h in r.hash_ids)
