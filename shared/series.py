@@ -14,6 +14,8 @@ What an interval counts:
 - ``mean_input_tokens_sq``, ``mean_output_tokens_sq``, ``mean_input_output_tokens``, ``mean_input_tokens_cube``,
   ``mean_input_sq_output_tokens``: higher moments of the completed requests' lengths (what prefill work, decode
   work and the KV a prompt holds while it is prefilled depend on).
+- ``mean_cached_input_tokens`` and ``..._sq``: the prompt tokens prefill instances served from their prefix
+  cache (the gateway's events carry the engines' counts), per completed request.
 - ``local_prefilled`` and ``mean_local_input_tokens``: the completed requests that no prefill instance
   prefilled (``prefill_id`` None: DOPD's local prefill on the decode instance, or a colocated engine).
 - ``mean_running_reqs``: for each instance, the mean of ``num_running_reqs`` over its healthy load samples in
@@ -30,7 +32,8 @@ from shared.protocol import LoadReport, RequestEvent, SeriesPoint
 
 #: The per-request means of a SeriesPoint, weighted by ``completed`` when points are merged.
 _COMPLETED_MEANS = ("mean_input_tokens", "mean_output_tokens", "mean_input_tokens_sq", "mean_output_tokens_sq",
-                    "mean_input_output_tokens", "mean_input_tokens_cube", "mean_input_sq_output_tokens")
+                    "mean_input_output_tokens", "mean_input_tokens_cube", "mean_input_sq_output_tokens",
+                    "mean_cached_input_tokens", "mean_cached_input_tokens_sq")
 
 
 def merge_points(points: Sequence[SeriesPoint]) -> SeriesPoint | None:
@@ -78,6 +81,8 @@ class _Interval:
     input_output: float = 0.0
     input_cube: float = 0.0
     input_sq_output: float = 0.0
+    cached: float = 0.0  # prompt tokens prefill instances found cached, and their squares
+    cached_sq: float = 0.0
     ttfts: list[float] = field(default_factory=list)
     tpots: list[float] = field(default_factory=list)
     running_sum: dict[str, float] = field(default_factory=dict)  # instance -> sum of running reqs samples
@@ -107,6 +112,9 @@ class SeriesBuilder:
         if event.prefill_id is None:
             cur.local += 1
             cur.local_input_tokens += event.input_tokens
+        else:
+            cur.cached += event.cached_tokens
+            cur.cached_sq += float(event.cached_tokens) ** 2
         if event.ttft_s is not None:
             cur.ttfts.append(event.ttft_s)
         if event.tpot_s is not None:
@@ -142,6 +150,8 @@ class SeriesBuilder:
             mean_input_output_tokens=cur.input_output / cur.completed if cur.completed else 0.0,
             mean_input_tokens_cube=cur.input_cube / cur.completed if cur.completed else 0.0,
             mean_input_sq_output_tokens=cur.input_sq_output / cur.completed if cur.completed else 0.0,
+            mean_cached_input_tokens=cur.cached / cur.completed if cur.completed else 0.0,
+            mean_cached_input_tokens_sq=cur.cached_sq / cur.completed if cur.completed else 0.0,
         )
         self.start_unix_s = now_unix_s
         self._cur = _Interval()

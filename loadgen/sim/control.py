@@ -96,7 +96,8 @@ class ControlLoop:
             rid=req.rid, model="sim", arrived_unix_s=req.arrival_s, finished_unix_s=req.finished_s or 0.0,
             prefill_id=req.prefill.instance_id if req.prefill else None,
             decode_id=req.decode.instance_id if req.decode else None, input_tokens=req.input_tokens,
-            output_tokens=req.generated, ttft_s=ttft, tpot_s=tpot, status="ok" if ok else "error", error=req.error))
+            output_tokens=req.generated, ttft_s=ttft, tpot_s=tpot, status="ok" if ok else "error", error=req.error,
+            cached_tokens=req.cached))
         if ok:
             self.length.observe(req.input_tokens, req.generated)
 

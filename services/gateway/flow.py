@@ -66,6 +66,7 @@ class Outcome:
     first_token_at: float | None = None
     last_token_at: float | None = None
     output_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the (first) engine served from its prefix cache, when it reports them
     content_chunks: int = 0
     migrations: int = 0
     rescues: int = 0
@@ -301,6 +302,8 @@ class RequestFlow:
             total = attempt.base_tokens + int(usage["completion_tokens"])
             if self._prompt_tokens is None and not attempt.base_tokens:
                 self._prompt_tokens = usage.get("prompt_tokens")
+            if not attempt.base_tokens:
+                self._note_cached(usage)
             if attempt.base_tokens:  # a resumed engine counts from its own start: report the whole answer
                 prompt = self._prompt_tokens if self._prompt_tokens is not None else self.parsed.input_tokens
                 usage.update(prompt_tokens=prompt, completion_tokens=total, total_tokens=prompt + total)
@@ -457,6 +460,13 @@ class RequestFlow:
         return MoveResult(True, "moved", mechanism, source_id=source.decode.instance_id,
                           target_id=target.instance_id, stall_s=stall)
 
+    def _note_cached(self, usage: dict[str, Any]) -> None:
+        """The engine's cached prompt tokens, from a usage that reports them (SGLang --enable-cache-report puts
+        them in the final usage only, not on per-chunk usage)."""
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+            self.outcome.cached_tokens = details["cached_tokens"]
+
     def sse_chunk(self, event: Event) -> bytes | None:
         """Re-id an engine chunk as the client's; drop the usage chunk the client did not ask for."""
         data = event.data
@@ -475,6 +485,7 @@ class RequestFlow:
             reported = body.get("usage")
             if isinstance(reported, dict) and reported.get("completion_tokens") is not None:
                 self.outcome.output_tokens = int(reported["completion_tokens"])
+                self._note_cached(reported)
             return body
         parts: list[str] = []
         finish: str | None = None

@@ -275,7 +275,7 @@ class GatewayService:
                 finished_unix_s=flow.arrived_unix + e2e, prefill_id=o.prefill_id, decode_id=o.decode_id,
                 input_tokens=flow.parsed.input_tokens, output_tokens=o.output_tokens, ttft_s=ttft, tpot_s=tpot,
                 status=o.status,  # type: ignore[arg-type]
-                error=o.error,
+                error=o.error, cached_tokens=o.cached_tokens,
             )
             self._events.append(event)
 

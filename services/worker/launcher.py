@@ -61,7 +61,7 @@ def _sim_command(s: WorkerSettings, python: str, role: Role) -> list[str]:
     if s.model:
         cmd += ["--served-model-name", s.model]
     cmd += ["--profile", s.profile, "--time-scale", repr(s.time_scale), "--seed", str(s.seed),
-            "--instance-id", s.instance_id, "--enable-pd-role-switch"]
+            "--instance-id", s.instance_id, "--enable-pd-role-switch", "--enable-cache-report"]
     return cmd + role_extra_args(s.extra_args, role)
 
 
@@ -89,6 +89,9 @@ SGLANG_OPTIONS: dict[str, str] = {
     "--disaggregation-ib-device": "sglang/srt/arg_groups/fields/disagg.py:84",
     "--enable-pd-role-switch": "sglang/srt/arg_groups/fields/disagg.py:121",  # store_true
     "--enable-metrics": "sglang/srt/arg_groups/fields/observability.py:70",  # store_true
+    # store_true: the usage carries prompt_tokens_details.cached_tokens, which the gateway's events pass to the
+    # planner (prefill planned on uncached tokens: docs/prefix-cache.md)
+    "--enable-cache-report": "sglang/srt/arg_groups/fields/serving.py:196",
     "--enable-return-hidden-states": "sglang/srt/arg_groups/fields/exec_.py:112",  # store_true (= mode full)
     "--return-hidden-states-mode": "sglang/srt/arg_groups/fields/exec_.py:117",  # last|full
 }
@@ -117,7 +120,7 @@ def _sglang_command(s: WorkerSettings, python: str, role: Role) -> list[str]:
         cmd += ["--enable-return-hidden-states"]
     elif s.return_hidden_states == "last":
         cmd += ["--return-hidden-states-mode", "last"]
-    cmd += ["--enable-metrics"]
+    cmd += ["--enable-metrics", "--enable-cache-report"]
     if s.engine_api_key:  # SGLang reads it from its command line only (so it shows in ps on the engine's host)
         cmd += ["--api-key", s.engine_api_key]
     return cmd + role_extra_args(s.extra_args, role)

@@ -88,10 +88,12 @@ class Split(msgspec.Struct, frozen=True, kw_only=True):
 
 def optimal_split(model: LatencyModel, ctx: PolicyContext, isl: float, osl: float, concurrency: float,
                   rate_rps: float = 0.0, params: DopdParams | None = None, *, local_share: float = 0.0,
-                  local_isl: float = 0.0) -> Split:
+                  local_isl: float = 0.0, cached: float = 0.0) -> Split:
     """Eq. 11-14 on the latency profile: the counts for ``concurrency`` requests in flight arriving at
     ``rate_rps`` (no budget applied), when a share ``local_share`` of the requests, of mean prompt length
-    ``local_isl``, is prefilled on the decode instances (DOPD's local prefill; the module docstring)."""
+    ``local_isl``, is prefilled on the decode instances (DOPD's local prefill; the module docstring), and
+    prefill instances find ``cached`` prompt tokens per request in their prefix cache (averaged over every
+    request): a prefill instance computes only the rest of a prompt, after its cached prefix."""
     params = params or DopdParams()
     p = model.profile
     isl, osl = max(1.0, isl), max(1.0, osl)
@@ -103,7 +105,8 @@ def optimal_split(model: LatencyModel, ctx: PolicyContext, isl: float, osl: floa
     f = min(1.0, max(0.0, local_share))
     local_isl = min(isl, max(0.0, local_isl)) if f > 0 else 0.0
     remote_isl = max(1.0, (isl - f * local_isl) / (1.0 - f)) if f < 1 else isl
-    t_p = model.prefill_time_s(int(remote_isl))
+    hit = min(remote_isl - 1.0, max(0.0, cached) / (1.0 - f)) if f < 1 else 0.0  # per remote prompt
+    t_p = model.prefill_time_s(int(remote_isl - hit), int(hit))
     t_local = model.prefill_work_s(int(local_isl)) if f > 0 else 0.0
     t_d = model.decode_step_time_s(n_d, int(n_d * (isl + osl / 2)))
     decode_work = osl * t_d + n_d * f * t_local  # decode-instance seconds per N_d requests
@@ -143,6 +146,7 @@ class _Forecasting:
         # prompt length (observed, not forecast: it follows the dispatch rule, which the lengths drive).
         self.local_share = 0.0
         self.local_isl = 0.0
+        self.cached = 0.0  # prompt tokens per request prefill instances found cached (observed, like local_share)
         self.last_split: Split | None = None
         self.decision_s: list[float] = []  # wall seconds per decision (forecast + ratio), for the benchmark
 
@@ -159,6 +163,7 @@ class _Forecasting:
             values["isl"], values["osl"] = merged.mean_input_tokens, merged.mean_output_tokens
             self.local_share = merged.local_prefilled / merged.completed
             self.local_isl = merged.mean_local_input_tokens
+            self.cached = merged.mean_cached_input_tokens
         self.forecaster.observe(values)
         return True
 
@@ -171,7 +176,7 @@ class _Forecasting:
         if isl <= 0 or osl <= 0:
             return None  # nothing completed yet: no lengths to plan with
         split = optimal_split(self.model, self.ctx, isl, osl, f["concurrency"].calibrated, f["rate"].calibrated,
-                              self.params, local_share=self.local_share, local_isl=self.local_isl)
+                              self.params, local_share=self.local_share, local_isl=self.local_isl, cached=self.cached)
         self.last_split = split
         self.decision_s.append(time.perf_counter() - t0)
         return split

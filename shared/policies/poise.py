@@ -416,4 +416,5 @@ def mix_of(series: Sequence[SeriesPoint], window_s: float, min_completed: int = 
     return Mix(rate_rps=w.arrival_rate_rps, isl=isl, osl=osl, isl_sq=moment(w.mean_input_tokens_sq, isl * isl),
                osl_sq=moment(w.mean_output_tokens_sq, osl * osl), isl_osl=moment(w.mean_input_output_tokens, isl * osl),
                isl_cube=w.mean_input_tokens_cube, isl_sq_osl=w.mean_input_sq_output_tokens,
-               local_share=w.local_prefilled / w.completed, local_isl=w.mean_local_input_tokens)
+               local_share=w.local_prefilled / w.completed, local_isl=w.mean_local_input_tokens,
+               cached=w.mean_cached_input_tokens, cached_sq=w.mean_cached_input_tokens_sq)

@@ -52,6 +52,8 @@ class Mix(msgspec.Struct, frozen=True, kw_only=True):
     isl_sq_osl: float = 0.0  # E[ISL^2 * OSL]; 0 = unknown (read as E[ISL^2] * E[OSL])
     local_share: float = 0.0  # share of requests prefilled on their decode instance (DOPD's local prefill)
     local_isl: float = 0.0  # their mean prompt length
+    cached: float = 0.0  # E[C]: prompt tokens a prefill instance found in its prefix cache (0 for local ones)
+    cached_sq: float = 0.0  # E[C^2]
 
 
 class SideLoad(msgspec.Struct, frozen=True, kw_only=True):
@@ -63,12 +65,14 @@ class SideLoad(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def prefill_seconds(model: LatencyModel, mix: Mix) -> float:
-    """Mean prefill-instance seconds per request (averaged over every request; local ones cost none)."""
+    """Mean prefill-instance seconds per request (averaged over every request; local ones cost none). A prompt
+    whose first C tokens were cached costs the work of its whole length less that of its prefix:
+    s1 (I - C) + s2 (I^2 - C^2), so the cached moments come off the linear and the quadratic term."""
     p = model.profile
     f = min(1.0, max(0.0, mix.local_share))
     loc = mix.local_isl if f > 0 else 0.0
-    linear = max(0.0, mix.isl - f * loc)
-    quad = max(0.0, mix.isl_sq - f * loc * loc)
+    linear = max(0.0, mix.isl - f * loc - mix.cached)
+    quad = max(0.0, mix.isl_sq - f * loc * loc - mix.cached_sq)
     return ((1.0 - f) * p.prefill_overhead_s + p.prefill_s_per_token * linear + p.prefill_s_per_token2 * quad) \
         * model.time_scale
 

@@ -89,6 +89,9 @@ class RequestEvent(msgspec.Struct, frozen=True, kw_only=True):
     tpot_s: float | None
     status: Literal["ok", "error", "aborted"]
     error: str | None = None
+    # Prompt tokens the engine served from its prefix cache (usage.prompt_tokens_details.cached_tokens; 0 when
+    # not reported): prefill instances computed only the rest.
+    cached_tokens: int = 0
 
 
 class RequestEventBatch(msgspec.Struct, frozen=True, kw_only=True):
@@ -128,6 +131,11 @@ class SeriesPoint(msgspec.Struct, frozen=True, kw_only=True):
     # the prompt), so the KV-seconds a prompt costs there grow with its length cubed.
     mean_input_tokens_cube: float = 0.0
     mean_input_sq_output_tokens: float = 0.0
+    # Prompt tokens a prefill instance found in its prefix cache, and their square, per completed request (0
+    # for a request no prefill instance prefilled): a prompt's prefill work is that of its whole length less
+    # that of its cached prefix (shared/policies/split_capacity.py).
+    mean_cached_input_tokens: float = 0.0
+    mean_cached_input_tokens_sq: float = 0.0
 
 
 class DecodeRequestInfo(msgspec.Struct, frozen=True, kw_only=True):

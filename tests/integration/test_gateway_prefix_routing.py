@@ -12,7 +12,9 @@ import pytest
 import pytest_asyncio
 
 from loadgen.prompts import prompt_token_ids
+from shared.bus import Bus
 from shared.devservers import EtcdServer, NatsServer
+from shared.protocol import RequestEvent, RequestEventBatch, Subjects
 from shared.registry import Registry
 from tests.integration.gateway_harness import SimEngine, fresh_registry, register, run_gateway, serving
 from tests.integration.waiting import until
@@ -46,6 +48,14 @@ async def complete(client: httpx.AsyncClient, url: str, index: int, blocks: list
 async def test_a_shared_prefix_goes_where_it_is_cached(policy: str, registry: Registry, engines: dict[str, SimEngine],
                                                        nats_server: NatsServer, etcd_server: EtcdServer) -> None:
     regs = await register(registry, engines["c0"].info("c0"), engines["c1"].info("c1"))
+    bus = Bus(nats_server.url, name="test-events")
+    await bus.connect()
+    events: list[RequestEvent] = []
+
+    async def on_batch(batch: RequestEventBatch, _: str) -> None:
+        events.extend(batch.events)
+
+    await bus.subscribe(Subjects(registry.keys.namespace).request_events(), RequestEventBatch, on_batch)
     try:
         async with run_gateway(nats_server, etcd_server, registry.keys.namespace, dispatch_policy=policy) as (
                 url, service), httpx.AsyncClient(timeout=30) as client:
@@ -68,6 +78,10 @@ async def test_a_shared_prefix_goes_where_it_is_cached(policy: str, registry: Re
             for turn in range(2, 5):
                 usage = await complete(client, url, turn, [base + i for i in range(8 * turn)])
                 assert usage["prompt_tokens_details"]["cached_tokens"] == 512 * 8 * (turn - 1), (policy, turn)
+            # The engines' counts reach the monitor's events, where the planners price uncached prefill.
+            await until(lambda: len(events) >= 5, 10)
+            assert sorted(e.cached_tokens for e in events if e.input_tokens >= 4096) == [0, 4096, 8192, 12288]
     finally:
+        await bus.close()
         for reg in regs:
             await reg.deregister()

@@ -27,7 +27,7 @@ def test_sim_prefill_command() -> None:
     cmd = build_engine_command(_settings(model="m", time_scale=0.5, seed=7), python="py")
     assert cmd == ["py", "-m", "services.engine_sim", "--host", "127.0.0.1", "--port", "31000", "--mode", "prefill",
                    "--bootstrap-port", "9000", "--served-model-name", "m", "--profile", "llama-3.1-8b-h100",
-                   "--time-scale", "0.5", "--seed", "7", "--instance-id", "p0", "--enable-pd-role-switch"]
+                   "--time-scale", "0.5", "--seed", "7", "--instance-id", "p0", "--enable-pd-role-switch", "--enable-cache-report"]
 
 
 def test_sim_colocated_has_no_bootstrap_and_keeps_extra_args() -> None:
@@ -67,7 +67,7 @@ def test_sglang_pd_command(role: str) -> None:
                    "--host", "127.0.0.1", "--port", "31000", "--tp-size", "2", "--mem-fraction-static", "0.85",
                    "--disaggregation-mode", role, "--disaggregation-bootstrap-port", "9000",
                    "--disaggregation-transfer-backend", "mooncake", "--disaggregation-ib-device", "mlx5_0",
-                   "--enable-pd-role-switch", "--enable-metrics", "--log-level", "info"]
+                   "--enable-pd-role-switch", "--enable-metrics", "--enable-cache-report", "--log-level", "info"]
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
@@ -79,7 +79,7 @@ def test_sglang_command_per_role_backend_and_tp(role: str, backend: str, tp: int
     assert cmd is not None
     assert cmd[:5] == ["py", "-m", "sglang.launch_server", "--model-path", "m"]
     assert cmd[cmd.index("--tp-size") + 1] == str(tp) and "--tp" not in cmd
-    assert cmd[-1] == "--enable-metrics"
+    assert cmd[-2:] == ["--enable-metrics", "--enable-cache-report"]
     if role == "null":  # colocated: SGLang's default mode, no disaggregation options at all
         assert not [a for a in cmd if a.startswith("--disaggregation")] and "--enable-pd-role-switch" not in cmd
         return
