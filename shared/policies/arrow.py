@@ -148,9 +148,14 @@ class ArrowDispatch(_ArrowModel):
     def _prefill(self, request: RequestView, prefills: list[EngineView]) -> EngineView:
         # Alg. 1: least predicted queue delay. Whether it meets the SLO matters for flips, which the
         # planner decides (see the module docstring); the request goes to the best instance either way.
-        if not request.prefix_blocks:
+        if not self._cached_somewhere(request, prefills):
             return min(prefills, key=lambda e: (self.prefill_delay(e), e.instance_id))
         return min(prefills, key=lambda e: (self._ttft(request, e), e.instance_id))
+
+    def _cached_somewhere(self, request: RequestView, engines: list[EngineView]) -> bool:
+        """Whether any of ``engines`` likely caches a prefix of the prompt: only then is there a saving to
+        weigh, and the rules stay Arrow's where no prompt shares a prefix."""
+        return bool(request.prefix_blocks) and any(self.prefixes.cached_tokens(e, request) for e in engines)
 
     def _ttft(self, request: RequestView, e: EngineView) -> float:
         """With a prefix an engine may cache, the predicted TTFT adds this prompt's own prefill there: only its
@@ -167,7 +172,7 @@ class ArrowDispatch(_ArrowModel):
             return self.running_tokens(e) + need <= self.max_tokens and interval_ok
 
         fitting = [e for e in decodes if fits(e)]
-        if by_prefix and request.prefix_blocks:
+        if by_prefix and self._cached_somewhere(request, fitting or decodes):
             # A colocated engine prefills the prompt too: among those that fit, the least predicted TTFT.
             return min(fitting or decodes, key=lambda e: (self._ttft(request, e), self.running_tokens(e),
                                                           e.instance_id))
