@@ -15,7 +15,12 @@ Per trace (Mooncake conversation and synthetic, whole, at natural time):
 Above 1x the natural rate mode's added requests carry their source's prefix blocks in a namespace of their
 own (``loadgen.rate_scaling``): the hit rates at the goodput point are a lower estimate of a real cluster's.
 
-Writes ``tests/bench/results/prefix_cache.{md,json,png}``.
+``--part split`` asks what the cache does to the P:D question: with every engine caching, the goodput of every
+fixed split (the oracle ``static-best``), colocated engines and Poise (starting at 4P4D; its split scoring
+and dispatch price the uncached part of each prompt), beside the same without the cache.
+
+Writes ``tests/bench/results/prefix_cache.{md,json,png}`` (``--part dispatch``, the default) or
+``prefix_cache_split.{md,json}`` (``--part split``).
 """
 
 from __future__ import annotations
@@ -141,12 +146,74 @@ def plot(results: list[dict[str, Any]]) -> None:
     fig.savefig(OUT / "prefix_cache.png", dpi=110)
 
 
+SPLITS = [f"{p}P{INSTANCES - p}D" for p in range(1, INSTANCES)]
+
+
+def _goodput(trace: str, policy: str, cache: bool) -> tuple[str, bool, float]:
+    """One goodput search: ``static-<split>``, ``colocated`` or ``poise`` (from 4P4D)."""
+    if policy.startswith("static-"):
+        build = functools.partial(make_mix, "static-minload", INSTANCES, policy.removeprefix("static-"),
+                                  prefix_cache=cache)
+    elif policy == "colocated":
+        build = functools.partial(make_mix, "colocated", INSTANCES, prefix_cache=cache)
+    else:
+        build = functools.partial(make_mix, "poise", INSTANCES, SPLIT, prefix_cache=cache)
+    found = search_goodput(load_trace(trace), build, MODEL, slo_for(trace), bisections=4, yardstick=Yardstick())
+    print(f"  {trace} {policy} cache={cache}: {found.goodput_scale:.2f}x", file=sys.stderr, flush=True)
+    return policy, cache, found.goodput_scale
+
+
+def measure_split(traces: list[str], jobs: int) -> list[dict[str, Any]]:
+    from concurrent.futures import ProcessPoolExecutor
+
+    names = [f"static-{s}" for s in SPLITS] + ["colocated", "poise"]
+    out = []
+    with ProcessPoolExecutor(jobs) as pool:
+        for trace in traces:
+            futures = [pool.submit(_goodput, trace, n, c) for n in names for c in (False, True)]
+            got = {(n, c): g for n, c, g in (f.result() for f in futures)}
+            row: dict[str, Any] = {"trace": trace}
+            for c in (False, True):
+                best = max(SPLITS, key=lambda sp: (got[(f"static-{sp}", c)], sp))
+                row["cache" if c else "no_cache"] = {
+                    "static_best": got[(f"static-{best}", c)], "static_best_split": best,
+                    "colocated": got[("colocated", c)], "poise": got[("poise", c)],
+                    "splits": {sp: got[(f"static-{sp}", c)] for sp in SPLITS}}
+            out.append(row)
+    return out
+
+
+def write_split(rows: list[dict[str, Any]], command: str) -> None:
+    lines = ["# Prefix cache and the P:D split", "", f"Command: `{command}`", "",
+             f"Simulator, {INSTANCES} instances, whole traces at natural time; goodput (x the trace's rate) at 90% "
+             "attainment, 4 bisections. Poise starts at 4P4D; with the cache its split scoring and dispatch price "
+             "only the uncached part of each prompt.", "",
+             "| trace | engines cache | best fixed split | colocated | poise | poise / best fixed |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        for key, label in (("no_cache", "no"), ("cache", "yes")):
+            v = r[key]
+            ratio = v["poise"] / v["static_best"] if v["static_best"] else float("nan")
+            lines.append(f"| {r['trace']} | {label} | {v['static_best']:.2f}x ({v['static_best_split']}) | "
+                         f"{v['colocated']:.2f}x | {v['poise']:.2f}x | {ratio:.2f}x |")
+    lines.append("")
+    (OUT / "prefix_cache_split.md").write_text("\n".join(lines))
+    (OUT / "prefix_cache_split.json").write_text(json.dumps({"command": command, "results": rows}, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--traces", default=",".join(TRACES))
+    parser.add_argument("--part", choices=("dispatch", "split"), default="dispatch")
+    parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
     command = shlex.join(["python", "-m", "tests.bench.prefix_cache", *sys.argv[1:]])
-    results = [measure(t) for t in args.traces.split(",")]
+    traces = args.traces.split(",")
+    if args.part == "split":
+        write_split(measure_split(traces, args.jobs), command)
+        print(f"wrote {OUT / 'prefix_cache_split.md'}")
+        return
+    results = [measure(t) for t in traces]
     write(results, command)
     print(f"wrote {OUT / 'prefix_cache.md'}")
 
