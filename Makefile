@@ -51,6 +51,8 @@ bench: setup predictor-setup
 	$(PY) -m tests.bench.run $(ARGS)
 	$(PY) -m tests.bench.sim_speed
 	$(PY) -m tests.bench.sustained
+	$(PY) -m tests.bench.prefix_cache
+	$(PY) -m tests.bench.prefix_cache --part split
 	$(PY) -m tests.bench.planner_decision
 	$(PY) -m tests.bench.sim_goodput
 	$(PY) -m tests.bench.sim_fidelity
