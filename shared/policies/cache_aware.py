@@ -20,12 +20,10 @@ Two policies use it:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import msgspec
 
 from shared.engine import PrefixCache
-from shared.policies.dispatch import DispatchParams, LeastLoad, Placement, Rejection, open_engines, rejection
+from shared.policies.dispatch import DispatchParams, LeastLoad
 from shared.policies.views import EngineView, RequestView
 
 
@@ -90,21 +88,12 @@ class CacheAware(LeastLoad):
         self.cache_params = cache or CacheAwareParams()
         self.prefixes = RoutedPrefixes()
 
-    def place(self, request: RequestView, engines: Sequence[EngineView], now_s: float,
-              exclude: frozenset[str] = frozenset()) -> Placement | Rejection:
-        prefills, full_p = open_engines(engines, "prefill", exclude, self.params)
-        decodes, full_d = open_engines(engines, "decode", exclude, self.params)
-        colocated, full_c = open_engines(engines, "null", exclude, self.params)
-        paired = len(prefills) + len(decodes) if prefills and decodes else 0
-        if colocated and self.share.take(len(colocated), paired):
-            chosen = self._by_cache(request, colocated)
-            self.prefixes.record(chosen, request, now_s)
-            return Placement(prefill_id=None, decode_id=chosen.instance_id)
-        if prefills and decodes:
-            chosen = self._by_cache(request, prefills)
-            self.prefixes.record(chosen, request, now_s)
-            return Placement(prefill_id=chosen.instance_id, decode_id=self._pick(decodes, "decode").instance_id)
-        return rejection(engines, full_p + full_d + full_c)
+    def _pick_for(self, request: RequestView, candidates: list[EngineView], phase: str, now_s: float) -> EngineView:
+        if phase == "decode":  # decode engines keep no prefix cache: least load
+            return self._pick(candidates, phase)
+        chosen = self._by_cache(request, candidates)
+        self.prefixes.record(chosen, request, now_s)
+        return chosen
 
     def _by_cache(self, request: RequestView, candidates: list[EngineView]) -> EngineView:
         p = self.cache_params

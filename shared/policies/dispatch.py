@@ -106,6 +106,10 @@ class _PairPolicy:
     def _pick(self, candidates: list[EngineView], phase: str) -> EngineView:
         raise NotImplementedError
 
+    def _pick_for(self, request: RequestView, candidates: list[EngineView], phase: str, now_s: float) -> EngineView:
+        """The engine of ``phase`` for ``request``: ``_pick`` unless a policy looks at the request too."""
+        return self._pick(candidates, phase)
+
     def place(
         self, request: RequestView, engines: Sequence[EngineView], now_s: float, exclude: frozenset[str] = frozenset()
     ) -> Placement | Rejection:
@@ -114,10 +118,10 @@ class _PairPolicy:
         colocated, full_c = open_engines(engines, "null", exclude, self.params)
         paired = len(prefills) + len(decodes) if prefills and decodes else 0
         if colocated and self.share.take(len(colocated), paired):
-            return Placement(prefill_id=None, decode_id=self._pick(colocated, "null").instance_id)
+            return Placement(prefill_id=None, decode_id=self._pick_for(request, colocated, "null", now_s).instance_id)
         if prefills and decodes:
-            return Placement(prefill_id=self._pick(prefills, "prefill").instance_id,
-                             decode_id=self._pick(decodes, "decode").instance_id)
+            return Placement(prefill_id=self._pick_for(request, prefills, "prefill", now_s).instance_id,
+                             decode_id=self._pick_for(request, decodes, "decode", now_s).instance_id)
         return rejection(engines, full_p + full_d + full_c)
 
 
