@@ -563,12 +563,12 @@ class SimEngine:
         return self._paused
 
     async def flush_cache(self, timeout_s: float = 0.0) -> bool:
-        """engine_sim has no prefix cache; like SGLang, a flush only succeeds when the engine is idle."""
-        if self.is_idle():
-            return True
-        if timeout_s > 0:
-            return await self.wait_idle(timeout_s)
-        return False
+        """Empty the prefix cache; like SGLang, a flush only succeeds when the engine is idle (no tree block is
+        locked then)."""
+        if not self.is_idle() and not (timeout_s > 0 and await self.wait_idle(timeout_s)):
+            return False
+        self.kv.cache = self.new_prefix_cache()
+        return True
 
     # ------------------------------------------------------------------------------------------------
     # load and info (reports.py)

@@ -257,14 +257,25 @@ class Cluster:
         say(f"engines still busy after {timeout_s:.0f} s; going on")
 
     def counters(self) -> dict[str, dict[str, float]]:
-        """Per engine: requests it processed and prompt tokens it prefilled (SGLang's counters) so far."""
+        """Per engine: requests it processed, prompt tokens it prefilled and of those the ones its prefix cache
+        served (SGLang's counters) so far."""
         out = {}
         with httpx.Client(timeout=5.0, trust_env=False) as client:
             for engine in self.engines:
                 text = client.get(engine.url + "/metrics").text
                 out[engine.instance_id] = {"requests": metric_total(text, "sglang:num_requests_total"),
-                                           "prompt_tokens": metric_total(text, "sglang:prompt_tokens_total")}
+                                           "prompt_tokens": metric_total(text, "sglang:prompt_tokens_total"),
+                                           "cached_tokens": metric_total(text, "sglang:cached_tokens_total")}
         return out
+
+    def flush_caches(self) -> None:
+        """Empty every engine's prefix cache (SGLang's /flush_cache, idle engines only), so a run does not
+        find the prompts an earlier run on the same engines left behind."""
+        with httpx.Client(timeout=30.0, trust_env=False) as client:
+            for engine in self.engines:
+                r = client.post(engine.url + "/flush_cache", params={"timeout": 20})
+                if r.status_code != 200:
+                    say(f"flush_cache on {engine.instance_id}: {r.status_code} {r.text[:100]}")
 
     def stop(self) -> None:
         for proc in self.processes:
@@ -445,6 +456,7 @@ def attainment_run(cluster: Cluster, router: Router, args: argparse.Namespace, r
 
     workload = load_trace(args.trace).slice(args.trace_start_s, args.trace_duration_s)
     slo = slo_for("azure-conv") if args.trace == "azure-conv" else slo_for(workload.name)
+    cluster.flush_caches()
     before = loadavg()
     counters0 = cluster.counters()
     cpu0 = cpu_seconds(router.proc.proc.pid)
@@ -465,6 +477,9 @@ def attainment_run(cluster: Cluster, router: Router, args: argparse.Namespace, r
         ids = [e.instance_id for e in cluster.engines if e.role == role]
         total = sum(split[i] for i in ids) or 1.0
         shares[role] = {i: split[i] / total for i in ids}
+    prefill_ids = [e.instance_id for e in cluster.engines if e.role == "prefill"]
+    prompt = sum(counters1[i]["prompt_tokens"] - counters0[i]["prompt_tokens"] for i in prefill_ids)
+    cached = sum(counters1[i]["cached_tokens"] - counters0[i]["cached_tokens"] for i in prefill_ids)
     errors = sorted({r.error for r in result.records if r.error})[:3]
     row = {"router": router.name, "policy": router.policy, "requests": s.requests_total, "ok": s.requests_ok,
            "failed": s.requests_failed, "attainment": s.slo_attainment, "ttft_attainment": s.ttft_attainment,
@@ -473,7 +488,8 @@ def attainment_run(cluster: Cluster, router: Router, args: argparse.Namespace, r
            "tpot_p99_s": s.tpot_p99_s, "e2e_p50_s": s.e2e_p50_s, "lateness_p99_s": s.lateness_p99_s,
            "wall_s": result.wall_s, "loadavg_before": before, "loadavg_after": loadavg(), "errors_sample": errors,
            "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s}, "shares": shares,
-           "router_cpu_ms_per_req": cpu_s * 1e3 / max(1, s.requests_total)}
+           "router_cpu_ms_per_req": cpu_s * 1e3 / max(1, s.requests_total),
+           "prefix_hit_rate": cached / prompt if prompt else 0.0}
     say(f"  {router.name} {router.policy}: attainment {s.slo_attainment:.1%} (TTFT {s.ttft_attainment:.1%}, TPOT "
         f"{s.tpot_attainment:.1%}), TTFT p50/p90/p99 {_ms(s.ttft_p50_s)}/{_ms(s.ttft_p90_s)}/{_ms(s.ttft_p99_s)} ms, "
         f"failed {s.requests_failed}/{s.requests_total}; prefill token split {_split(shares['prefill'])}, decode "
@@ -612,12 +628,13 @@ def markdown(result: dict[str, Any]) -> str:
                   + (f" ({first['requests']} requests)" if first else "")
                   + ", replayed open-loop as streaming chat requests; SLO (Arrow Table 1): "
                   + (f"TTFT <= {first['slo']['ttft_s']:g} s and TPOT <= {first['slo']['tpot_s']:g} s. " if first else "")
-                  + "Each setting starts fresh engines; its runs go one after the other on them (idle in between). "
+                  + "Each setting starts fresh engines; its runs go one after the other on them (idle in between, their "
+                  "prefix caches flushed). "
                   "time_scale multiplies every modelled GPU time (1 = the H100 profile, 6 = a GPU six times slower).",
                   "", "| setting | router | policy | attainment | TTFT att. | TPOT att. | TTFT p50 / p90 / p99 ms | "
-                  "TPOT p50 / p90 ms | failed | prefill token split | decode request split | router CPU ms/req | "
-                  "client late p99 ms | load avg before / after |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "TPOT p50 / p90 ms | failed | prefill token split | decode request split | prefix cache hit rate | "
+                  "router CPU ms/req | client late p99 ms | load avg before / after |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for block in blocks:
             for a in block["runs"]:
                 lines.append(
@@ -625,7 +642,8 @@ def markdown(result: dict[str, Any]) -> str:
                     f"{a['ttft_attainment']:.1%} | {a['tpot_attainment']:.1%} | {_ms(a['ttft_p50_s'])} / "
                     f"{_ms(a['ttft_p90_s'])} / {_ms(a['ttft_p99_s'])} | {_ms(a['tpot_p50_s'])} / {_ms(a['tpot_p90_s'])} | "
                     f"{a['failed']}/{a['requests']} | {_split(a['shares']['prefill'])} | "
-                    f"{_split(a['shares']['decode'])} | {a['router_cpu_ms_per_req']:.2f} | {_ms(a['lateness_p99_s'])} | "
+                    f"{_split(a['shares']['decode'])} | {a.get('prefix_hit_rate', 0.0):.1%} | "
+                    f"{a['router_cpu_ms_per_req']:.2f} | {_ms(a['lateness_p99_s'])} | "
                     f"{a['loadavg_before'][0]} / {a['loadavg_after'][0]} |")
         lines += ["", "| setting | best Poise | best sglang-router | attainment ratio Poise / sglang-router |",
                   "|---|---|---|---|"]

@@ -67,3 +67,13 @@ async def test_a_role_switch_starts_an_empty_tree() -> None:
         assert (await engine.pd_role_switch("decode")).success and engine.kv.cache is None
         assert (await engine.pd_role_switch("prefill")).success
         assert engine.kv.cache is not None and engine.kv.cache.tokens == 0
+
+
+@pytest.mark.asyncio
+async def test_flush_cache_empties_the_tree_of_an_idle_engine() -> None:
+    engine = make_engine(mode="null")
+    async with running(engine):
+        await serve(engine, "a", blocks(1, 2), 1024)
+        assert await engine.flush_cache()
+        assert engine.kv.cache is not None and engine.kv.cache.tokens == 0
+        assert await serve(engine, "b", blocks(1, 2), 1024) == 0
