@@ -17,6 +17,10 @@ window, in this order:
 Per phase: requests that ended in it (completed exactly or failed), the restarts `poise up` made (a sidecar
 restarts its own engine), and how long after the fault a request started after it completed. Writes
 ``tests/bench/results/fault_battery.{md,json}`` with the command.
+
+``--soak-s N`` runs the same load for N seconds with no fault instead (the soak): every request checked
+exactly, and each process's resident memory sampled every 30 s, so a leak shows as growth over the run.
+Writes ``tests/bench/results/soak.{md,json}``.
 """
 
 from __future__ import annotations
@@ -180,6 +184,64 @@ async def battery(stack: Stack, args: argparse.Namespace) -> list[Phase]:
     return load.phases
 
 
+def _rss_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+async def soak(stack: Stack, args: argparse.Namespace) -> tuple[list[Phase], list[dict[str, float | None]]]:
+    """The load alone for ``--soak-s``; every process's RSS every 30 s (MB), the first after the warm-up."""
+    load = Load(stack, args.rate, args.max_tokens)
+    stop = asyncio.Event()
+    runner = asyncio.create_task(load.run(stop))
+    samples: list[dict[str, float | None]] = []
+    try:
+        await asyncio.sleep(args.recover_s)
+        load.next_phase(f"soak, {args.soak_s:.0f} s")
+        t0 = time.monotonic()
+        while True:
+            engines = {f"engine-{i}": _rss_mb(_engine_pid(stack, i)) for i in ("p0", "p1", "d0", "d1")}
+            samples.append({"t_s": round(time.monotonic() - t0, 1),
+                            **{p.name: _rss_mb(p.proc.pid) for p in stack.supervised}, **engines})
+            if time.monotonic() - t0 >= args.soak_s:
+                break
+            await asyncio.sleep(min(30.0, args.soak_s - (time.monotonic() - t0)))
+    finally:
+        stop.set()
+        await runner
+    return load.phases, samples
+
+
+def write_soak(phases: list[Phase], samples: list[dict[str, float | None]], args: argparse.Namespace,
+               command: str) -> None:
+    soaked = phases[-1]
+    first, last = samples[0], samples[-1]
+    names = [k for k in first if k != "t_s"]
+    lines = ["# Soak: the dev stack under steady load, no faults", "", f"Command: `{command}`", "",
+             f"2P2D engine_sim, auth on, static planner, `poise up`'s supervision; {args.rate:g} streaming requests/s "
+             f"of {args.max_tokens} tokens, each checked exactly, for {args.soak_s:.0f} s after a "
+             f"{args.recover_s:g}-s warm-up. Load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} "
+             "cores.", "",
+             f"Requests that ended in the soak: {soaked.started}; completed exactly: {soaked.ok}; failed: "
+             f"{soaked.failed}" + (f" ({'; '.join(f'{k} x{v}' for k, v in soaked.errors.items())})" if soaked.errors
+                                   else "") + ".", "",
+             "| process | RSS after warm-up (MB) | RSS at the end (MB) | growth (MB) |", "|---|---|---|---|"]
+    for name in names:
+        a, b = first[name], last[name]
+        growth = f"{b - a:+.1f}" if a is not None and b is not None else "-"
+        lines.append(f"| {name} | {'-' if a is None else f'{a:.1f}'} | {'-' if b is None else f'{b:.1f}'} | {growth} |")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "soak.md").write_text("\n".join(lines) + "\n")
+    (args.out / "soak.json").write_text(json.dumps({"command": command, "phases": [asdict(p) for p in phases],
+                                                    "rss_mb": samples}, indent=1))
+    print("\n".join(lines))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate", type=float, default=8.0, help="streaming requests per second")
@@ -187,6 +249,7 @@ def main() -> None:
     parser.add_argument("--recover-s", type=float, default=25.0, help="load after each fault before the next")
     parser.add_argument("--stall-s", type=float, default=30.0)
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--soak-s", type=float, default=0.0, help="no faults: this long a soak under the load")
     args = parser.parse_args()
     command = shlex.join([Path(sys.executable).name, "-m", "tests.bench.fault_battery", *sys.argv[1:]])
     run = Path(".poise/bench") / f"faults-{time.strftime('%H%M%S')}"
@@ -195,9 +258,15 @@ def main() -> None:
     stack = Stack(settings, progress=lambda line: print(line, file=sys.stderr))
     stack.start()
     try:
-        phases = asyncio.run(battery(stack, args))
+        if args.soak_s > 0:
+            phases, samples = asyncio.run(soak(stack, args))
+        else:
+            phases = asyncio.run(battery(stack, args))
     finally:
         stack.stop()
+    if args.soak_s > 0:
+        write_soak(phases, samples, args, command)
+        return
     rows = [asdict(p) for p in phases]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "fault_battery.json").write_text(json.dumps({"command": command, "phases": rows}, indent=1))
