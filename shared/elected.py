@@ -8,8 +8,10 @@ stays a pure object in ``shared.policies``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable
 from typing import Any
 
 from pydantic import Field
@@ -21,6 +23,17 @@ from shared.runtime import AdminEndpoint, AsyncServiceMixin, LeaderTicker, StopO
 from shared.settings import ControlPlaneSettings
 
 log = logging.getLogger(__name__)
+
+#: Each step of a shutdown gets this long: a NATS drain or an etcd call that never answers must not keep the
+#: process (or a test) from ending. The step's own timeouts are shorter; this is the backstop.
+STOP_STEP_TIMEOUT_S = 15.0
+
+
+async def _bounded(step: Awaitable[None], what: str) -> None:
+    try:
+        await asyncio.wait_for(step, STOP_STEP_TIMEOUT_S)
+    except TimeoutError:
+        log.warning("shutdown: %s took over %.0f s; going on without it", what, STOP_STEP_TIMEOUT_S)
 
 
 class ElectedServiceSettings(ControlPlaneSettings):
@@ -91,19 +104,20 @@ class ElectedService(AsyncServiceMixin):
         await self._stop.run(self._stop_once)
 
     async def _stop_once(self) -> None:
-        await self._ticker.stop()
-        await self.before_stop()
+        await _bounded(self._ticker.stop(), "the ticker")
+        await _bounded(self.before_stop(), "the service's own tasks")
         if self._admin is not None:
-            await self._admin.stop()
+            await _bounded(self._admin.stop(), "the admin endpoint")
         if self._control is not None:
-            await self._control.stop()
+            await _bounded(self._control.stop(), "the control endpoint")
         if self._election is not None:
-            await self._election.stop()  # revokes the lease: a follower takes over at once
+            # revokes the lease: a follower takes over at once
+            await _bounded(self._election.stop(), "leaving the leader election")
         if self._bus is not None:
-            await self._bus.close()
+            await _bounded(self._bus.close(), "closing NATS")
         if self._registry is not None:
             with contextlib.suppress(Exception):  # etcd may already be gone at shutdown
-                await self._registry.close()
+                await _bounded(self._registry.close(), "closing etcd")
 
     def _on_leadership(self, leader: bool) -> None:
         log.info("%s %s is %s", self.name, self.replica_id, "the leader" if leader else "a follower")
