@@ -481,10 +481,8 @@ class SimInstance:
         cache = self.cache
         if cache is None or not req.blocks or self.role == "decode":
             return self.used_kv + need <= self.kv_capacity
-        hold = cache.acquire(req.blocks, req.input_tokens, self.queue.now_s)
-        short = self.used_kv + cache.tokens + need - hold.matched_tokens - self.kv_capacity
-        if short > 0 and cache.evict(short) < short:
-            cache.cancel(hold)
+        hold = cache.claim(req.blocks, req.input_tokens, need, self.kv_capacity - self.used_kv, self.queue.now_s)
+        if hold is None:
             return False
         req.hold, req.cached = hold, hold.cached_tokens
         skipped = max(0, hold.cached_tokens - req.prefilled)

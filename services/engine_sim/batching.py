@@ -247,9 +247,8 @@ def _fits_prompt(eng: SimEngine, req: SimRequest, need: int, now: float) -> bool
     cache = eng.kv.cache
     if cache is None or not req.prefix_blocks or req.recompute or req.prefilled:
         return eng.kv.fits(need)
-    hold = cache.acquire(req.prefix_blocks, req.prefill_len, now)
-    if not eng.kv.fits(need - hold.matched_tokens):
-        cache.cancel(hold)
+    hold = cache.claim(req.prefix_blocks, req.prefill_len, need, eng.kv.capacity - eng.kv.reserved, now)
+    if hold is None:
         return False
     req.cache_hold, req.cached_tokens, req.prefilled = hold, hold.cached_tokens, hold.cached_tokens
     return True

@@ -44,9 +44,8 @@ class KvPool:
 
     def fits(self, tokens: int) -> bool:
         """Whether ``tokens`` fit, evicting unlocked cache for them when that is what it takes."""
-        short = tokens - self.free
-        if short > 0 and self.cache is not None:
-            self.cache.evict(short)
+        if self.cache is not None:
+            return self.cache.make_room(tokens, self.capacity - self.reserved)
         return tokens <= self.free
 
     def into_tree(self, req: SimRequest, now: float) -> None:

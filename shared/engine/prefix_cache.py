@@ -128,6 +128,24 @@ class PrefixCache:
         return CacheHold(blocks=tuple(blocks), input_tokens=input_tokens, cached_tokens=cached,
                          matched_tokens=matched, nodes=nodes)
 
+    def make_room(self, tokens: int, room: int) -> bool:
+        """Whether ``tokens`` more fit in a pool that has ``room`` tokens besides the requests' own KV (the tree
+        lives in that room), evicting unlocked blocks for them when that is what it takes."""
+        short = tokens - (room - self.tokens)
+        if short > 0:
+            self.evict(short)
+        return tokens <= room - self.tokens
+
+    def claim(self, blocks: Sequence[int], input_tokens: int, need: int, room: int, now: float) -> CacheHold | None:
+        """An admission with the cache, as both engine models do it: lock the prompt's cached prefix (that KV
+        is there already) and make room for the rest of the ``need`` KV tokens; None, with the lock given back,
+        when the rest does not fit."""
+        hold = self.acquire(blocks, input_tokens, now)
+        if not self.make_room(need - hold.matched_tokens, room):
+            self.cancel(hold)
+            return None
+        return hold
+
     def insert(self, hold: CacheHold, now: float) -> int:
         """Add the computed prompt's blocks past its cached prefix (locked for ``hold``); the tokens added,
         which leave the request's own KV for the tree's. Blocks another request inserted meanwhile are
