@@ -9,7 +9,8 @@ task waits on an ``asyncio.Event``, so an idle engine costs nothing.
 This module holds the engine's state, its lifecycle, requests in and out (submit, outputs, abort, finishing),
 the scheduler loop and pause. The rest is split by concern into plain functions over the engine:
 
-- batching.py: step formation per mode (prefill / decode / null) and a step's effects, KV retraction;
+- batching.py: what the engine model's steps (``shared.engine.model``: queues, KV, retraction, the prefix
+  cache, prefill passes and decode batches, the same code the simulator runs) mean for live requests;
 - transfer.py: what the P→D handoff does to requests (room hooks, timeouts, the decode-side KV pull);
 - role_switch.py: POST /pd_role_switch;
 - reports.py: /v1/loads, the /metrics gauges, /model_info, /server_info;
@@ -33,18 +34,17 @@ from services.engine_sim import batching, reports, role_switch, transfer
 from services.engine_sim.batching import Step
 from services.engine_sim.config import EngineSimSettings, Mode
 from services.engine_sim.handoff import BootstrapServer, RoomRegistry, create_bootstrap_app, release_kv
-from services.engine_sim.kv import KvPool
 from services.engine_sim.metrics import EngineMetrics, ThroughputWindow
 from services.engine_sim.queues import QUEUED_PHASES, RequestQueues
 from services.engine_sim.reports import ENGINE_NAME, SGLANG_API_VERSION
 from services.engine_sim.requests import Phase, SimRequest, finish_abort
 from services.engine_sim.role_switch import RoleSwitchResult
 from services.engine_sim.tokens import TokenSource, draw_output_length
-from shared.engine import PrefixCache
+from shared.engine.model import EngineModel
 from shared.engine_client import engine_auth_headers
 from shared.http1 import Http1Pool
 from shared.latency import LatencyModel, LatencyProfile, load_profile
-from shared.policies import RequestView, make_decode_batch_policy, make_prefill_policy
+from shared.policies import DecodeBatchPolicy, PrefillPolicy, RequestView
 from shared.policies.length import LengthPredictor, make_length_predictor
 from shared.policies.prefill_order import MAX_PREFILL_TOKENS
 from shared.protocol.request_resume import RequestResume
@@ -77,10 +77,10 @@ class SimEngine:
 
     - configuration: ``settings``, ``profile``, ``latency``, ``capacity``, ``max_running``, ``chunk_size``
       (a prefill pass's token budget) and ``chunked``, ``preemption``; ``mode`` changes only on a role switch;
-    - the engine policies ``prefill_policy`` and ``decode_policy`` (shared/policies, one object per engine) and
-      the prefill planning state batching.py keeps (``prefill_task``, ``prefill_replan``, ``prefill_retry_at``,
-      ``prefill_arrivals``, ``last_prefill_arrival_s``, ``num_prefill_preemptions``);
-    - ``queues`` (every live request, by phase), ``kv``, ``rooms`` (prefill side of the handoff),
+    - ``core``, the engine model (``shared.engine.model``: the scheduling queues, KV and prefix cache, the
+      engine policies ``prefill_policy`` and ``decode_policy``), and the arrivals operator preemption watches
+      (``prefill_arrivals``, ``last_prefill_arrival_s``, ``num_prefill_preemptions``);
+    - ``queues`` (every live request, by phase), ``rooms`` (prefill side of the handoff),
       ``client`` (the keep-alive pool for KV pulls/releases, set while started), ``metrics``, ``window``;
     - flags: ``stopping`` (no new requests, no abort notices to peers), ``switching`` (a role switch is in
       progress: no steps), ``unhealthy`` (the scheduler crashed or a role switch failed);
@@ -94,30 +94,27 @@ class SimEngine:
         self.settings = settings
         self.profile = profile if profile is not None else load_profile(settings.profile)
         self.latency = LatencyModel(self.profile, settings.time_scale)
-        self.mode: Mode = settings.mode
         self.capacity = settings.kv_capacity_tokens or self.profile.kv_capacity_tokens
         self.max_running = settings.max_running_requests or self.profile.max_running_requests
-        chunk = settings.chunked_prefill_size or self.profile.chunked_prefill_size
-        # -1: no chunking (SGLang --chunked-prefill-size -1): whole prompts, batched up to --max-prefill-tokens.
-        self.chunked = chunk > 0
-        self.chunk_size = chunk if self.chunked else MAX_PREFILL_TOKENS  # the prefill token budget of a pass
-        # The same policy objects the simulator's engines call (shared/policies), one per engine (some keep
-        # online estimates, fed by observe() after every pass / step).
-        self.prefill_policy = make_prefill_policy(settings.prefill_policy, self.latency)
-        self.decode_policy = make_decode_batch_policy(settings.decode_policy, self.latency)
+        # The engine model the simulator's engines run too, with SGLang's KV model (decode KV grows per token,
+        # retracts when full; colocated engines too) and its radix cache unless --disable-radix-cache.
+        # chunked_prefill_size -1: no chunking (whole prompts, batched up to --max-prefill-tokens).
+        self.core = EngineModel(
+            settings.mode, self.latency, prefill_policy=settings.prefill_policy,
+            decode_policy=settings.decode_policy, preemption=settings.preemption,
+            chunk_tokens=settings.chunked_prefill_size, decode_kv="grow", colocated_kv="grow",
+            reserved_decode_tokens=settings.num_reserved_decode_tokens,
+            prefix_cache=not settings.disable_radix_cache, kv_capacity=self.capacity, max_running=self.max_running,
+            mixed_chunk_tokens=MAX_PREFILL_TOKENS if settings.chunked_prefill_size == -1 else None)
+        self.chunked = self.core.chunked
+        self.chunk_size = self.core.chunk  # the prefill token budget of a pass
         self.length_predictor: LengthPredictor | None = (
             None if settings.length_predictor == "none" else make_length_predictor(settings.length_predictor))
         self.preemption = settings.preemption
-        # Prefill planning state (batching.py): the last plan's prompts (an event-driven policy keeps computing
-        # them until the next event), whether an event asks for a new plan, when a waiting policy wants to be
-        # asked again, and the prompts that entered the waiting queue (operator preemption re-plans on those).
-        self.prefill_task: list[SimRequest] = []
-        self.prefill_replan = True
-        self.prefill_retry_at: float | None = None
+        # The prompts that entered the waiting queue (operator preemption re-plans on those).
         self.prefill_arrivals = 0
         self.last_prefill_arrival_s = 0.0
         self.num_prefill_preemptions = 0
-        self.kv = KvPool(self.capacity, self.new_prefix_cache())
         self.metrics = EngineMetrics(model_name=settings.served_model_name, mode=settings.mode,
                                      role_switch_enabled=settings.enable_pd_role_switch)
         self.window = ThroughputWindow()
@@ -125,7 +122,7 @@ class SimEngine:
         self.bootstrap_port: int | None = None  # where the bootstrap server listens, while prefill
 
         self._reqs: dict[str, SimRequest] = {}  # every live request
-        self.queues = RequestQueues()
+        self.queues = RequestQueues(self.core)
 
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -153,6 +150,24 @@ class SimEngine:
         self.last_kv_transfer_ms = 0.0
         self.last_kv_transfer_gb_s = 0.0
         self.num_retracted_total = 0
+
+    @property
+    def mode(self) -> Mode:
+        return self.core.role
+
+    @mode.setter
+    def mode(self, mode: Mode) -> None:
+        """A role switch: the model takes the new role with an empty prefix cache (as SGLang resets its radix
+        cache on a switch)."""
+        self.core.switch_role(mode)
+
+    @property
+    def prefill_policy(self) -> PrefillPolicy:
+        return self.core.prefill_policy
+
+    @property
+    def decode_policy(self) -> DecodeBatchPolicy:
+        return self.core.decode_policy
 
     # Read-only views of two queues, kept under their old names for tests and debugging.
     @property
@@ -220,24 +235,12 @@ class SimEngine:
         self._bg.add(task)
         task.add_done_callback(self._bg.discard)
 
-    def enqueue_waiting(self, req: SimRequest, *, front: bool = False) -> None:
+    def enqueue_waiting(self, req: SimRequest) -> None:
         """A prompt enters the prefill waiting queue: an arrival for the prefill policy (an event-driven policy
         plans again; with operator preemption, a running pass re-plans and may be cut)."""
-        req.phase = Phase.WAITING
-        if front:
-            self.queues.waiting.appendleft(req)
-        else:
-            self.queues.waiting.append(req)
-        self.prefill_replan = True
+        self.core.add_prompts([req])
         self.prefill_arrivals += 1
         self.last_prefill_arrival_s = time.monotonic()
-
-    def new_prefix_cache(self) -> PrefixCache | None:
-        """An empty radix cache for the current mode: prefill and colocated engines, unless
-        ``--disable-radix-cache`` (decode engines keep none: SGLang's decode radix cache is opt-in)."""
-        if self.settings.disable_radix_cache or self.mode == "decode":
-            return None
-        return PrefixCache()
 
     def kick(self) -> None:
         """Wake the scheduler: something it may act on changed (a request arrived, KV was freed, ...)."""
@@ -313,13 +316,12 @@ class SimEngine:
         req = SimRequest(
             rid=rid, prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos,
             stream=stream, bootstrap_host=bootstrap_host, bootstrap_port=bootstrap_port,
-            bootstrap_room=bootstrap_room, priority=priority, stop_after=stop_after,
-            prefill_len=prompt_tokens, tokens=tokens,
+            bootstrap_room=bootstrap_room, priority=priority, output_tokens=stop_after, tokens=tokens,
         )
         if resume is not None and resume.kv_transfer:
             req.kv_source = (resume.kv_source_url or "", resume.kv_source_rid or "")
         req.resumed_from, req.stream_key = done, key
-        req.prefix_blocks = prefix_blocks if done == 0 else ()
+        req.blocks = prefix_blocks if done == 0 else ()
         req.predict_length = predict_length and self.length_predictor is not None
         req.local_prefill = local_prefill and self.mode == "decode"
         if slo is not None:
@@ -402,8 +404,6 @@ class SimEngine:
         out: ``detach=False``), KV freed, timers and its KV pull cancelled, peers told, reader woken."""
         if req.finish is not None:
             return
-        if detach:
-            self.queues.detach(req)
         was_prefill_req = req.phase in (Phase.BOOTSTRAP, Phase.WAITING, Phase.PREFILLING, Phase.INFLIGHT) and (
             self.mode == "prefill")
         if req.phase is Phase.PREALLOC and req.bootstrap_host and req.bootstrap_room is not None and (
@@ -411,7 +411,8 @@ class SimEngine:
             # Dropped before claiming its room: tell the prefill peer now rather than let it time out.
             port = req.bootstrap_port if req.bootstrap_port is not None else self.settings.resolved_bootstrap_port()
             self.spawn(release_kv(self.client, req.bootstrap_host, port, req.bootstrap_room, {"outcome": "abort"}))
-        self.kv.release(req, time.monotonic())
+        if detach:
+            self.queues.detach(req, time.monotonic())  # frees its KV and cache lock
         req.finish = reason
         req.phase = Phase.FINISHED
         if req.timer is not None:
@@ -483,7 +484,7 @@ class SimEngine:
 
     async def _wait_for_work(self) -> None:
         """Nothing to compute: wait for a kick, or until the prefill policy asked to be planned again."""
-        retry = self.prefill_retry_at
+        retry = self.core.retry_at
         if retry is None:
             await self._wake.wait()
             return
@@ -510,7 +511,7 @@ class SimEngine:
                 continue
             seen = self.prefill_arrivals
             now = time.monotonic()
-            cut = batching.preemption_point(self, step, start, now)
+            cut = self.core.preemption_point(step, start, now)
             if cut is not None:
                 arrival = self.last_prefill_arrival_s
                 await asyncio.sleep(max(0.0, cut - time.monotonic()))
@@ -567,7 +568,7 @@ class SimEngine:
         locked then)."""
         if not self.is_idle() and not (timeout_s > 0 and await self.wait_idle(timeout_s)):
             return False
-        self.kv.cache = self.new_prefix_cache()
+        self.core.reset_cache()
         return True
 
     # ------------------------------------------------------------------------------------------------

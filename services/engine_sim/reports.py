@@ -15,6 +15,7 @@ from shared.policies.prefill_order import MAX_PREFILL_TOKENS
 
 if TYPE_CHECKING:
     from services.engine_sim.engine import SimEngine
+    from services.engine_sim.requests import SimRequest
 
 ENGINE_NAME = "poise-engine-sim"
 SGLANG_API_VERSION = "0.5.23"  # the SGLang release whose HTTP API this emulates
@@ -44,16 +45,17 @@ def load_snapshot(eng: SimEngine) -> dict[str, Any]:
         num_waiting = len(q.intake) + len(q.ready) + len(q.prealloc) + len(q.transfer) + len(q.retracted)
     else:
         num_waiting = len(pending)
-    uncached = sum(r.prefill_len - r.prefilled for r in (*pending, *q.prefilling))
+    uncached = sum(r.input_tokens - r.prefilled for r in (*pending, *q.prefilling))
     if mode == "decode":
         pending_tokens = sum(r.prompt_tokens for r in q.intake) + sum(
             r.context_tokens for r in (*q.prealloc, *q.retracted))
         awaiting_kv = sum(r.prompt_tokens for r in (*q.prealloc, *q.transfer.values()))
         uncached = 0
     else:
-        pending_tokens = sum(r.prefill_len for r in pending)
+        pending_tokens = sum(r.input_tokens for r in pending)
         awaiting_kv = 0
-    total_tokens = eng.kv.in_use + pending_tokens
+    in_use = kv_in_use(eng)
+    total_tokens = in_use + pending_tokens
     tps, util = eng.window.rates(now)
     moments = list(eng.decode_moments) if eng.decode_moments[0] > 0 else None
     kv_gb = eng.capacity * eng.profile.kv_bytes_per_token / 1e9
@@ -63,13 +65,13 @@ def load_snapshot(eng: SimEngine) -> dict[str, Any]:
         "num_running_reqs": num_running_reqs(eng),
         "num_waiting_reqs": num_waiting,
         "num_waiting_uncached_tokens": uncached,
-        "num_used_tokens": eng.kv.in_use,
+        "num_used_tokens": in_use,
         "num_total_tokens": total_tokens,
         "num_active_tokens": max(0, total_tokens - awaiting_kv),
         "num_prealloc_ready_tokens": 0,
         "max_total_num_tokens": eng.capacity,
         "max_running_requests": eng.max_running,
-        "token_usage": round(eng.kv.usage, 4),
+        "token_usage": round(in_use / eng.capacity, 4),
         "gen_throughput": round(tps, 2),
         "cache_hit_rate": cache_hit_rate(eng),
         "utilization": round(util, 4),
@@ -97,25 +99,45 @@ def load_snapshot(eng: SimEngine) -> dict[str, Any]:
     }
 
 
+def kv_in_use(eng: SimEngine) -> int:
+    """SGLang's num_used_tokens: KV written, i.e. the requests' own (a prefill's whole prompt from admission;
+    on decode and colocated engines their contexts, not the room reserved for output still to come) and the
+    tree blocks they lock (SGLang counts evictable cache as available)."""
+    q = eng.queues
+    if eng.mode == "prefill":
+        own = sum(r.prompt_kv for r in (*q.prefilling, *q.inflight.values()))
+    else:
+        own = sum(_written(r) for r in (*q.prefilling, *q.transfer.values(), *q.ready, *q.running))
+    cache = eng.core.cache
+    return own + (cache.locked_tokens if cache is not None else 0)
+
+
+def _written(req: SimRequest) -> int:
+    in_tree = req.hold.tree_tokens if req.hold is not None else 0  # its matched prefix; after the insert, its prompt
+    return max(0, min(req.kv_held, req.context_tokens - in_tree))
+
+
 def cache_hit_rate(eng: SimEngine) -> float:
     """The prefix cache's hit rate since the engine took its role (0 without a cache)."""
-    return eng.kv.cache.hit_rate if eng.kv.cache is not None else 0.0
+    cache = eng.core.cache
+    return cache.hit_rate if cache is not None else 0.0
 
 
 def gauges(eng: SimEngine) -> dict[str, float]:
     """Values for the scheduler-side gauges, refreshed at each /metrics scrape."""
     q = eng.queues
     tps, util = eng.window.rates(time.monotonic())
+    in_use = kv_in_use(eng)
     return {
         "num_running_reqs": num_running_reqs(eng),
         "num_queue_reqs": num_queue_reqs(eng),
         "num_grammar_queue_reqs": 0,
         "gen_throughput": tps,
         "cache_hit_rate": cache_hit_rate(eng),
-        "token_usage": eng.kv.usage,
-        "num_used_tokens": eng.kv.in_use,
-        "kv_used_tokens": eng.kv.in_use,
-        "kv_available_tokens": eng.capacity - eng.kv.in_use,
+        "token_usage": in_use / eng.capacity,
+        "num_used_tokens": in_use,
+        "kv_used_tokens": in_use,
+        "kv_available_tokens": eng.capacity - in_use,
         "max_total_num_tokens": eng.capacity,
         "utilization": util,
         "num_retracted_reqs": len(q.retracted),

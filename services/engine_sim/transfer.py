@@ -125,9 +125,8 @@ async def pull(eng: SimEngine, req: SimRequest) -> None:
                                                     "bytes": nbytes}))
     eng.queues.transfer.pop(req.rid, None)
     req.handoff_task = None
-    req.phase = Phase.READY
     req.first_token_id = int(info["first_token_id"])
-    eng.queues.ready.append(req)
+    eng.core.transfer_done(req)
     eng.kick()
 
 
@@ -167,8 +166,7 @@ async def pull_migrated(eng: SimEngine, req: SimRequest) -> None:
                             else None)
     eng.queues.transfer.pop(req.rid, None)
     req.handoff_task = None
-    req.phase = Phase.READY
     assert req.tokens is not None
     req.first_token_id = req.tokens.peek()
-    eng.queues.ready.append(req)
+    eng.core.transfer_done(req)
     eng.kick()

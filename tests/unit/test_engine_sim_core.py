@@ -13,6 +13,7 @@ import pytest
 
 from services.engine_sim.config import EngineSimSettings
 from services.engine_sim.engine import SimEngine
+from services.engine_sim.reports import kv_in_use
 from services.engine_sim.requests import Phase, SimRequest
 from services.engine_sim.tokens import EOS_TOKEN_ID, TokenSource, draw_output_length
 
@@ -59,7 +60,7 @@ async def test_ignore_eos_generates_exactly_max_tokens() -> None:
             assert len(req.output_ids) == 37
             assert req.finish == {"type": "length", "length": 37}
             assert EOS_TOKEN_ID not in req.output_ids
-        assert engine.kv.used == 0 and engine.kv.reserved == 0
+        assert engine.core.used_kv == 0 and kv_in_use(engine) == 0
         assert engine.is_idle()
 
 
@@ -124,9 +125,9 @@ async def test_kv_never_exceeds_capacity_and_retracts_instead() -> None:
 
     def checked_apply(step: Any) -> None:
         apply(step)
-        peak["used"] = max(peak["used"], engine.kv.used)
-        peak["reserved"] = max(peak["reserved"], engine.kv.reserved)
-        assert engine.kv.used <= engine.kv.reserved <= engine.capacity
+        peak["used"] = max(peak["used"], kv_in_use(engine))
+        peak["reserved"] = max(peak["reserved"], engine.core.used_kv)
+        assert kv_in_use(engine) <= engine.core.used_kv <= engine.capacity
 
     engine._apply = checked_apply  # type: ignore[method-assign]
     async with running(engine):
@@ -136,7 +137,7 @@ async def test_kv_never_exceeds_capacity_and_retracts_instead() -> None:
             assert len(req.output_ids) == 200
         assert engine.num_retracted_total > 0
         assert any(r.num_retractions for r in reqs)
-        assert engine.kv.used == 0 and engine.kv.reserved == 0
+        assert engine.core.used_kv == 0 and kv_in_use(engine) == 0
     assert peak["reserved"] <= 2000 and peak["used"] > 1500
 
 
@@ -197,13 +198,13 @@ async def test_abort_frees_kv_and_ends_the_stream() -> None:
 
         reader = asyncio.create_task(read())
         await until(lambda: len(req.output_ids) >= 3)
-        assert engine.kv.used > 2000
+        assert kv_in_use(engine) > 2000
         assert engine.abort("victim") == 1
         fin = await asyncio.wait_for(reader, 2)
         assert fin == {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
         assert got == req.output_ids
         await finish(engine, queued)
-        assert engine.kv.used == 0 and engine.is_idle()
+        assert engine.core.used_kv == 0 and engine.is_idle()
         assert engine.abort("no-such-rid") == 0
         metrics = engine.metrics.render(engine.gauges()).decode()
         assert 'sglang:num_aborted_requests_total{engine_type="unified"' in metrics
@@ -280,7 +281,7 @@ async def test_in_process_pd_pair_hands_off_by_bootstrap_room() -> None:
         assert len(d.output_ids) == 12 and d.output_ids[0] == p.output_ids[0]
         ref = await finish(colocated, colocated.submit(prompt_tokens=300, max_new_tokens=12, ignore_eos=True, rid="pd"))
         assert d.output_ids == ref.output_ids  # PD gives the colocated engine's tokens for the same rid
-        assert prefill.kv.used == 0 and decode.kv.used == 0
+        assert prefill.core.used_kv == 0 and decode.core.used_kv == 0
         assert prefill.is_idle() and decode.is_idle() and len(prefill.rooms) == 0
 
 
@@ -305,7 +306,7 @@ async def test_decode_fails_when_the_prefill_peer_is_unreachable() -> None:
                           bootstrap_room=9)
         await finish(decode, d)
         assert d.status_code == 500 and d.finish["message"].startswith("Decode handshake failed")
-        assert decode.kv.used == 0
+        assert decode.core.used_kv == 0
 
 
 @pytest.mark.asyncio
@@ -384,7 +385,7 @@ async def test_decode_abort_during_transfer_fails_the_prefill_side() -> None:
         decode.abort("long")
         await finish(prefill, p, 5)
         assert p.status_code == 500 and p.finish["message"].startswith("Prefill transfer failed")
-        assert prefill.kv.used == 0 and prefill.is_idle()
+        assert prefill.core.used_kv == 0 and prefill.is_idle()
 
 
 @pytest.mark.asyncio
@@ -402,7 +403,7 @@ async def test_decode_engine_retracts_and_resumes_under_kv_pressure() -> None:
             await finish(prefill, p, 30)
             assert len(d.output_ids) == 200 and d.finish == {"type": "length", "length": 200}
         assert decode.num_retracted_total > 0
-        assert decode.kv.used == 0 and decode.is_idle() and prefill.is_idle()
+        assert decode.core.used_kv == 0 and decode.is_idle() and prefill.is_idle()
 
 
 @pytest.mark.asyncio
@@ -502,6 +503,6 @@ async def test_a_decode_engine_prefills_locally_alongside_its_decode_batch() -> 
         assert local.output_ids == ref.output_ids and local.status_code in (None, 200)
         await finish(decode, remote)
         assert decode.total_prefill_tokens == 64  # only the local prompt was prefilled on the decode engine
-        assert decode.kv.used == 0 and decode.is_idle()
+        assert decode.core.used_kv == 0 and decode.is_idle()
         with pytest.raises(Exception, match="poise_local_prefill needs a decode"):
             prefill.submit(prompt_tokens=10, max_new_tokens=2, rid="wrong", local_prefill=True)

@@ -17,6 +17,7 @@ from services.engine_sim import batching
 from services.engine_sim import protocol as P
 from services.engine_sim.config import EngineSimSettings
 from services.engine_sim.engine import SimEngine
+from services.engine_sim.reports import kv_in_use
 from services.engine_sim.requests import Phase, SimRequest
 from shared.latency import LatencyModel
 from shared.policies import DECODE_BATCH_POLICIES, PREFILL_POLICIES
@@ -110,7 +111,7 @@ class RecordingDecode:
 
     def select(self, running: Sequence[Any], max_batch: int, now_s: float, kv_waiting: int = 0) -> Sequence[Any]:
         for r in running:  # the DecodeItem fields the engine's requests provide
-            assert r.input_tokens == r.prompt_tokens and r.generated == len(r.output_ids)
+            assert r.input_tokens == r.prompt_tokens and r.generated >= 1  # joined: its first token is out
             assert r.first_token_s is not None and r.slo_tpot_s > 0
         return running[:max_batch]
 
@@ -154,7 +155,8 @@ def test_fcfs_fills_the_chunk_in_arrival_order() -> None:
     queue(engine, 3000, 4000, 5000)
     assert parts(batching.plan(engine)) == [("q0", 3000), ("q1", 4000), ("q2", 1192)]
     assert [r.rid for r in engine.queues.prefilling] == ["q0", "q1", "q2"]
-    assert engine.kv.used == 12000  # the whole prompts' KV, at admission
+    assert kv_in_use(engine) == 12000  # the whole prompts' KV, at admission ...
+    assert engine.core.used_kv == 12000 + 3 * 4  # ... and room for their first output tokens (SGLang's reserve)
 
 
 def test_edf_puts_the_tight_deadline_first() -> None:
@@ -184,7 +186,7 @@ def test_admission_follows_plan_order_and_stops_at_the_first_that_does_not_fit()
     queue(engine, 1000, 5000, 6000, slo_ttft_s=[math.inf, 2.0, 1.0])
     assert parts(batching.plan(engine)) == [("q2", 6000)]
     assert [r.rid for r in engine.queues.waiting] == ["q0", "q1"]
-    assert engine.kv.reserved == 6004  # prompt + min(max_new_tokens, num_reserved_decode_tokens)
+    assert engine.core.used_kv == 6004  # prompt + min(max_new_tokens, num_reserved_decode_tokens)
 
 
 def test_admitted_prompts_run_while_the_plans_head_waits_for_kv() -> None:
@@ -274,8 +276,8 @@ async def pd_pair_run(preemption: str, policy: str, *, time_scale: float = 0.2) 
 
     def checked(step: Any, *args: Any) -> None:
         (cut if args else apply)(step, *args)
-        kv_used.append(prefill.kv.used)
-        assert prefill.kv.used <= prefill.kv.reserved <= prefill.capacity
+        kv_used.append(kv_in_use(prefill))
+        assert kv_in_use(prefill) <= prefill.core.used_kv <= prefill.capacity
 
     prefill._apply = checked  # type: ignore[method-assign]
     prefill._cut = checked  # type: ignore[method-assign,assignment]
@@ -295,7 +297,7 @@ async def pd_pair_run(preemption: str, policy: str, *, time_scale: float = 0.2) 
             await finish(decode, d)
             await finish(prefill, p)
             assert len(d.output_ids) == 4 and p.finish == {"type": "length", "length": 0}
-        assert prefill.kv.used == 0 and prefill.kv.reserved == 0 and prefill.is_idle()
+        assert prefill.core.used_kv == 0 and prefill.is_idle()
         out["metrics"] = prefill.metrics.render(prefill.gauges()).decode()
     out["kv_used"] = kv_used
     return out
@@ -357,7 +359,7 @@ async def test_every_registered_prefill_policy_serves_a_pd_mix(name: str, preemp
             await finish(decode, d, 20)
             await finish(prefill, p, 20)
             assert len(d.output_ids) == 6
-        assert prefill.kv.used == 0 and decode.kv.used == 0 and prefill.is_idle() and decode.is_idle()
+        assert prefill.core.used_kv == 0 and decode.core.used_kv == 0 and prefill.is_idle() and decode.is_idle()
 
 
 @pytest.mark.parametrize("name", sorted(DECODE_BATCH_POLICIES))
@@ -381,16 +383,16 @@ async def test_every_registered_decode_policy_serves_requests(name: str, mode: s
         for engine, req, tokens in pending:
             await finish(engine, req, 20)
             assert len(req.output_ids) == tokens
-        assert all(e.kv.used == 0 and e.is_idle() for e in engines)
+        assert all(e.core.used_kv == 0 and e.is_idle() for e in engines)
 
 
 def test_operator_boundary_cut_keeps_the_elapsed_share_of_the_work() -> None:
     engine = make_engine(mode="prefill", time_scale=1.0)
-    a = SimRequest(rid="a", prompt_tokens=1000, max_new_tokens=1, prefill_len=1000, phase=Phase.PREFILLING)
-    b = SimRequest(rid="b", prompt_tokens=999, max_new_tokens=1, prefill_len=999, prefilled=100,
+    a = SimRequest(rid="a", prompt_tokens=1000, max_new_tokens=1, phase=Phase.PREFILLING)
+    b = SimRequest(rid="b", prompt_tokens=999, max_new_tokens=1, prefilled=100,
                    phase=Phase.PREFILLING)
     engine.queues.prefilling.extend([a, b])
-    step = batching.Step(1.0, [(a, 1000), (b, 899)], [])
+    step = batching.Step(time_s=1.0, prefill=[(a, 1000), (b, 899)])
     batching.cut(engine, step, 10.0, 10.3, 10.25)
     lat = engine.latency
     want_a, want_b = lat.prefill_tokens_done(1000, 0, 0.3), lat.prefill_tokens_done(899, 100, 0.3)
@@ -398,7 +400,7 @@ def test_operator_boundary_cut_keeps_the_elapsed_share_of_the_work() -> None:
     # Attention makes later tokens dearer, so 30% of the work covers a bit more than 30% of the tokens.
     assert 300 <= want_a < 330 and 269 <= want_b < 300
     assert engine.total_prefill_tokens == want_a + want_b and engine.num_prefill_preemptions == 1
-    assert engine.prefill_replan
+    assert engine.core.replan
 
 
 # -- poise_slo --------------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from services.engine_sim.engine import SimEngine
+from services.engine_sim.reports import kv_in_use
 from shared.engine import token_blocks
 from tests.unit.test_engine_sim_core import finish, make_engine, running
 
@@ -30,9 +31,9 @@ async def test_a_colocated_engine_reuses_a_shared_prefix_and_gets_all_its_own_kv
         assert await serve(engine, "b", blocks(1, 2, 3, 9), 2048) == 1536
         # The whole prompt again: all but its last token.
         assert await serve(engine, "c", blocks(1, 2, 3, 4), 2048) == 2047
-        cache = engine.kv.cache
+        cache = engine.core.cache
         assert cache is not None and cache.tokens == 5 * 512 and cache.locked_tokens == 0
-        assert engine.kv.used == 0 and engine.kv.reserved == 0 and engine.kv.in_use == 0
+        assert engine.core.used_kv == 0 and kv_in_use(engine) == 0
         assert cache.hit_rate == pytest.approx((1536 + 2047) / (3 * 2048))
 
 
@@ -44,14 +45,14 @@ async def test_the_tree_gives_its_room_to_new_prompts() -> None:
     async with running(engine):
         await serve(engine, "a", blocks(1, 2, 3, 4), 2048)
         await serve(engine, "b", blocks(5, 6, 7, 8), 2048)
-        assert engine.kv.cache is not None and engine.kv.cache.tokens <= 3000
+        assert engine.core.cache is not None and engine.core.cache.tokens <= 3000
         assert await serve(engine, "c", blocks(1, 2, 3, 4), 2048) == 512
 
 
 @pytest.mark.asyncio
 async def test_disable_radix_cache_and_decode_engines_keep_no_cache() -> None:
     for engine in (make_engine(mode="null", disable_radix_cache=True), make_engine(mode="decode")):
-        assert engine.kv.cache is None
+        assert engine.core.cache is None
     engine = make_engine(mode="null", disable_radix_cache=True)
     async with running(engine):
         await serve(engine, "a", blocks(1, 2), 1024)
@@ -62,11 +63,11 @@ async def test_disable_radix_cache_and_decode_engines_keep_no_cache() -> None:
 async def test_a_role_switch_starts_an_empty_tree() -> None:
     engine = make_engine(mode="prefill", bootstrap_port=0)
     async with running(engine):
-        assert engine.kv.cache is not None
-        engine.kv.cache.record(blocks(1, 2), 1024, 0.0)
-        assert (await engine.pd_role_switch("decode")).success and engine.kv.cache is None
+        assert engine.core.cache is not None
+        engine.core.cache.record(blocks(1, 2), 1024, 0.0)
+        assert (await engine.pd_role_switch("decode")).success and engine.core.cache is None
         assert (await engine.pd_role_switch("prefill")).success
-        assert engine.kv.cache is not None and engine.kv.cache.tokens == 0
+        assert engine.core.cache is not None and engine.core.cache.tokens == 0
 
 
 @pytest.mark.asyncio
@@ -75,5 +76,5 @@ async def test_flush_cache_empties_the_tree_of_an_idle_engine() -> None:
     async with running(engine):
         await serve(engine, "a", blocks(1, 2), 1024)
         assert await engine.flush_cache()
-        assert engine.kv.cache is not None and engine.kv.cache.tokens == 0
+        assert engine.core.cache is not None and engine.core.cache.tokens == 0
         assert await serve(engine, "b", blocks(1, 2), 1024) == 0

@@ -1,6 +1,7 @@
-"""The one-copy rule for the engine model's shared pieces: the radix prefix cache and the prefix identity live
-in shared/engine only, and everything else imports them from there (engine_sim, the simulator, the gateway's
-dispatch), so the live engines and the simulated ones cannot drift apart."""
+"""The one-copy rule for the engine model: its scheduler (``shared.engine.model``), the radix prefix cache and
+the prefix identity live in shared/engine only, and everything else imports them from there (engine_sim and
+the simulator run the same scheduler; the gateway's dispatch hashes prompts the same way), so the live
+engines and the simulated ones cannot drift apart."""
 
 from __future__ import annotations
 
@@ -28,16 +29,60 @@ def test_no_second_radix_cache_or_prefix_hash_outside_shared_engine() -> None:
 
 
 def test_the_users_import_the_cache_from_shared_engine() -> None:
-    users = ["services/engine_sim/kv.py", "services/engine_sim/protocol.py", "loadgen/sim/instance.py",
+    users = ["services/engine_sim/protocol.py", "loadgen/sim/instance.py",
              "shared/policies/cache_aware.py", "services/gateway/flow.py"]
     for rel in users:
         tree = ast.parse((REPO / rel).read_text())
         sources = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-        assert "shared.engine" in sources, f"{rel} no longer imports the prefix cache from shared.engine"
+        assert any(m and (m == "shared.engine" or m.startswith("shared.engine.")) for m in sources), (
+            f"{rel} no longer imports the prefix cache from shared.engine")
+
+
+MODEL = REPO / "shared" / "engine" / "model.py"
+MODEL_NAMES = {"EngineModel", "EngineRequest", "Step", "Applied", "Phase", "retraction_order"}
+# The scheduler's rules, by the names the model gives them: a function of one of these names elsewhere is a twin.
+SCHEDULER_RULES = {"admit_prealloc", "_prefill_parts", "_fits_prompt", "_mixed_step", "_decode_batch", "_grow",
+                   "_ensure_growth", "_resume_retracted", "_join_ready", "_retract", "_advance_prefill",
+                   "preemption_point", "_decode_reserve"}
+
+
+def test_the_engine_model_is_imported_from_its_one_module() -> None:
+    """Its names come from shared.engine.model and nowhere else (no re-export, no second definition)."""
+    wrong = []
+    for path in SOURCES:
+        if path == MODEL or path == Path(__file__):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module != "shared.engine.model":
+                names = {a.name for a in node.names} & {"EngineModel", "EngineRequest"}
+                if names and node.module and not node.module.startswith("shared.engine.model"):
+                    wrong.append(f"{path.relative_to(REPO)}: from {node.module} import {sorted(names)}")
+            if isinstance(node, ast.ClassDef) and node.name in ("EngineModel", "EngineRequest"):
+                wrong.append(f"{path.relative_to(REPO)}: class {node.name}")
+    assert not wrong, f"the engine model from somewhere else than shared/engine/model.py: {wrong}"
+    assert "shared.engine.model" not in (HOME / "__init__.py").read_text(), "shared.engine must not re-export the model"
+
+
+def test_both_engines_run_the_one_scheduler_and_write_none_of_its_rules() -> None:
+    for adapter in ("services/engine_sim/engine.py", "loadgen/sim/instance.py"):
+        tree = ast.parse((REPO / adapter).read_text())
+        imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "shared.engine.model"
+                    for a in n.names}
+        assert "EngineModel" in imported or "Step" in imported, f"{adapter} does not run shared.engine.model"
+    twins = []
+    for path in SOURCES:
+        if path == MODEL or "tests" in path.relative_to(REPO).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.FunctionDef) and node.name in SCHEDULER_RULES:
+                twins.append(f"{path.relative_to(REPO)}: def {node.name}")
+            if isinstance(node, ast.Name) and node.id == "retraction_key" and path.name != "retraction.py":
+                twins.append(f"{path.relative_to(REPO)}: uses retraction_key (the model's retraction_order is the one)")
+    assert not twins, f"a second copy of the engine model's scheduling rules: {twins}"
 
 
 def test_the_engine_model_pieces_import_no_io() -> None:
-    code = ("import sys\nimport shared.engine\n"
+    code = ("import sys\nimport shared.engine\nimport shared.engine.model\n"
             "print(','.join(m for m in ('asyncio', 'httpx', 'nats', 'fastapi') if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == ""

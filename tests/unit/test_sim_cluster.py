@@ -178,7 +178,8 @@ def test_growing_decode_kv_retracts_when_full_and_loses_nothing() -> None:
 
 
 def test_retraction_takes_the_fewest_output_tokens_then_the_longest_prompt() -> None:
-    from loadgen.sim.instance import SimRequest, retraction_order
+    from loadgen.sim.instance import SimRequest
+    from shared.engine.model import retraction_order
 
     reqs = [SimRequest(index=i, rid=str(i), arrival_s=0.0, input_tokens=n, output_tokens=100) for i, n in
             enumerate((100, 900, 500))]
