@@ -42,6 +42,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from loadgen.metrics import Summary, percentile
 from loadgen.records import RequestRecord
 from loadgen.replay import ReplayResult, replay
@@ -51,8 +53,10 @@ from loadgen.sim.run import simulate
 from loadgen.slo import SLO, slo_for
 from loadgen.traces import load_trace
 from loadgen.workload import Workload
-from services.cli.stack import Stack, StackSettings
+from services.cli.stack import ROLE_PREFIX, Stack, StackSettings
+from shared.engine_client import engine_auth_headers
 from shared.latency import LatencyModel, load_profile
+from tests.bench.router_compare import metric_total
 
 OUT = Path("tests/bench/results")
 SLICES = [("azure-conv", 0.0, 120.0, 1.0, "calibration"), ("azure-conv", 720.0, 120.0, 1.0, "held out"),
@@ -102,9 +106,33 @@ def simulate_mix(workload: Workload, model: LatencyModel, slo: SLO, rate: float 
 
 
 def hit_rate(records: Sequence[RequestRecord]) -> float:
-    """Cached prompt tokens over all prompt tokens (the engines' usage.prompt_tokens_details live)."""
+    """Cached prompt tokens over all prompt tokens, from the simulator's records."""
     prompt = sum(r.input_tokens for r in records)
     return sum(r.cached_tokens or 0 for r in records) / prompt if prompt else 0.0
+
+
+def prefill_cache_counters(stack: Stack) -> tuple[float, float]:
+    """(prompt tokens, of those served from the prefix cache) over the stack's prefill engines so far (SGLang's
+    counters): in PD the client's usage comes from the decode engine, which keeps no cache."""
+    prompt = cached = 0.0
+    with httpx.Client(timeout=10.0, trust_env=False) as client:
+        for instance_id, url in stack.engines.items():
+            if instance_id.startswith(ROLE_PREFIX["prefill"]):
+                text = client.get(url + "/metrics").text
+                prompt += metric_total(text, "sglang:prompt_tokens_total")
+                cached += metric_total(text, "sglang:cached_tokens_total")
+    return prompt, cached
+
+
+def flush_caches(stack: Stack) -> None:
+    """Empty every engine's prefix cache (SGLang's /flush_cache, once idle), so that a slice replayed again (the
+    same prompts) does not find the last run's: its TTFT would be the cache's, not the slice's."""
+    key = stack.credentials.engine_api_key if stack.credentials is not None else None
+    with httpx.Client(timeout=30.0, trust_env=False, headers=engine_auth_headers(key)) as client:
+        for instance_id, url in stack.engines.items():
+            r = client.post(url + "/flush_cache", params={"timeout": 20})
+            if r.status_code != 200:
+                print(f"flush_cache on {instance_id}: {r.status_code} {r.text[:100]}", file=sys.stderr)
 
 
 def _replay(stack: Stack, workload: Workload, slo: SLO, rate: float = 1.0) -> ReplayResult:
@@ -147,7 +175,11 @@ def main() -> None:
             workload = load_trace(trace).slice(start, duration)
             slo = slo_for(trace)
             print(f"{trace} {start:g}-{start + duration:g}s: {len(workload.requests)} requests", file=sys.stderr)
+            flush_caches(stack)
+            before = prefill_cache_counters(stack)
             live = _replay(stack, workload, slo, rate)
+            after = prefill_cache_counters(stack)
+            live_prompt, live_cached = after[0] - before[0], after[1] - before[1]
             load.append(os.getloadavg()[0])
             if host is None:  # the first slice is the calibration slice: measure this host's delay on it
                 host = FirstTokenDelay.fit(first_token_deltas(
@@ -158,7 +190,8 @@ def main() -> None:
             row: dict[str, Any] = {"trace": trace, "slice_s": [start, start + duration], "rate_scale": rate, "role": role,
                                    "requests": live.summary.requests_total, "live_failed": live.summary.requests_failed,
                                    "loadavg_1m": load[-1], **compare(live.summary, sim),
-                                   "prefix_hit_rate": {"live": hit_rate(live.records), "sim": hit_rate(simulated.records)}}
+                                   "prefix_hit_rate": {"live": live_cached / live_prompt if live_prompt else 0.0,
+                                                       "sim": hit_rate(simulated.records)}}
             row["within_bar"] = not misses(row)
             row["host_delay"] = compare(live.summary, simulate_mix(workload, model, slo, rate, host).summary)
             row["host_delay"]["within_bar"] = not misses(row["host_delay"])
