@@ -154,6 +154,7 @@ class NatsServer(ManagedProcess):
             fd = os.open(config_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(nats_config(list(users)))
+        self.config_file = config_file
         if config_file is not None:
             args += ["-c", str(config_file)]
         super().__init__("nats-server", args, work_dir / "logs" / "nats-server.log")

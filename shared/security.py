@@ -2,7 +2,8 @@
 
 - **NATS**: one user per principal (every service, ``poise admin``, one per worker sidecar) with the
   permissions of :mod:`shared.protocol.permissions`; :func:`nats_config` writes the ``authorization`` block
-  of a nats-server config file.
+  of a nats-server config file, with each password as a bcrypt hash (nats-server checks a client's password
+  against it), so the file itself holds no credential.
 - **etcd**: a ``root`` user (etcd needs one to turn auth on) and one ``poise`` user whose role may read and
   write the ``/poise/`` prefix and nothing else; :func:`enable_etcd_auth` sets them up and turns auth on.
 - **gateway**: bearer API keys (``GatewaySettings.api_keys``).
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import bcrypt
 import msgspec
 
 from shared.errors import PoiseError
@@ -101,8 +103,9 @@ def without_secrets(env: dict[str, str]) -> dict[str, str]:
 # -- NATS --------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class NatsUser:
-    """One nats-server user. ``password`` is the password itself, or ``$NAME`` to have nats-server read it from
-    its environment (deployments); ``permissions`` None = every subject (the tests' own user)."""
+    """One nats-server user. ``password`` is the password itself (the config gets its bcrypt hash), or ``$NAME``
+    to have nats-server read it from its environment (deployments); ``permissions`` None = every subject (the
+    tests' own user)."""
 
     user: str
     password: str
@@ -111,6 +114,17 @@ class NatsUser:
 
 def _q(value: str) -> str:
     return json.dumps(value)  # a JSON string is a valid nats-server config string
+
+
+# bcrypt's lowest work factor: the passwords are random 192-bit secrets (new_secret), which no work factor makes
+# any harder or easier to guess; the hash is there so that the config file holds no usable password. A higher
+# factor would cost every NATS connection its time (nats-server checks the hash at each connect).
+BCRYPT_ROUNDS = 4
+
+
+def bcrypt_hash(password: str) -> str:
+    """The password's bcrypt hash, in the ``$2b$`` form nats-server accepts in place of a password."""
+    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(BCRYPT_ROUNDS)).decode()
 
 
 def _allow(subjects: Sequence[str]) -> str:
@@ -134,7 +148,7 @@ def nats_config(users: Sequence[NatsUser]) -> str:
     lines = ["# Poise NATS users: permissions from shared/protocol/permissions.py (rendered by shared/security.py).",
              "authorization {", "  users = ["]
     for u in users:
-        password = u.password if u.password.startswith("$") else _q(u.password)
+        password = u.password if u.password.startswith("$") else _q(bcrypt_hash(u.password))
         entry = f"user: {_q(u.user)}, password: {password}"
         if u.permissions is not None:
             entry += f", permissions: {_permissions(u.permissions)}"

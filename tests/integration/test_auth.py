@@ -169,6 +169,17 @@ async def test_wrong_or_missing_nats_credentials_cannot_connect(nats_server: Nat
     assert "not-it" not in str(err.value) and redact_url(leaked) in str(err.value)  # no password in messages
 
 
+async def test_the_nats_config_file_holds_hashes_not_passwords(nats_server: NatsServer) -> None:
+    """Reading nats-server's config gives no credential, and the hash in it still lets the right password in."""
+    config = nats_server.config_file
+    assert config is not None
+    text = config.read_text()
+    assert all(u.password not in text for u in nats_server.users.values()) and "$2b$" in text
+    bus = Bus(nats_server.url_for("admin"), name="admin-by-hash", connect_timeout_s=20)
+    await bus.connect()
+    await bus.close()
+
+
 # -- etcd --------------------------------------------------------------------------------------------------------
 async def test_etcd_refuses_clients_without_the_right_credentials(etcd_server: EtcdServer) -> None:
     keys = Keys("authz")

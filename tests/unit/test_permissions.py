@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import bcrypt
+
 from services.cli.stack import Stack, StackSettings, planner_uses_local_connector
 from services.deploy.devstack import clean_env, environment, poise_up_processes
 from shared.protocol import Subjects
@@ -45,10 +47,15 @@ def test_nats_config_blocks() -> None:
     text = nats_config([NatsUser("monitor", "pw", monitor), NatsUser("admin", "$ADMIN_PW", admin),
                         NatsUser("test", 'q"uote', None)])
     lines = {line.split('"')[1]: line for line in text.splitlines() if line.strip().startswith("{user:")}
-    assert '"pw"' in lines["monitor"] and "allow_responses: true" in lines["monitor"]
+    assert "allow_responses: true" in lines["monitor"]
     assert "publish:" not in lines["monitor"]  # allow_responses alone: it answers, publishes nothing
     assert "password: $ADMIN_PW," in lines["admin"] and "allow_responses" not in lines["admin"]
-    assert json.dumps('q"uote') in lines["test"] and "permissions" not in lines["test"]
+    assert "permissions" not in lines["test"]
+    # The file holds bcrypt hashes (what nats-server checks a client's password against), never a password.
+    for user, password in (("monitor", "pw"), ("test", 'q"uote')):
+        hashed = lines[user].split("password: ")[1].split('"')[1]
+        assert hashed.startswith("$2b$") and bcrypt.checkpw(password.encode(), hashed.encode())
+        assert json.dumps(password) not in lines[user]
 
 
 def test_urls_with_credentials_and_redaction() -> None:
