@@ -21,6 +21,7 @@ class GatewaySettings(SloPlanSettings, ControlPlaneSettings):
     max_tokens_limit: int = Field(32768, description="Largest max_tokens a request may ask for (400 above it).")
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest request body accepted, in bytes (413 above it; checked on Content-Length and while reading). 8 MiB holds a 1M-token prompt as token ids.")
     max_json_depth: int = Field(64, ge=4, description="Deepest nesting of objects and lists a request body may have (400 deeper): pass-through fields reach the engines re-encoded.")
+    header_timeout_s: float = Field(10.0, gt=0, description="Seconds a client has to send a request's headers, from the connection's opening or the request's first byte (408 past it; an idle connection is closed): trickled headers do not hold a connection open (nginx's client_header_timeout).")
     body_timeout_s: float = Field(30.0, gt=0, description="Seconds a client has to send the whole request body once its headers arrived (408 past it): a trickled body does not hold a connection open.")
     request_timeout_s: float = Field(600.0, description="Whole-request deadline in seconds; past it both legs are aborted.")
     first_token_timeout_s: float = Field(120.0, description="Seconds to wait for the first token before the attempt counts as failed (and is retried on another pair).")
