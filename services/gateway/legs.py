@@ -126,6 +126,31 @@ class Attempt:
     last_event_at: float = field(default_factory=time.monotonic)  # the decode stream's last event (or wait start)
     reading: bool = False  # the gateway is waiting for the decode stream's next event
     stalled: str | None = None  # why the gateway gave up on the decode stream (no progress), if it did
+    gone: str | None = None  # an engine of the pair that left the registry before the first token (engine_gone)
+    _gone_waiter: asyncio.Future[None] | None = None  # set by engine_gone: a wait for the first token ends
+    _first_token_timeout: asyncio.Timeout | None = None  # the common case's wait for it, rescheduled to end it
+
+    def engine_gone(self, instance_id: str) -> None:
+        """One of the pair's engines left the registry (its sidecar saw it die or hang) while the request
+        waits for its first token: the wait ends now with :class:`LegFailed`, so the request is tried on
+        another pair instead of waiting out the first-token timeout."""
+        if self.gone is not None:
+            return
+        self.gone = instance_id
+        if self._first_token_timeout is not None:
+            self._first_token_timeout.reschedule(asyncio.get_running_loop().time())
+        if self._gone_waiter is not None and not self._gone_waiter.done():
+            self._gone_waiter.set_result(None)
+
+    def _gone_failure(self) -> LegFailed:
+        return LegFailed(self.gone or self.decode.instance_id,
+                         f"engine {self.gone} left the registry before the first token")
+
+    def _gone_future(self) -> asyncio.Future[None]:
+        waiter = self._gone_waiter = asyncio.get_running_loop().create_future()
+        if self.gone is not None:
+            waiter.set_result(None)
+        return waiter
 
     def bodies(self, body: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
         decode_body = dict(body)
@@ -273,20 +298,28 @@ class Attempt:
             # without the task and wait() machinery.
             if self.prefill_task is not None and self.prefill_task.exception() is not None:
                 raise self.prefill_task.exception()  # type: ignore[misc]
+            if self.gone is not None:
+                raise self._gone_failure()
             try:
-                async with asyncio.timeout_at(asyncio.get_running_loop().time() + max(0.0, deadline - time.monotonic())):
+                async with asyncio.timeout_at(asyncio.get_running_loop().time() + max(0.0, deadline - time.monotonic())) as cm:
+                    self._first_token_timeout = cm  # engine_gone ends it early
                     event = await self._read_event()
             except TimeoutError:
+                if self.gone is not None:
+                    raise self._gone_failure() from None
                 raise LegFailed(self.decode.instance_id, f"no first token within {timeout_s:.0f}s") from None
+            finally:
+                self._first_token_timeout = None
             if event is None:
                 raise LegFailed(self.decode.instance_id, "decode stream ended before the first token")
             self.buffered.append(event)
             if event.text or event.finish_reason:
                 return
+        gone = self._gone_future()
         while True:
             if reader is None:
                 reader = asyncio.ensure_future(self._read_event())
-            waiting: set[asyncio.Future[Any]] = {reader}
+            waiting: set[asyncio.Future[Any]] = {reader, gone}
             if self.prefill_task is not None and not self.prefill_task.done():
                 waiting.add(self.prefill_task)
             done, _ = await asyncio.wait(waiting, timeout=max(0.0, deadline - time.monotonic()),
@@ -294,6 +327,9 @@ class Attempt:
             if not done:
                 reader.cancel()
                 raise LegFailed(self.decode.instance_id, f"no first token within {timeout_s:.0f}s")
+            if gone in done:
+                reader.cancel()
+                raise self._gone_failure()
             prefill_error = self.prefill_task.exception() if self.prefill_task in done else None  # type: ignore[union-attr]
             if prefill_error is not None:
                 reader.cancel()
@@ -310,7 +346,8 @@ class Attempt:
     async def _wait_whole(self, timeout_s: float) -> None:
         """Non-streaming decode leg: wait for its whole answer, failing early if the prefill leg fails."""
         assert self._decode_task is not None
-        waiting: set[asyncio.Task[None]] = {self._decode_task}
+        gone = self._gone_future()
+        waiting: set[asyncio.Future[Any]] = {self._decode_task, gone}
         if self.prefill_task is not None:
             waiting.add(self.prefill_task)
         deadline = time.monotonic() + timeout_s
@@ -319,6 +356,8 @@ class Attempt:
                                          return_when=asyncio.FIRST_COMPLETED)
             if not done:
                 raise LegFailed(self.decode.instance_id, f"no answer within {timeout_s:.0f}s")
+            if gone in done:
+                raise self._gone_failure()
             if self.prefill_task in done:
                 waiting.discard(self.prefill_task)
                 if self.prefill_task.exception() is not None:  # type: ignore[union-attr]

@@ -163,6 +163,12 @@ class GatewayService:
 
     def _on_instances(self, instances: dict[str, InstanceInfo]) -> None:
         self.cluster.set_instances(instances)
+        for flow in self.flows.values():  # requests waiting for a first token from an engine that just left
+            attempt = flow.attempt
+            if attempt is not None and flow.outcome.first_token_at is None:
+                for engine in (attempt.prefill, attempt.decode):
+                    if engine is not None and engine.instance_id not in instances:
+                        attempt.engine_gone(engine.instance_id)
         self.metrics.instances.clear()
         for info in instances.values():
             self.metrics.instances.labels(info.role, info.status).inc()

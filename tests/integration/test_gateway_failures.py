@@ -246,3 +246,37 @@ async def test_a_stalled_decode_engine_has_its_streams_rescued(cluster, engines,
         if stopped is not None:
             os.kill(stopped, signal.SIGCONT)
         other.proc.stop()
+
+
+async def test_a_request_waiting_on_an_engine_that_leaves_the_registry_is_tried_on_another_pair(  # type: ignore[no-untyped-def]
+        cluster, engines, nats_server, etcd_server, tmp_path) -> None:
+    """SIGSTOP of the prefill engine before the request's first token, then its registration goes (as its
+    sidecar does when the engine stops answering): the request goes to the other prefill engine at once,
+    not after the first-token timeout."""
+    registry, ns = cluster
+    other = SimEngine(tmp_path, "prefill", MODEL, 0.2)
+    wait_for_port("127.0.0.1", other.port, 30, other.proc.proc)
+    hung = engines["prefill"].proc.proc.pid
+    regs = await register(registry, engines["prefill"].info("p0"), engines["decode"].info("d0"))
+    os.kill(hung, signal.SIGSTOP)
+    try:
+        async with gateway(nats_server, etcd_server, ns, first_token_timeout_s=120) as (url, service):
+            await wait_instances(service, 2)
+            async with httpx.AsyncClient(timeout=60) as client:
+                t0 = time.monotonic()
+                request = asyncio.create_task(client.post(url + "/v1/completions", json={**BODY, "stream": True}))
+                deadline = time.monotonic() + 10
+                while not service.flows or next(iter(service.flows.values())).attempt is None:
+                    assert time.monotonic() < deadline, "the request was never dispatched"
+                    await asyncio.sleep(0.02)
+                assert next(iter(service.flows.values())).attempt.prefill.instance_id == "p0"  # type: ignore[union-attr]
+                await register(registry, other.info("p1"))
+                await regs[0].deregister()
+                r = await request
+                elapsed = time.monotonic() - t0
+        assert r.status_code == 200 and r.text.count('"text"') == BODY["max_tokens"]
+        assert service.metrics.retries._value.get() == 1  # type: ignore[attr-defined]
+        assert elapsed < 20  # the registry's change, not the 120-s first-token timeout
+    finally:
+        os.kill(hung, signal.SIGCONT)
+        other.proc.stop()
