@@ -31,7 +31,8 @@ Decode KV, two models (``EngineSpec.decode_kv``, the engine model's ``decode_kv`
   admission) once they fit again. This is where imbalanced decode instances lose (ARES' OOMs). The engine
   reports the KV it holds.
 
-Colocated instances always reserve whole outputs here (engine_sim's colocated engines grow and retract).
+Colocated instances follow the same model: with ``grow`` a colocated engine retracts as SGLang does, the request
+going back to the waiting queue to be prefilled again with its output (engine_sim's colocated engines too).
 Prefix cache (``EngineSpec.prefix_cache``): prefill and colocated instances keep SGLang's radix cache, keyed
 by the requests' prefix blocks (the Mooncake traces' ``hash_ids``); a role change starts an empty tree.
 Transfers do not contend for bandwidth.
@@ -65,7 +66,7 @@ class EngineSpec:
     preemption: Preemption = "chunk"
     chunk_tokens: int | None = None  # None: the profile's chunked_prefill_size; <= 0: prompts are not chunked
     kv_report: Literal["reserved", "current"] = "reserved"  # decode KV use as reported (see the module doc)
-    decode_kv: Literal["whole", "grow"] = "whole"  # decode KV admission: whole outputs, or grow and retract
+    decode_kv: Literal["whole", "grow"] = "whole"  # decode and colocated KV: whole outputs, or grow and retract
     reserved_decode_tokens: int = 512  # grow: output KV set aside at admission (SGLang's default)
     prefix_cache: bool = False  # prefill and colocated instances reuse cached prompt prefixes (the module doc)
 
@@ -79,10 +80,10 @@ class EngineSpec:
                 f"decode {self.decode_policy}{kv}")
 
     def model(self, role: Role, latency: LatencyModel) -> EngineModel:
-        """A fresh engine model with these settings (colocated engines reserve whole outputs: module doc)."""
+        """A fresh engine model with these settings."""
         return EngineModel(role, latency, prefill_policy=self.prefill_policy, decode_policy=self.decode_policy,
                            preemption=self.preemption, chunk_tokens=self.chunk_tokens, decode_kv=self.decode_kv,
-                           colocated_kv="whole", reserved_decode_tokens=self.reserved_decode_tokens,
+                           colocated_kv=self.decode_kv, reserved_decode_tokens=self.reserved_decode_tokens,
                            prefix_cache=self.prefix_cache)
 
 

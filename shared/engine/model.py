@@ -251,14 +251,16 @@ class EngineModel:
         req.phase = Phase.PREALLOC
         self.prealloc.append(req)
 
-    def admit_prealloc(self, now: float) -> list[EngineRequest]:
+    def admit_prealloc(self, now: float, headroom: int | None = None) -> list[EngineRequest]:
         """Decode: reserve KV for queued requests in order while it fits (leaving the running batch its next
         step's growth, and retracted requests first) and request slots last. Returns those admitted: their
-        prompt's KV may come now (:meth:`transfer_done` when it has)."""
+        prompt's KV may come now (:meth:`transfer_done` when it has). ``headroom``: that growth, when the caller
+        has counted it."""
         out: list[EngineRequest] = []
         if self.retracted:
             return out  # retracted requests get the KV back first (SGLang resumes them before new preallocations)
-        headroom = self._growth() if self.grows else 0
+        if headroom is None:
+            headroom = self._growth() if self.grows else 0
         slots = 2 * self.max_running - len(self.running) - self.transferring - len(self.ready)
         q = self.prealloc
         while q and slots > 0:
@@ -378,12 +380,13 @@ class EngineModel:
 
     def _growth(self) -> int:
         """Free KV the running batch's next step takes (one token each beyond what it holds)."""
-        return sum(1 for r in self.running if self._needs_growth(r))
+        return len([r for r in self.running if r.prompt_tokens + r.generated >= r.kv_held])
 
     def _grow(self, now: float, step: Step) -> None:
         """Give every running request the KV of its next token, retracting in SGLang's order while that does
         not fit."""
-        need = self._growth()
+        needy = [r for r in self.running if r.prompt_tokens + r.generated >= r.kv_held]  # past their reservation
+        need = len(needy)
         if self.cache is not None:
             self.cache.make_room(need, self.kv_capacity - self.used_kv)  # evict before retracting
         free = self.kv_capacity - self.used_kv - (self.cache.tokens if self.cache is not None else 0)
@@ -409,13 +412,13 @@ class EngineModel:
             else:
                 victim.phase = Phase.RETRACTED
                 self.retracted.append(victim)
-        for r in self.running:
-            if self._needs_growth(r):
-                r.kv_held += 1
+        if step.retracted:
+            needy = [r for r in needy if r.phase is Phase.RUNNING]
+        for r in needy:
+            r.kv_held += 1
         self.used_kv += need
 
-    def _resume_retracted(self) -> None:
-        headroom = self._growth()
+    def _resume_retracted(self, headroom: int) -> None:
         while self.retracted and len(self.running) < self.max_running:
             req = self.retracted[0]
             need = self.admission_kv(req)
@@ -438,9 +441,11 @@ class EngineModel:
                     (n, r.prefilled) for r, n in step.prefill)
             return step
         if self.role == "decode":
-            if self.grows:
-                self._resume_retracted()
-            step.admitted = self.admit_prealloc(now)
+            # The running batch's next growth, left free for it (resumed requests hold their reservation).
+            headroom = self._growth() if self.grows else 0
+            if self.retracted:
+                self._resume_retracted(headroom)
+            step.admitted = self.admit_prealloc(now, headroom)
             self._join_ready(now, step)
             if self.grows:
                 self._grow(now, step)

@@ -177,6 +177,23 @@ def test_growing_decode_kv_retracts_when_full_and_loses_nothing() -> None:
     assert second.tpot_s > whole.records[1].tpot_s
 
 
+def test_a_colocated_engine_that_grows_kv_retracts_by_recompute_and_loses_nothing() -> None:
+    import dataclasses
+
+    m = model(kv_capacity_tokens=2300)
+    w = workload((0.0, 1000, 600), (0.05, 1000, 600))
+    mix = make_mix("colocated", 1, decode_kv="grow")
+    mix = dataclasses.replace(mix, engine=dataclasses.replace(mix.engine, reserved_decode_tokens=50))
+    grow = simulate(w, mix, m, SLO_)
+    # Both start; when their growth no longer fits, the later one goes back to the queue and is prefilled
+    # again with its output (SGLang's colocated retract), after which it finishes its 600 tokens.
+    assert grow.config["retractions"] >= 1
+    assert all(r.ok and r.output_tokens_received == 600 for r in grow.records)
+    first, second = grow.records
+    assert second.first_token_s is not None and second.first_token_s < first.finished_s
+    assert second.finished_s > first.finished_s
+
+
 def test_retraction_takes_the_fewest_output_tokens_then_the_longest_prompt() -> None:
     from loadgen.sim.instance import SimRequest
     from shared.engine.model import retraction_order
