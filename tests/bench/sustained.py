@@ -21,6 +21,9 @@ starting from the even split 4P4D. Then the controller's goals are checked on th
 - the mix simulating at >= 150 simulated seconds per wall second.
 
 Writes ``tests/bench/results/sustained/<workload>.{md,json,png}`` and ``sustained.{md,json}`` (the summary).
+``--decode-kv grow`` runs every mix on SGLang's KV model instead of the simulator's default (whole outputs
+reserved at admission): decode and colocated KV grow per token and retract when full; its results go to
+``tests/bench/results/sustained-grow/``.
 ``--workloads a,b`` runs some workloads and replaces their rows in the summary (each row keeps the command
 that produced it); ``--jobs N`` runs N simulations at once.
 """
@@ -66,16 +69,17 @@ BISECTIONS = 4
 MODEL = LatencyModel(load_profile())
 
 
-def _task(workload: str, policy: str) -> GoodputResult:
+def _task(workload: str, policy: str, decode_kv: str | None = None) -> GoodputResult:
     """One goodput search: ``static-<split>``, ``colocated`` or ``poise`` (starting at 4P4D)."""
     w = load_trace(workload)
     slo = slo_for(workload)
     if policy.startswith("static-"):
-        build = functools.partial(make_mix, "static-minload", INSTANCES, policy.removeprefix("static-"))
+        build = functools.partial(make_mix, "static-minload", INSTANCES, policy.removeprefix("static-"),
+                                  decode_kv=decode_kv)
     elif policy == "colocated":
-        build = functools.partial(make_mix, "colocated", INSTANCES)
+        build = functools.partial(make_mix, "colocated", INSTANCES, decode_kv=decode_kv)
     else:
-        build = functools.partial(make_mix, policy, INSTANCES, START)
+        build = functools.partial(make_mix, policy, INSTANCES, START, decode_kv=decode_kv)
     t0 = time.monotonic()
     result = search_goodput(w, build, MODEL, slo, target=TARGET, bisections=BISECTIONS, probe_above=1)
     result.policy = policy
@@ -84,9 +88,9 @@ def _task(workload: str, policy: str) -> GoodputResult:
     return result
 
 
-def _point(workload: str, policy: str, scale: float) -> CurvePoint:
-    return curve_point(load_trace(workload), make_mix(policy, INSTANCES, START), MODEL, slo_for(workload), scale,
-                       yardstick=Yardstick())
+def _point(workload: str, policy: str, decode_kv: str | None, scale: float) -> CurvePoint:
+    return curve_point(load_trace(workload), make_mix(policy, INSTANCES, START, decode_kv=decode_kv), MODEL,
+                       slo_for(workload), scale, yardstick=Yardstick())
 
 
 def _checks(start: GoodputResult, poise: GoodputResult, slo: SLO) -> dict[str, object]:
@@ -120,7 +124,7 @@ def _load_results(path: Path) -> dict[str, GoodputResult]:
 
 
 def run_workload(workload: str, pool: ProcessPoolExecutor, out: Path, command: str,
-                 only: list[str] | None = None, resume: bool = False) -> dict[str, object]:
+                 only: list[str] | None = None, resume: bool = False, decode_kv: str | None = None) -> dict[str, object]:
     """Every search of one workload; with ``only``, just those policies, the rest read from the last run; with
     ``resume``, only the searches the last run did not finish."""
     w = load_trace(workload)
@@ -129,7 +133,7 @@ def run_workload(workload: str, pool: ProcessPoolExecutor, out: Path, command: s
     cache = out / f"{workload}-all.json"
     earlier = _load_results(cache) if only is not None or resume else {}
     todo = [n for n in names if (only is not None and n in only) or n not in earlier]
-    futures = {n: pool.submit(_task, workload, n) for n in todo}
+    futures = {n: pool.submit(_task, workload, n, decode_kv) for n in todo}
     results = {n: earlier[n] for n in names if n not in futures}
     for n in todo:  # each search lands in the cache as it ends, so an interrupted run resumes (--resume)
         results[n] = futures[n].result()
@@ -141,7 +145,7 @@ def run_workload(workload: str, pool: ProcessPoolExecutor, out: Path, command: s
     missing = sorted(p.rate_scale for p in start.points if p.attainment >= TARGET and p.rate_scale not in have)
     missing += sorted(p.rate_scale for p in start.points if p.attainment >= 0.95 and p.rate_scale not in have
                       and p.rate_scale not in missing)
-    for _scale, point in zip(missing, pool.map(functools.partial(_point, workload, "poise"), missing), strict=True):
+    for _scale, point in zip(missing, pool.map(functools.partial(_point, workload, "poise", decode_kv), missing), strict=True):
         poise.points.append(point)
     poise.points.sort(key=lambda p: p.rate_scale)
     cache.write_text(json.dumps({k: asdict(r) for k, r in results.items()}, indent=1, default=str))
@@ -201,6 +205,9 @@ def main() -> None:
                              "from the workload's last <workload>-all.json")
     parser.add_argument("--summarize", action="store_true",
                         help="run nothing: rebuild the summary rows of --workloads from their <workload>-all.json")
+    parser.add_argument("--decode-kv", choices=["whole", "grow"], default=None,
+                        help="the engines' KV model (default: the simulator's, whole outputs); grow writes to "
+                             "results/sustained-grow/")
     parser.add_argument("--resume", action="store_true",
                         help="keep the searches an interrupted run already finished (<workload>-all.json)")
     args = parser.parse_args()
@@ -208,7 +215,7 @@ def main() -> None:
     unknown = sorted(set(workloads) - set(TUNE + HELD_OUT))
     if unknown:
         raise SystemExit(f"unknown workload: {', '.join(unknown)}; known: {', '.join(TUNE + HELD_OUT)}")
-    out = OUT / "sustained"
+    out = OUT / ("sustained-grow" if args.decode_kv == "grow" else "sustained")
     out.mkdir(parents=True, exist_ok=True)
     command = shlex.join(["python", "-m", "tests.bench.sustained", *sys.argv[1:]])
     summary = out / "sustained.json"
@@ -221,7 +228,8 @@ def main() -> None:
             print(f"{workload} ({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
             only = [] if args.summarize else args.policies.split(",") if args.policies else None
             row_command = produced_by.get(workload, command) if args.summarize else command
-            row = {**run_workload(workload, pool, out, row_command, only, args.resume), "command": row_command}
+            row = {**run_workload(workload, pool, out, row_command, only, args.resume, args.decode_kv),
+                   "command": row_command}
             with _locked(out / "sustained.lock"):  # runs on disjoint workloads may share the summary
                 current = json.loads(summary.read_text())["rows"] if summary.exists() else rows
                 rows = [r for r in current if r["workload"] != workload] + [row]
@@ -246,6 +254,8 @@ def _write_summary_md(out: Path, rows: list[dict[str, object]]) -> None:
         "own in sustained.json): " + ", ".join(f"`{c}`" for c in commands) + "\n\n"
         f"Yardstick: {Yardstick().describe()}; goodput at {TARGET:.0%} attainment, 8 instances, "
         f"{BISECTIONS} bisections. Tuned on: {', '.join(TUNE)}; seen: {', '.join(SEEN)}; held out: {', '.join(w for w in HELD_OUT if w not in SEEN)}.\n\n"
+        + ("KV model: SGLang's (decode and colocated KV grow per token from prompt + 512 and retract when full), "
+           "not the simulator's default whole-output reservation.\n\n" if out.name == "sustained-grow" else "")
         + summary_table(rows))
 
 
