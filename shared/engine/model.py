@@ -221,11 +221,6 @@ class EngineModel:
 
     # -- what the engine holds ---------------------------------------------------------------------
     @property
-    def free_kv(self) -> int:
-        """KV neither the requests nor the tree hold (the tree's unlocked blocks can be evicted on top)."""
-        return self.kv_capacity - self.used_kv - (self.cache.tokens if self.cache is not None else 0)
-
-    @property
     def empty(self) -> bool:
         return not (self.waiting or self.prefilling or self.prealloc or self.transferring or self.ready
                     or self.running or self.retracted) and self.used_kv == 0
