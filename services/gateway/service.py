@@ -163,17 +163,40 @@ class GatewayService:
 
     def _on_instances(self, instances: dict[str, InstanceInfo]) -> None:
         self.cluster.set_instances(instances)
-        for flow in self.flows.values():  # requests waiting for a first token from an engine that just left
+        left: dict[str, InstanceInfo] = {}  # engines that requests still wait on for a first token
+        for flow in self.flows.values():
             attempt = flow.attempt
             if attempt is not None and flow.outcome.first_token_at is None:
                 for engine in (attempt.prefill, attempt.decode):
                     if engine is not None and engine.instance_id not in instances:
-                        attempt.engine_gone(engine.instance_id)
+                        left[engine.instance_id] = engine
+        for engine in left.values():
+            self.spawn(self._check_left(engine))
         self.metrics.instances.clear()
         for info in instances.values():
             self.metrics.instances.labels(info.role, info.status).inc()
         if self.late_binding is not None:
             self.late_binding.kick()  # a prefill engine came or went: held requests may go (or fail) now
+
+    async def _check_left(self, engine: InstanceInfo) -> None:
+        """An engine left the registry while requests wait on it for a first token. Its sidecar deregisters an
+        engine that stopped answering, but also one it stops after a drain, or the registration goes with a
+        sidecar that died beside a working engine: so ask the engine. One that does not answer its /health
+        in ``left_probe_timeout_s`` is given up, and its waiting requests are tried on another pair at once
+        (not after the first-token timeout); one that answers finishes what it has."""
+        assert self.http is not None
+        try:
+            status, _ = await asyncio.wait_for(self.http.fetch("GET", engine.url + "/health"),
+                                               self.settings.left_probe_timeout_s)
+            if status == 200:
+                return
+        except (OSError, TimeoutError, ValueError):
+            pass
+        for flow in list(self.flows.values()):
+            attempt = flow.attempt
+            if attempt is not None and flow.outcome.first_token_at is None and engine.instance_id in (
+                    attempt.decode.instance_id, attempt.prefill.instance_id if attempt.prefill else None):
+                attempt.engine_gone(engine.instance_id)
 
     def new_flow(self, parsed) -> RequestFlow:  # type: ignore[no-untyped-def]
         assert self.http is not None

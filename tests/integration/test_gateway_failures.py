@@ -251,8 +251,9 @@ async def test_a_stalled_decode_engine_has_its_streams_rescued(cluster, engines,
 async def test_a_request_waiting_on_an_engine_that_leaves_the_registry_is_tried_on_another_pair(  # type: ignore[no-untyped-def]
         cluster, engines, nats_server, etcd_server, tmp_path) -> None:
     """SIGSTOP of the prefill engine before the request's first token, then its registration goes (as its
-    sidecar does when the engine stops answering): the request goes to the other prefill engine at once,
-    not after the first-token timeout."""
+    sidecar does when the engine stops answering): the engine does not answer the gateway's probe either, so
+    the request goes to the other prefill engine at once, not after the first-token timeout. (An engine that
+    leaves the registry but answers keeps its requests: tests/integration/test_gateway_late_binding.py.)"""
     registry, ns = cluster
     other = SimEngine(tmp_path, "prefill", MODEL, 0.2)
     wait_for_port("127.0.0.1", other.port, 30, other.proc.proc)
