@@ -461,7 +461,7 @@ class SimInstance:
         for req in step.prompts_admitted:
             if role == "decode":  # a local prompt: its KV was pending, its output not yet written
                 self.unwritten_kv += req.output_tokens
-                self.pending_tokens -= req.input_tokens + req.output_tokens
+                self.pending_tokens -= req.kv_tokens  # type: ignore[attr-defined]
                 self.pending_prompt_tokens -= req.input_tokens
             elif role == "prefill":  # its cached prefix needs no computing
                 self.pending_tokens -= req.cached

@@ -17,6 +17,7 @@ from services.gateway.cluster import ClusterView
 from services.gateway.config import GatewaySettings
 from services.gateway.flow import MoveResult, RequestFlow
 from services.gateway.late_binding import LateBindingQueue
+from services.gateway.legs import Attempt
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.slo import SloTable
 from shared.bus import Bus, bus_from_settings
@@ -163,13 +164,7 @@ class GatewayService:
 
     def _on_instances(self, instances: dict[str, InstanceInfo]) -> None:
         self.cluster.set_instances(instances)
-        left: dict[str, InstanceInfo] = {}  # engines that requests still wait on for a first token
-        for flow in self.flows.values():
-            attempt = flow.attempt
-            if attempt is not None and flow.outcome.first_token_at is None:
-                for engine in (attempt.prefill, attempt.decode):
-                    if engine is not None and engine.instance_id not in instances:
-                        left[engine.instance_id] = engine
+        left = {e.instance_id: e for _, e in self._awaiting_first_token() if e.instance_id not in instances}
         for engine in left.values():
             self.spawn(self._check_left(engine))
         self.metrics.instances.clear()
@@ -192,11 +187,18 @@ class GatewayService:
                 return
         except (OSError, TimeoutError, ValueError):
             pass
-        for flow in list(self.flows.values()):
-            attempt = flow.attempt
-            if attempt is not None and flow.outcome.first_token_at is None and engine.instance_id in (
-                    attempt.decode.instance_id, attempt.prefill.instance_id if attempt.prefill else None):
+        for attempt, waited_on in self._awaiting_first_token():
+            if waited_on.instance_id == engine.instance_id:
                 attempt.engine_gone(engine.instance_id)
+
+    def _awaiting_first_token(self) -> list[tuple[Attempt, InstanceInfo]]:
+        """(attempt, engine) for every engine of every current attempt still waiting for its first token."""
+        out = []
+        for flow in self.flows.values():
+            attempt = flow.attempt
+            if attempt is not None and flow.outcome.first_token_at is None:
+                out += [(attempt, e) for e in (attempt.prefill, attempt.decode) if e is not None]
+        return out
 
     def new_flow(self, parsed) -> RequestFlow:  # type: ignore[no-untyped-def]
         assert self.http is not None

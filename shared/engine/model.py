@@ -128,8 +128,8 @@ class EngineRequest:
 @dataclass(slots=True)
 class Step:
     """The next forward pass and what the step boundary did. ``prefill``: (request, new tokens) in plan order;
-    ``decode``: the requests that decode a token; ``time_s``: the latency model's time for the pass;
-    ``prefill_s``: the share the prefill policy is told it took (all of it, outside decode-only steps).
+    ``decode``: the requests that decode a token; ``time_s``: the latency model's time for the pass (what
+    the prefill policy is told a pass with prefill parts took, a mixed step's decode part included).
 
     Made at the boundary, for the adapter to act on: ``admitted`` (decode: KV reserved, the prompt's KV may
     come now), ``prompts_admitted`` (prompts that got KV), ``joined`` (joined the running batch; a fresh one
@@ -138,7 +138,6 @@ class Step:
     time_s: float = 0.0
     prefill: list[tuple[EngineRequest, int]] = field(default_factory=list)
     decode: list[EngineRequest] = field(default_factory=list)
-    prefill_s: float = 0.0
     admitted: list[EngineRequest] = field(default_factory=list)
     prompts_admitted: list[EngineRequest] = field(default_factory=list)
     joined: list[EngineRequest] = field(default_factory=list)
@@ -432,7 +431,7 @@ class EngineModel:
         if self.role == "prefill":
             step.prefill = self._prefill_parts(self.chunk, _prompt_kv, now, step)
             if step.prefill:
-                step.time_s = step.prefill_s = self.latency.prefill_batch_time_s(
+                step.time_s = self.latency.prefill_batch_time_s(
                     (n, r.prefilled) for r, n in step.prefill)
             return step
         if self.role == "decode":
@@ -472,7 +471,7 @@ class EngineModel:
             if batch:  # the decode part's time, as the policy would see it alone
                 self.decode_policy.observe(len(batch), max(contexts), context,
                                            self.latency.decode_step_time_s(len(batch), context))
-        step.time_s = step.prefill_s = self.latency.mixed_step_time_s(
+        step.time_s = self.latency.mixed_step_time_s(
             len(batch), context, ((n, r.prefilled) for r, n in step.prefill))
 
     def _decode_batch(self, now: float) -> list[EngineRequest]:
@@ -497,7 +496,8 @@ class EngineModel:
         queue.sort(key=_arrival)  # two sorted runs: timsort merges them in linear time
         return queue
 
-    def _prefill_parts(self, budget: int, kv_for: _KvFor, now: float, step: Step) -> list[tuple[EngineRequest, int]]:
+    def _prefill_parts(self, budget: int, kv_for: Callable[[EngineRequest], int], now: float,
+                       step: Step) -> list[tuple[EngineRequest, int]]:
         """The next pass's prompts: the policy's plan (or, for an event-driven policy between events, the rest
         of its last plan), admitted by KV in plan order."""
         if budget <= 0 or not (self.prefilling or self.waiting):
@@ -611,7 +611,7 @@ class EngineModel:
                     self._finish(req, now)
                     finished.append(req)
         if step.prefill:
-            self.prefill_policy.observe(sum(n for _, n in step.prefill), step.prefill_s)
+            self.prefill_policy.observe(sum(n for _, n in step.prefill), step.time_s)
             for req, n in step.prefill:
                 if req.phase is not Phase.PREFILLING:
                     continue
@@ -645,7 +645,6 @@ class EngineModel:
         self.ready.append(req)  # first token when it joins the batch, at once if there is room
 
 
-_KvFor = Callable[[EngineRequest], int]
 _PREFILL_PHASES = (Phase.WAITING, Phase.PREFILLING)
 
 
