@@ -7,8 +7,8 @@ every split with the capacity model in ``split_capacity`` (the latency profile t
 model DOPD's Eq. 11-14 come from, generalised to length distributions and local prefill). It then flips one
 instance towards the best split when
 
-- the best split's score is below ``1 - min_gain`` of the current one's, or the current split is past a
-  side's capacity (score > 1) and the best is better at all; and
+- the best split's score is below ``1 - min_gain`` of the current one's (also under an overload: a flip drains
+  an instance, and one that only moves the overload from one side to the other is not worth that); and
 - the same direction came out ``confirm`` evaluations in a row (one interval's mix can be an outlier).
 
 What keeps it stable, and why each rule is there:

@@ -106,3 +106,15 @@ def test_sim_decode_kv_flag_picks_the_kv_model() -> None:
     assert parse_settings(SimSettings, ["--decode-kv", "grow"]).mix_builder("static-minload")().engine.decode_kv == "grow"
     with pytest.raises(PoiseError, match="decode KV model"):
         parse_settings(SimSettings, ["--decode-kv", "paged"]).mix_builder("static-minload")
+
+
+def test_sim_policy_help_names_every_mix() -> None:
+    """The help lists the mixes by hand (the CLI does not import the simulator to print it): it must not drift."""
+    import re
+
+    from loadgen.sim.baselines import MIXES
+    from services.cli.main import SimSettings
+
+    description = SimSettings.model_fields["policy"].description or ""
+    listed = set(re.findall(r"[a-z][a-z-]+", description.split(":", 1)[1]))
+    assert set(MIXES) <= listed, f"missing from --policy's help: {sorted(set(MIXES) - listed)}"
