@@ -126,25 +126,25 @@ class Attempt:
     last_event_at: float = field(default_factory=time.monotonic)  # the decode stream's last event (or wait start)
     reading: bool = False  # the gateway is waiting for the decode stream's next event
     stalled: str | None = None  # why the gateway gave up on the decode stream (no progress), if it did
-    gone: str | None = None  # an engine of the pair that left the registry before the first token (engine_gone)
+    gone: str | None = None  # an engine of the pair that stopped working before the first token (engine_gone)
+    gone_why: str = ""  # ... how the gateway knows
     _gone_waiter: asyncio.Future[None] | None = None  # set by engine_gone: a wait for the first token ends
     _first_token_timeout: asyncio.Timeout | None = None  # the common case's wait for it, rescheduled to end it
 
-    def engine_gone(self, instance_id: str) -> None:
-        """One of the pair's engines left the registry (its sidecar saw it die or hang) while the request
-        waits for its first token: the wait ends now with :class:`LegFailed`, so the request is tried on
-        another pair instead of waiting out the first-token timeout."""
+    def engine_gone(self, instance_id: str, why: str) -> None:
+        """One of the pair's engines stopped working (it left the registry, or has not answered a probe) while
+        the request waits for its first token: the wait ends now with :class:`LegFailed`, so the request is
+        tried on another pair instead of waiting out the first-token timeout."""
         if self.gone is not None:
             return
-        self.gone = instance_id
+        self.gone, self.gone_why = instance_id, why
         if self._first_token_timeout is not None:
             self._first_token_timeout.reschedule(asyncio.get_running_loop().time())
         if self._gone_waiter is not None and not self._gone_waiter.done():
             self._gone_waiter.set_result(None)
 
     def _gone_failure(self) -> LegFailed:
-        return LegFailed(self.gone or self.decode.instance_id,
-                         f"engine {self.gone} left the registry before the first token")
+        return LegFailed(self.gone or self.decode.instance_id, f"engine {self.gone} {self.gone_why} before the first token")
 
     def _gone_future(self) -> asyncio.Future[None]:
         waiter = self._gone_waiter = asyncio.get_running_loop().create_future()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 import time
 from collections.abc import Coroutine
@@ -83,6 +84,8 @@ class GatewayService:
         self._events: list[RequestEvent] = []
         self._flusher: asyncio.Task[None] | None = None
         self._stall_watch: asyncio.Task[None] | None = None
+        self._probing: set[str] = set()  # engines whose /health is being asked (_probe)
+        self._probed_at: dict[str, float] = {}  # when the stall sweep last asked an engine (monotonic)
 
     async def _on_load(self, report: LoadReport, subject: str) -> None:
         await self.cluster.on_load(report, subject)
@@ -166,30 +169,43 @@ class GatewayService:
         self.cluster.set_instances(instances)
         left = {e.instance_id: e for _, e in self._awaiting_first_token() if e.instance_id not in instances}
         for engine in left.values():
-            self.spawn(self._check_left(engine))
+            self._probe(engine, "left the registry")
         self.metrics.instances.clear()
         for info in instances.values():
             self.metrics.instances.labels(info.role, info.status).inc()
         if self.late_binding is not None:
             self.late_binding.kick()  # a prefill engine came or went: held requests may go (or fail) now
 
-    async def _check_left(self, engine: InstanceInfo) -> None:
-        """An engine left the registry while requests wait on it for a first token. Its sidecar deregisters an
-        engine that stopped answering, but also one it stops after a drain, or the registration goes with a
-        sidecar that died beside a working engine: so ask the engine. One that does not answer its /health
-        in ``left_probe_timeout_s`` is given up, and its waiting requests are tried on another pair at once
-        (not after the first-token timeout); one that answers finishes what it has."""
+    def _probe(self, engine: InstanceInfo, why: str) -> None:
+        """Ask ``engine`` whether it still works (at most one question in flight per engine)."""
+        if engine.instance_id not in self._probing:
+            self._probing.add(engine.instance_id)
+            self.spawn(self._probe_waited_on(engine, why))
+
+    async def _probe_waited_on(self, engine: InstanceInfo, why: str) -> None:
+        """Requests wait on ``engine`` for a first token and something says it may be gone: it left the registry
+        (its sidecar deregisters an engine that stopped answering, but also one it stops after a drain, and
+        the registration goes with a sidecar that died beside a working engine), or a request has waited
+        ``stall_timeout_s`` on it (a hung engine whose sidecar has not noticed yet). So ask the engine: one that
+        does not answer its /health in ``probe_timeout_s`` is given up, and its waiting requests are tried on
+        another pair at once (not after the first-token timeout); one that answers finishes what it has."""
         assert self.http is not None
         try:
-            status, _ = await asyncio.wait_for(self.http.fetch("GET", engine.url + "/health"),
-                                               self.settings.left_probe_timeout_s)
-            if status == 200:
-                return
-        except (OSError, TimeoutError, ValueError):
-            pass
-        for attempt, waited_on in self._awaiting_first_token():
-            if waited_on.instance_id == engine.instance_id:
-                attempt.engine_gone(engine.instance_id)
+            try:
+                status, _ = await asyncio.wait_for(self.http.fetch("GET", engine.url + "/health"),
+                                                   self.settings.probe_timeout_s)
+                if status == 200:
+                    return
+                answer = f"answered /health with {status}"
+            except (OSError, TimeoutError, ValueError) as exc:
+                answer = f"did not answer /health ({type(exc).__name__})"
+            log.warning("engine %s %s and %s: the requests waiting on it for a first token go to another pair",
+                        engine.instance_id, why, answer)
+            for attempt, waited_on in self._awaiting_first_token():
+                if waited_on.instance_id == engine.instance_id:
+                    attempt.engine_gone(engine.instance_id, f"{why} and {answer}")
+        finally:
+            self._probing.discard(engine.instance_id)
 
     def _awaiting_first_token(self) -> list[tuple[Attempt, InstanceInfo]]:
         """(attempt, engine) for every engine of every current attempt still waiting for its first token."""
@@ -311,11 +327,14 @@ class GatewayService:
             self._events.append(event)
 
     async def _stall_watch_loop(self) -> None:
-        """Give up decode streams whose engine stopped producing tokens (SIGSTOPped, hung, its GPU wedged).
+        """Find engines that stopped making progress (SIGSTOPped, hung, their GPU wedged).
 
         One sweep over the requests in flight every quarter of ``stall_timeout_s`` (at most 1 s), not a
-        timer per token: a stream is judged only while the gateway waits on it, and only after its first
-        token (before that, ``first_token_timeout_s`` applies). Its flow then rescues it on another pair.
+        timer per token. A decode stream is judged only while the gateway waits on it, after its first token:
+        one that went ``stall_timeout_s`` without a token is given up, and its flow rescues it on another pair.
+        Before the first token a long wait is no sign by itself (a deep prefill queue is one too), so the
+        engines a request has waited on that long are asked whether they still work (``_probe``, at most once
+        per ``stall_timeout_s`` each); the requests waiting on one that does not answer go to another pair.
         """
         timeout = self.settings.stall_timeout_s
         while True:
@@ -323,11 +342,17 @@ class GatewayService:
             now = time.monotonic()
             for flow in list(self.flows.values()):
                 attempt = flow.attempt
-                if attempt is None or not attempt.reading or flow.moving is not None \
-                        or flow.outcome.first_token_at is None:
+                if attempt is None or flow.moving is not None:
                     continue
                 idle = now - attempt.last_event_at
-                if idle > timeout:
+                if idle <= timeout:
+                    continue
+                if flow.outcome.first_token_at is None:
+                    for engine in (attempt.prefill, attempt.decode):
+                        if engine is not None and now - self._probed_at.get(engine.instance_id, -math.inf) > timeout:
+                            self._probed_at[engine.instance_id] = now
+                            self._probe(engine, f"gave no first token in {idle:.0f} s")
+                elif attempt.reading:
                     reason = f"no token from {attempt.decode.instance_id} for {idle:.1f}s: the decode engine stalled"
                     log.warning("request %s: %s; resuming it elsewhere", flow.client_id, reason)
                     self.metrics.stalls.inc()

@@ -281,3 +281,40 @@ async def test_a_request_waiting_on_an_engine_that_leaves_the_registry_is_tried_
     finally:
         os.kill(hung, signal.SIGCONT)
         other.proc.stop()
+
+
+async def test_a_request_waiting_on_a_hung_engine_that_stays_registered_is_tried_on_another_pair(  # type: ignore[no-untyped-def]
+        cluster, engines, nats_server, etcd_server, tmp_path) -> None:
+    """SIGSTOP of the prefill engine before the request's first token, its registration kept (a hung engine
+    whose sidecar has not noticed): after stall_timeout_s of waiting the gateway asks the engine's /health,
+    gets no answer in probe_timeout_s, and tries the request on the other prefill engine, long before the
+    first-token timeout."""
+    registry, ns = cluster
+    other = SimEngine(tmp_path, "prefill", MODEL, 0.2)
+    wait_for_port("127.0.0.1", other.port, 30, other.proc.proc)
+    hung = engines["prefill"].proc.proc.pid
+    await register(registry, engines["prefill"].info("p0"), engines["decode"].info("d0"))
+    os.kill(hung, signal.SIGSTOP)
+    try:
+        async with gateway(nats_server, etcd_server, ns, first_token_timeout_s=120, stall_timeout_s=1.0,
+                           probe_timeout_s=1.0) as (url, service):
+            await wait_instances(service, 2)
+            async with httpx.AsyncClient(timeout=60) as client:
+                t0 = time.monotonic()
+                request = asyncio.create_task(client.post(url + "/v1/completions", json={**BODY, "stream": True}))
+                deadline = time.monotonic() + 10
+                while not service.flows or next(iter(service.flows.values())).attempt is None:
+                    assert time.monotonic() < deadline, "the request was never dispatched"
+                    await asyncio.sleep(0.02)
+                assert next(iter(service.flows.values())).attempt.prefill.instance_id == "p0"  # type: ignore[union-attr]
+                await register(registry, other.info("p1"))
+                await wait_instances(service, 3)
+                r = await request
+                elapsed = time.monotonic() - t0
+        assert r.status_code == 200 and r.text.count('"text"') == BODY["max_tokens"]
+        assert service.metrics.retries._value.get() == 1  # type: ignore[attr-defined]
+        assert "p0" in service.cluster.instances  # it never left the registry
+        assert elapsed < 20  # stall_timeout_s and a probe, not the 120-s first-token timeout
+    finally:
+        os.kill(hung, signal.SIGCONT)
+        other.proc.stop()
