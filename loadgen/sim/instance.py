@@ -20,16 +20,16 @@ cluster needs around it:
 
 Decode KV, two models (``EngineSpec.decode_kv``, the engine model's ``decode_kv``):
 
-- ``whole`` (default): KV for prompt + whole output is reserved at admission, so no request ever runs out of
-  memory: an oracle no engine has (it knows the output length), which queues requests instead of retracting
-  them. What a decode engine *reports* as its KV use is that reservation by default, so a KV-balancing
-  dispatcher sees every request's final size; with ``EngineSpec.kv_report = "current"`` it reports the tokens
-  its requests hold so far (prompt + generated), as SGLang does and as ARES' baseline balances on.
-- ``grow`` (SGLang's and engine_sim's): admission reserves prompt + min(remaining output,
+- ``grow`` (default; SGLang's and engine_sim's): admission reserves prompt + min(remaining output,
   ``reserved_decode_tokens``), a request outgrowing that takes free KV a token per step, and when a step's
   growth does not fit, running requests are retracted in SGLang's order and resumed (before any new
   admission) once they fit again. This is where imbalanced decode instances lose (ARES' OOMs). The engine
   reports the KV it holds.
+- ``whole``: KV for prompt + whole output is reserved at admission, so no request ever runs out of memory: an
+  oracle no engine has (it knows the output length), which queues requests instead of retracting them. What a
+  decode engine *reports* as its KV use is that reservation by default, so a KV-balancing dispatcher sees
+  every request's final size; with ``EngineSpec.kv_report = "current"`` it reports the tokens its requests
+  hold so far (prompt + generated), as SGLang does and as ARES' baseline balances on.
 
 Colocated instances follow the same model: with ``grow`` a colocated engine retracts as SGLang does, the request
 going back to the waiting queue to be prefilled again with its output (engine_sim's colocated engines too).
@@ -66,7 +66,7 @@ class EngineSpec:
     preemption: Preemption = "chunk"
     chunk_tokens: int | None = None  # None: the profile's chunked_prefill_size; <= 0: prompts are not chunked
     kv_report: Literal["reserved", "current"] = "reserved"  # decode KV use as reported (see the module doc)
-    decode_kv: Literal["whole", "grow"] = "whole"  # decode and colocated KV: whole outputs, or grow and retract
+    decode_kv: Literal["whole", "grow"] = "grow"  # decode and colocated KV: grow and retract (SGLang's), or whole outputs
     reserved_decode_tokens: int = 512  # grow: output KV set aside at admission (SGLang's default)
     prefix_cache: bool = False  # prefill and colocated instances reuse cached prompt prefixes (the module doc)
 

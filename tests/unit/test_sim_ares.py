@@ -150,8 +150,9 @@ def test_a_move_the_target_has_no_room_for_is_refused_and_the_request_stays() ->
 
 
 def test_current_kv_reports_prompt_and_generated_tokens_only() -> None:
+    """Whole-output reservations, reported as SGLang would report them (ARES' baseline)."""
     m = model()
-    c, q = cluster(m, engine=EngineSpec(kv_report="current"))
+    c, q = cluster(m, engine=EngineSpec(kv_report="current", decode_kv="whole"))
     req = SimRequest(index=0, rid="r0", arrival_s=0.0, input_tokens=1000, output_tokens=500)
     q.at(0.0, 2, lambda: c.submit(req))
     seen: list[tuple[int, int, int]] = []

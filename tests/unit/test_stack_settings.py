@@ -102,8 +102,8 @@ def test_sim_local_prefill_flag_replaces_the_mixs_rule() -> None:
 def test_sim_decode_kv_flag_picks_the_kv_model() -> None:
     from services.cli.main import SimSettings
 
-    assert parse_settings(SimSettings, []).mix_builder("static-minload")().engine.decode_kv == "whole"
-    assert parse_settings(SimSettings, ["--decode-kv", "grow"]).mix_builder("static-minload")().engine.decode_kv == "grow"
+    assert parse_settings(SimSettings, []).mix_builder("static-minload")().engine.decode_kv == "grow"  # SGLang's
+    assert parse_settings(SimSettings, ["--decode-kv", "whole"]).mix_builder("static-minload")().engine.decode_kv == "whole"
     with pytest.raises(PoiseError, match="decode KV model"):
         parse_settings(SimSettings, ["--decode-kv", "paged"]).mix_builder("static-minload")
 
