@@ -21,9 +21,9 @@ starting from the even split 4P4D. Then the controller's goals are checked on th
 - the mix simulating at >= 150 simulated seconds per wall second.
 
 Writes ``tests/bench/results/sustained/<workload>.{md,json,png}`` and ``sustained.{md,json}`` (the summary).
-``--decode-kv grow`` runs every mix on SGLang's KV model instead of the simulator's default (whole outputs
-reserved at admission): decode and colocated KV grow per token and retract when full; its results go to
-``tests/bench/results/sustained-grow/``.
+The engines run the simulator's default KV model, SGLang's (decode and colocated KV grow per token and retract
+when full); ``--decode-kv whole`` runs every mix with whole outputs reserved at admission instead (an oracle
+that knows each output's length) and writes to ``tests/bench/results/sustained-whole/``.
 ``--workloads a,b`` runs some workloads and replaces their rows in the summary (each row keeps the command
 that produced it); ``--jobs N`` runs N simulations at once.
 """
@@ -206,8 +206,8 @@ def main() -> None:
     parser.add_argument("--summarize", action="store_true",
                         help="run nothing: rebuild the summary rows of --workloads from their <workload>-all.json")
     parser.add_argument("--decode-kv", choices=["whole", "grow"], default=None,
-                        help="the engines' KV model (default: the simulator's, whole outputs); grow writes to "
-                             "results/sustained-grow/")
+                        help="the engines' KV model (default: the simulator's, SGLang's grow); whole writes to "
+                             "results/sustained-whole/")
     parser.add_argument("--resume", action="store_true",
                         help="keep the searches an interrupted run already finished (<workload>-all.json)")
     args = parser.parse_args()
@@ -215,7 +215,7 @@ def main() -> None:
     unknown = sorted(set(workloads) - set(TUNE + HELD_OUT))
     if unknown:
         raise SystemExit(f"unknown workload: {', '.join(unknown)}; known: {', '.join(TUNE + HELD_OUT)}")
-    out = OUT / ("sustained-grow" if args.decode_kv == "grow" else "sustained")
+    out = OUT / ("sustained-whole" if args.decode_kv == "whole" else "sustained")
     out.mkdir(parents=True, exist_ok=True)
     command = shlex.join(["python", "-m", "tests.bench.sustained", *sys.argv[1:]])
     summary = out / "sustained.json"
@@ -254,8 +254,10 @@ def _write_summary_md(out: Path, rows: list[dict[str, object]]) -> None:
         "own in sustained.json): " + ", ".join(f"`{c}`" for c in commands) + "\n\n"
         f"Yardstick: {Yardstick().describe()}; goodput at {TARGET:.0%} attainment, 8 instances, "
         f"{BISECTIONS} bisections. Tuned on: {', '.join(TUNE)}; seen: {', '.join(SEEN)}; held out: {', '.join(w for w in HELD_OUT if w not in SEEN)}.\n\n"
-        + ("KV model: SGLang's (decode and colocated KV grow per token from prompt + 512 and retract when full), "
-           "not the simulator's default whole-output reservation.\n\n" if out.name == "sustained-grow" else "")
+        + ("KV model: whole outputs reserved at admission (an oracle that knows each output's length), not "
+           "SGLang's growth per token with retraction (the simulator's default).\n\n"
+           if out.name == "sustained-whole" else
+           "KV model: SGLang's (decode and colocated KV grow per token from prompt + 512 and retract when full).\n\n")
         + summary_table(rows))
 
 
