@@ -107,8 +107,8 @@ async def test_kv_limit_makes_a_request_wait() -> None:
     async with running(engine):
         a = engine.submit(prompt_tokens=600, max_new_tokens=100, ignore_eos=True, rid="a")
         b = engine.submit(prompt_tokens=600, max_new_tokens=100, ignore_eos=True, rid="b")
-        await asyncio.sleep(0.01)
-        assert a.phase is Phase.RUNNING and b.phase is Phase.WAITING
+        await until(lambda: a.phase is Phase.RUNNING)
+        assert b.phase is Phase.WAITING
         assert engine.load_snapshot()["num_waiting_reqs"] == 1
         await finish(engine, a)
         await finish(engine, b)

@@ -23,7 +23,7 @@ from shared.latency import LatencyModel
 from shared.policies import DECODE_BATCH_POLICIES, PREFILL_POLICIES
 from shared.policies.prefill_order import MAX_PREFILL_TOKENS, PrefillItem, PrefillPlan, fill
 from shared.protocol.request_slo import RequestSlo
-from tests.unit.test_engine_sim_core import make_engine, running
+from tests.unit.test_engine_sim_core import make_engine, running, until
 
 T = TypeVar("T", bound=PrefillItem)
 
@@ -224,7 +224,7 @@ async def test_event_driven_policies_are_asked_on_arrivals_and_completions_only(
         # 5 chunks of 1000, one plan: the engine kept computing the plan's prompt between events.
         assert len(policy.plans) == 1
         a = engine.submit(prompt_tokens=4000, max_new_tokens=1, ignore_eos=True, rid="a")
-        await asyncio.sleep(0.01)  # a's first chunk is running
+        await until(lambda: a.phase is Phase.PREFILLING)  # a's first chunk is running
         b = engine.submit(prompt_tokens=500, max_new_tokens=1, ignore_eos=True, rid="b")
         await finish(engine, a)
         await finish(engine, b)
