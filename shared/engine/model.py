@@ -435,11 +435,12 @@ class EngineModel:
                     (n, r.prefilled) for r, n in step.prefill)
             return step
         if self.role == "decode":
-            # The running batch's next growth, left free for it (resumed requests hold their reservation).
-            headroom = self._growth() if self.grows else 0
-            if self.retracted:
-                self._resume_retracted(headroom)
-            step.admitted = self.admit_prealloc(now, headroom)
+            if self.retracted or self.prealloc:
+                # The running batch's next growth, left free for it (resumed requests hold their reservation).
+                headroom = self._growth() if self.grows else 0
+                if self.retracted:
+                    self._resume_retracted(headroom)
+                step.admitted = self.admit_prealloc(now, headroom)
             self._join_ready(now, step)
             if self.grows:
                 self._grow(now, step)
