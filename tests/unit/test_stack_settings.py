@@ -118,3 +118,17 @@ def test_sim_policy_help_names_every_mix() -> None:
     description = SimSettings.model_fields["policy"].description or ""
     listed = set(re.findall(r"[a-z][a-z-]+", description.split(":", 1)[1]))
     assert set(MIXES) <= listed, f"missing from --policy's help: {sorted(set(MIXES) - listed)}"
+
+
+def test_poise_sim_on_a_whole_trace_replays_the_trace_the_benchmarks_load() -> None:
+    """No re-basing of a whole trace: a stress trace's first request arrives after 0, and shifting every arrival
+    would change the natural rate mode's draws, so `poise sim` would not reproduce a benchmark's point."""
+    from loadgen.traces import load_trace
+    from services.cli.main import SimSettings
+    from services.cli.replay_job import select_workload
+
+    trace = load_trace("stress-bursts")
+    assert trace.requests[0].arrival_s > 0
+    assert select_workload(parse_settings(SimSettings, ["--trace", "stress-bursts"])).requests == trace.requests
+    part = select_workload(parse_settings(SimSettings, ["--trace", "stress-bursts", "--duration-s", "60"]))
+    assert part.requests[0].arrival_s == 0.0  # a slice still starts at its first request
