@@ -7,8 +7,9 @@ every split with the capacity model in ``split_capacity`` (the latency profile t
 model DOPD's Eq. 11-14 come from, generalised to length distributions and local prefill). It then flips one
 instance towards the best split when
 
-- the best split's score is below ``1 - min_gain`` of the current one's (also under an overload: a flip drains
-  an instance, and one that only moves the overload from one side to the other is not worth that); and
+- the best split's score is below ``1 - min_gain`` of the current one's, also under an overload: near capacity
+  the model's error decides, and a flip it gets wrong (a decode side it underprices for long prompts) costs
+  more than waiting for the gain to be clear (docs/adaptive-pd.md, "Tried and rejected"); and
 - the same direction came out ``confirm`` evaluations in a row (one interval's mix can be an outlier).
 
 What keeps it stable, and why each rule is there:
