@@ -1,6 +1,6 @@
 """ARES decode rescheduling against no migration and Llumnix-like rescheduling, in the simulator.
 
-``python -m tests.bench.ares`` (about 20 minutes on 2 cores; ``--quick`` for a smoke run). Writes
+``python -m tests.bench.ares`` (about 10 minutes on 2 cores; ``--quick`` for a smoke run). Writes
 ``tests/bench/results/ares.{md,json,png}``.
 
 Setup: 8 simulated Llama-3.1-8B/H100 instances, 4P4D (4 decode instances, ARES' question; 4 prefill so that
@@ -18,12 +18,13 @@ Workloads: the Azure conversation and Mooncake conversation traces as they are (
 tokens), and stretched to ARES-like long outputs: each request's output length replaced, rank for rank, by the
 same quantile of a long-tailed distribution fitted to ARES Table 2 / Fig. 2 (ShareGPT on R1-Distill-Qwen-7B:
 mean 7.5K, P50 1.5K, P90 32K, 29% under 1K, 17% over 30K); arrivals and prompts kept (Mooncake prompts capped
-at 32K, the served model's limit in ARES). In the stretched runs the KV capacity is raised to 1.5M tokens: the
-simulator reserves prompt + whole output at admission (an oracle no engine has), which at the real 380K would
-queue requests for minutes; the peak token load any instance holds is reported to show what memory that needs.
-The ``-grow`` variants run the same stretched workloads at the real 380K with SGLang's decode KV instead
-(``decode_kv="grow"``: prompt + 512 reserved, growth per token, a request retracted when a step does not fit,
-in SGLang's order): that is where an imbalanced decode instance loses, and the retraction counts are reported.
+at 32K, the served model's limit in ARES). The engines keep decode KV as SGLang does, the simulator's default
+(prompt + 512 reserved, growth per token, a request retracted when a step does not fit, in SGLang's order), at
+the H100's real 380K tokens: that is where an imbalanced decode instance loses, and the retraction counts are
+reported. The ``-whole`` variants run the stretched workloads with the whole output reserved at admission
+instead (``decode_kv="whole"``, an oracle no engine has) and the KV capacity raised to 1.5M tokens, since at
+380K whole reservations would queue requests for minutes; the peak token load any instance holds is reported
+to show what memory that needs.
 
 SLO (ARES states none, spec §1.12.11): TTFT from Arrow Table 1 (2 s Azure, 30 s Mooncake), TPOT 25 ms (about
 three unloaded decode steps of this model: decode balance decides it). Goodput = highest rate with 90%
@@ -54,7 +55,7 @@ from typing import Any
 import msgspec
 
 from loadgen.sim.baselines import PolicyMix, make_mix
-from loadgen.sim.goodput import GoodputResult, search_goodput
+from loadgen.sim.goodput import GoodputResult, Yardstick, search_goodput
 from loadgen.sim.run import simulate
 from loadgen.slo import SLO
 from loadgen.traces import load_trace
@@ -89,10 +90,10 @@ class Variant:
     start_scale: float  # where the goodput search starts
     fixed_scale: float  # the P99 TPOT comparison's rate (x the trace's) when no goodput was searched (--quick)
     ttft_slo_s: float
-    # Decode KV (loadgen.sim.instance): "whole" reserves every output up front (with the capacity raised for
-    # long outputs, see the module doc); "grow" is SGLang's: a reservation, growth per token and retraction
-    # when a step does not fit, at the H100's real capacity.
-    decode_kv: str = "whole"
+    # Decode KV (loadgen.sim.instance): "grow" is SGLang's (a reservation, growth per token and retraction when
+    # a step does not fit, at the H100's real capacity); "whole" reserves every output up front (with the
+    # capacity raised for long outputs, see the module doc).
+    decode_kv: str = "grow"
 
     @property
     def slo(self) -> SLO:
@@ -102,10 +103,10 @@ class Variant:
 VARIANTS = [
     Variant("azure-conv", "azure-conv", False, None, 300.0, 4.0, 12.0, 2.0),
     Variant("mooncake-conv", "mooncake-conv", False, None, 300.0, 1.0, 2.0, 30.0),
-    Variant("azure-conv-long", "azure-conv", True, 1000, None, 0.1, 0.12, 2.0),
+    Variant("azure-conv-long", "azure-conv", True, 1000, None, 0.1, 0.1, 2.0),
     Variant("mooncake-conv-long", "mooncake-conv", True, 1000, None, 0.05, 0.08, 30.0),
-    Variant("azure-conv-long-grow", "azure-conv", True, 1000, None, 0.1, 0.1, 2.0, "grow"),
-    Variant("mooncake-conv-long-grow", "mooncake-conv", True, 1000, None, 0.05, 0.08, 30.0, "grow"),
+    Variant("azure-conv-long-whole", "azure-conv", True, 1000, None, 0.1, 0.12, 2.0, "whole"),
+    Variant("mooncake-conv-long-whole", "mooncake-conv", True, 1000, None, 0.05, 0.08, 30.0, "whole"),
 ]
 
 
@@ -191,7 +192,10 @@ def _fixed(task: tuple[str, str, dict[str, Any] | None, str, float]) -> dict[str
     key, policy, params, mechanism, scale = task
     v = variant(key)
     t0 = time.perf_counter()
-    r = simulate(workload(key), build_mix(key, policy, params, mechanism), model_for(v), v.slo, rate_scale=scale)
+    # The goodput search's yardstick, so "at no migration's goodput rate" is the load that search measured.
+    y, w = Yardstick(), workload(key)
+    r = simulate(w, build_mix(key, policy, params, mechanism), model_for(v), v.slo, rate_scale=scale,
+                 rate_mode=y.rate_mode, warmup_s=y.warmup_for(w, scale), seed=y.seed)
     s, c = r.summary, r.config
     balance = c["decode_balance"]
     series = balance["series"]
