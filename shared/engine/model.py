@@ -201,6 +201,9 @@ class EngineModel:
         self.transferring = 0  # decode: KV admitted, not yet ready (the adapter's transfer)
         self.ready: deque[EngineRequest] = deque()  # decode/null: KV in place, waiting for a batch slot
         self.running: list[EngineRequest] = []  # decode/null: in the running batch
+        # ... those whose reservation does not cover their whole output: the only ones a step can push past it
+        # (grow model), so the per-step growth looks at them alone
+        self._outgrowing: dict[EngineRequest, None] = {}
         self.running_context = 0  # the running requests' summed contexts, kept as they change
         self.retracted: deque[EngineRequest] = deque()  # decode, grow model: parked for lack of KV, oldest first
         self.retractions = 0
@@ -338,10 +341,13 @@ class EngineModel:
         req.phase = Phase.RUNNING
         self.running.append(req)
         self.running_context += req.prompt_tokens + req.generated
+        if req.kv_held < req.prompt_tokens + req.output_tokens:
+            self._outgrowing[req] = None
 
     def unrun(self, req: EngineRequest) -> None:
         self.running.remove(req)
         self.running_context -= req.prompt_tokens + req.generated
+        self._outgrowing.pop(req, None)
 
     def _finish(self, req: EngineRequest, now: float) -> None:
         self.used_kv -= req.kv_held
@@ -374,12 +380,12 @@ class EngineModel:
 
     def _growth(self) -> int:
         """Free KV the running batch's next step takes (one token each beyond what it holds)."""
-        return len([r for r in self.running if r.prompt_tokens + r.generated >= r.kv_held])
+        return sum(1 for r in self._outgrowing if r.prompt_tokens + r.generated >= r.kv_held)
 
     def _grow(self, now: float, step: Step) -> None:
         """Give every running request the KV of its next token, retracting in SGLang's order while that does
         not fit."""
-        needy = [r for r in self.running if r.prompt_tokens + r.generated >= r.kv_held]  # past their reservation
+        needy = [r for r in self._outgrowing if r.prompt_tokens + r.generated >= r.kv_held]  # past their reservation
         need = len(needy)
         if self.cache is not None:
             self.cache.make_room(need, self.kv_capacity - self.used_kv)  # evict before retracting
