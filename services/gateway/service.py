@@ -168,6 +168,7 @@ class GatewayService:
     def _on_instances(self, instances: dict[str, InstanceInfo]) -> None:
         self.cluster.set_instances(instances)
         left = {e.instance_id: e for _, e in self._awaiting_first_token() if e.instance_id not in instances}
+        self._probed_at = {i: t for i, t in self._probed_at.items() if i in instances}
         for engine in left.values():
             self._probe(engine, "left the registry")
         self.metrics.instances.clear()

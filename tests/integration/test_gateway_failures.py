@@ -20,6 +20,7 @@ import orjson
 import pytest
 import pytest_asyncio
 
+from services.gateway.legs import Attempt
 from services.gateway.service import GatewayService
 from shared.devservers import EtcdServer, NatsServer, wait_for_port
 from shared.protocol import Keys
@@ -71,6 +72,17 @@ async def wait_instances(service: GatewayService, n: int) -> None:
 
 
 BODY = {"model": MODEL, "prompt": list(range(100)), "max_tokens": 16, "ignore_eos": True}
+
+
+async def first_attempt(service: GatewayService, timeout_s: float = 10.0) -> Attempt:
+    """The attempt of the one request in flight, once it is dispatched (polled with a deadline)."""
+    deadline = time.monotonic() + timeout_s
+    while not service.flows or next(iter(service.flows.values())).attempt is None:
+        assert time.monotonic() < deadline, "the request was never dispatched"
+        await asyncio.sleep(0.02)
+    attempt = next(iter(service.flows.values())).attempt
+    assert attempt is not None
+    return attempt
 
 
 async def test_retries_on_another_pair_when_a_leg_is_dead(cluster, engines, nats_server, etcd_server) -> None:  # type: ignore[no-untyped-def]
@@ -266,11 +278,7 @@ async def test_a_request_waiting_on_an_engine_that_leaves_the_registry_is_tried_
             async with httpx.AsyncClient(timeout=60) as client:
                 t0 = time.monotonic()
                 request = asyncio.create_task(client.post(url + "/v1/completions", json={**BODY, "stream": True}))
-                deadline = time.monotonic() + 10
-                while not service.flows or next(iter(service.flows.values())).attempt is None:
-                    assert time.monotonic() < deadline, "the request was never dispatched"
-                    await asyncio.sleep(0.02)
-                assert next(iter(service.flows.values())).attempt.prefill.instance_id == "p0"  # type: ignore[union-attr]
+                assert (await first_attempt(service)).prefill.instance_id == "p0"  # type: ignore[union-attr]
                 await register(registry, other.info("p1"))
                 await regs[0].deregister()
                 r = await request
@@ -302,11 +310,7 @@ async def test_a_request_waiting_on_a_hung_engine_that_stays_registered_is_tried
             async with httpx.AsyncClient(timeout=60) as client:
                 t0 = time.monotonic()
                 request = asyncio.create_task(client.post(url + "/v1/completions", json={**BODY, "stream": True}))
-                deadline = time.monotonic() + 10
-                while not service.flows or next(iter(service.flows.values())).attempt is None:
-                    assert time.monotonic() < deadline, "the request was never dispatched"
-                    await asyncio.sleep(0.02)
-                assert next(iter(service.flows.values())).attempt.prefill.instance_id == "p0"  # type: ignore[union-attr]
+                assert (await first_attempt(service)).prefill.instance_id == "p0"  # type: ignore[union-attr]
                 await register(registry, other.info("p1"))
                 await wait_instances(service, 3)
                 r = await request
