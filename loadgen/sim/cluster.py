@@ -178,6 +178,7 @@ class SimCluster:
         prefill = self.instances[decision.prefill_id]
         req.prefill = prefill
         prefill.assigned += 1
+        prefill.bootstrapping += 1
         prefill.pending_tokens += req.input_tokens
         prefill.pending_sq += req.input_tokens * req.input_tokens
         decode.pending_tokens += req.kv_tokens
@@ -388,7 +389,7 @@ class SimCluster:
                 instance_id=inst.instance_id, role=inst.role, status=status,  # type: ignore[arg-type]
                 ts_unix_s=now, num_running_reqs=len(inst.running) + len(inst.prefilling),
                 num_waiting_reqs=inst.waiting_reqs,
-                num_waiting_uncached_tokens=inst.pending_tokens if inst.role == "prefill" else 0,
+                num_waiting_uncached_tokens=inst.waiting_uncached_tokens if inst.role == "prefill" else 0,
                 num_used_tokens=inst.reported_kv, max_total_num_tokens=inst.kv_capacity,
                 num_running_tokens=inst.running_context,
                 token_usage=inst.reported_kv / inst.kv_capacity,

@@ -149,6 +149,7 @@ class SimInstance:
         self.pending_tokens = 0  # prefill: prompt tokens not computed yet; decode: KV not reserved yet
         self.pending_sq = 0  # prefill: sum of squared prompt lengths of prompts not done yet
         self.pending_prompt_tokens = 0  # decode: the prompt part of pending_tokens
+        self.bootstrapping = 0  # prefill: requests dispatched here whose decode side has not claimed them yet
         self.unwritten_kv = 0  # decode: reserved KV of output tokens not generated yet (used_kv - current use)
         self.step_ewma_s: float | None = None  # decode/null: recent decode step time (the token interval)
         self.on_prefill_step: Callable[[SimInstance, list[tuple[SimRequest, int]], float], None] | None = None
@@ -273,8 +274,20 @@ class SimInstance:
 
     @property
     def waiting_reqs(self) -> int:
+        """SGLang's ``num_waiting_reqs``: the waiting queue, and a prefill engine's bootstrap queue or a decode
+        engine's prealloc, transfer and retracted queues."""
         core = self.core
-        return len(core.waiting) + len(core.prealloc) + len(core.ready) + len(core.retracted)
+        return (len(core.waiting) + self.bootstrapping + len(core.prealloc) + len(core.ready)
+                + len(core.retracted))
+
+    @property
+    def waiting_uncached_tokens(self) -> int:
+        """SGLang's ``num_waiting_uncached_tokens``: prompt tokens of the waiting queue and of the prompts in
+        progress left to compute; the bootstrap queue's are not counted (they wait for their decode side, not
+        for this engine's compute)."""
+        core = self.core
+        return (sum(r.input_tokens - r.prefilled for r in core.waiting)
+                + sum(r.input_tokens - r.prefilled for r in core.prefilling))
 
     @property
     def empty(self) -> bool:
@@ -338,9 +351,14 @@ class SimInstance:
         for prefill, reqs in claimed.items():
             if self.handshake_s > 0:
                 self.queue.at(self.queue.now_s + self.handshake_s, PRIORITY_TRANSFER_DONE,
-                              functools.partial(prefill.enqueue_prefills, reqs))
+                              functools.partial(prefill.claimed, reqs))
             else:
-                prefill.enqueue_prefills(reqs)
+                prefill.claimed(reqs)
+
+    def claimed(self, reqs: list[SimRequest]) -> None:
+        """Prefill: the decode side claimed these requests' bootstrap rooms; their prompts may be scheduled."""
+        self.bootstrapping -= len(reqs)
+        self.enqueue_prefills(reqs)
 
     def transfer_done(self, req: SimRequest) -> None:
         self.core.transfer_done(req)

@@ -38,6 +38,9 @@ def load_snapshot(eng: SimEngine) -> dict[str, Any]:
     mode = eng.mode
     q = eng.queues
     pending = [*q.intake, *q.waiting]
+    # SGLang counts a prefill engine's bootstrap queue as waiting requests, but not its tokens as uncached ones
+    # (they wait for their decode side, not for this engine's compute: load_inquirer.py).
+    uncached = sum(r.input_tokens - r.prefilled for r in (*pending, *q.prefilling))
     if mode == "prefill":
         pending += list(q.bootstrap.values())
         num_waiting = len(pending)
@@ -45,7 +48,6 @@ def load_snapshot(eng: SimEngine) -> dict[str, Any]:
         num_waiting = len(q.intake) + len(q.ready) + len(q.prealloc) + len(q.transfer) + len(q.retracted)
     else:
         num_waiting = len(pending)
-    uncached = sum(r.input_tokens - r.prefilled for r in (*pending, *q.prefilling))
     if mode == "decode":
         pending_tokens = sum(r.prompt_tokens for r in q.intake) + sum(
             r.context_tokens for r in (*q.prealloc, *q.retracted))

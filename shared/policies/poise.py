@@ -7,9 +7,12 @@ every split with the capacity model in ``split_capacity`` (the latency profile t
 model DOPD's Eq. 11-14 come from, generalised to length distributions and local prefill). It then flips one
 instance towards the best split when
 
-- the best split's score is below ``1 - min_gain`` of the current one's, also under an overload: near capacity
-  the model's error decides, and a flip it gets wrong (a decode side it underprices for long prompts) costs
-  more than waiting for the gain to be clear (docs/adaptive-pd.md, "Tried and rejected"); and
+- the best split's score is below ``1 - min_gain`` of the current one's, or the current split is past
+  capacity (score > 1) and the best one is not: then every second of waiting adds to a queue, and the
+  gain is no longer a ratio of two loads but a queue that grows against one that does not. The decode KV
+  bound prices a pool of whole requests with a standard deviation of headroom
+  (``split_capacity.KV_SD``); on the mean alone the overload rule flips Mooncake conversation into a 6P2D
+  whose two decode pools stay full (docs/adaptive-pd.md); and
 - the same direction came out ``confirm`` evaluations in a row (one interval's mix can be an outlier).
 
 What keeps it stable, and why each rule is there:
@@ -187,7 +190,8 @@ class PoisePools:
         if not prefills or not decodes:
             return None
         current = next(s for s in loads if s.prefill == len(prefills))
-        worth = best.score < current.score * (1.0 - self.params.min_gain)
+        worth = (best.score < current.score * (1.0 - self.params.min_gain)
+                 or (current.score > 1.0 and best.score <= 1.0))  # past capacity: any split that carries it
         direction = 0 if best.prefill == current.prefill or not worth else (1 if best.prefill > current.prefill else -1)
         self._streak = self._streak + 1 if direction == self._direction and direction != 0 else int(direction != 0)
         self._direction = direction
@@ -377,16 +381,19 @@ class PoisePools:
         return owed / batch * self.model.decode_step_time_s(batch, context)
 
     def _queued_prefill_s(self, inst: InstanceLoad, mix: Mix) -> float:
-        """Prefill seconds waiting on ``inst``: its queued uncached tokens at the mix's mean prompt length."""
+        """Prefill seconds waiting on ``inst``: its queued uncached tokens, as prompts of the mix's lengths. A
+        queued token belongs to a prompt of ``E[L^2] / E[L]`` tokens on average (size-biased), which prices the
+        quadratic term; the engine's waiting-request count cannot, as SGLang counts the bootstrap queue in it
+        (requests waiting for their decode side's KV) but not their tokens."""
         load = inst.load
         if load is None or load.num_waiting_uncached_tokens <= 0:
             return 0.0
         tokens = load.num_waiting_uncached_tokens
         p = self.model.profile
-        n = max(1, load.num_waiting_reqs)
-        mean = tokens / n
-        return (n * p.prefill_overhead_s + p.prefill_s_per_token * tokens
-                + p.prefill_s_per_token2 * tokens * mean) * self.model.time_scale
+        prompts = tokens / mix.isl if mix.isl > 0 else 1.0
+        biased = min(float(tokens), mix.isl_sq / mix.isl) if mix.isl > 0 else float(tokens)
+        return (prompts * p.prefill_overhead_s + p.prefill_s_per_token * tokens
+                + p.prefill_s_per_token2 * tokens * biased) * self.model.time_scale
 
 
 def window_tpot_p90(series: Sequence[SeriesPoint], window_s: float) -> float | None:

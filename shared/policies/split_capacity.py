@@ -17,7 +17,13 @@ utilisation, 1.0 meaning the side can no longer meet its SLO on average:
   prefill queue wait, its prefill and the KV transfer as well as its decode steps. Where prompts are long
   (Mooncake) the prefill phase is most of that, and a split short of prefill fills decode KV with prompts
   that wait: the prefill wait is M/M/1's ``E[S] * rho / (1 - rho)`` at the candidate's steady prefill load
-  (at most the prefill target), at most the TTFT SLO.
+  (at most the prefill target), at most the TTFT SLO. KV is a pool of whole requests, not a fluid: the
+  tokens in use are a sum over a Poisson number of requests, with mean ``m`` (the token-seconds above times
+  the rate) and variance about ``m * E[K^2] / E[K]`` for a request's ``K = ISL + OSL`` tokens (compound
+  Poisson). The KV bound is ``m`` plus ``kv_sd`` standard deviations: where requests are a few percent of
+  the pool each (Mooncake's 12K-token prompts in 380K tokens), a decode side at 90% mean use overflows
+  every minute and its queue waits for the prefill instances' KV to drain, while where they are small
+  (Azure's) the term is a few percent.
 
 The split's load is the larger of the two, each over its own target (prefill queues need headroom for
 bursts; a decode batch runs at its SLO up to the line). Pure arithmetic, no state.
@@ -37,6 +43,11 @@ import math
 import msgspec
 
 from shared.latency import LatencyModel
+
+#: Standard deviations of KV use a decode side keeps free (module doc): one, a decode side that overflows its
+#: pool about one minute in six queues a little and catches up; chosen on Mooncake conversation, where at zero
+#: the controller flips to a 6P2D whose two decode pools stay full (docs/adaptive-pd.md).
+KV_SD = 1.0
 
 
 class Mix(msgspec.Struct, frozen=True, kw_only=True):
@@ -91,9 +102,20 @@ def prefill_kv_seconds(model: LatencyModel, mix: Mix, wait_s: float) -> float:
     return wait_s * kv + (prefill + transfer) * model.time_scale
 
 
-def decode_rho(model: LatencyModel, mix: Mix, decode: int, tpot_slo_s: float, prefill_wait_s: float = 0.0) -> float:
+def kv_tokens_bound(mix: Mix, mean_tokens: float, kv_sd: float = KV_SD) -> float:
+    """The KV tokens a decode side plans for when ``mean_tokens`` are in use on average: the mean plus
+    ``kv_sd`` standard deviations of a compound Poisson sum of requests of ``K = ISL + OSL`` tokens each,
+    whose variance is about ``mean * E[K^2] / E[K]``."""
+    size = mix.isl + mix.osl
+    biased = (mix.isl_sq + 2.0 * mix.isl_osl + mix.osl_sq) / size if size > 0 else 0.0  # E[K^2] / E[K]
+    return mean_tokens + kv_sd * math.sqrt(max(0.0, mean_tokens) * biased)
+
+
+def decode_rho(model: LatencyModel, mix: Mix, decode: int, tpot_slo_s: float, prefill_wait_s: float = 0.0, *,
+               kv_sd: float = KV_SD) -> float:
     """Decode load of ``decode`` instances: the largest of the TPOT, KV and running-request bounds, for requests
-    that wait ``prefill_wait_s`` for a prefill instance while their decode KV is reserved."""
+    that wait ``prefill_wait_s`` for a prefill instance while their decode KV is reserved; the KV bound holds
+    ``kv_sd`` standard deviations of the tokens in use as headroom (module doc)."""
     if decode <= 0:
         return math.inf
     p = model.profile
@@ -109,7 +131,8 @@ def decode_rho(model: LatencyModel, mix: Mix, decode: int, tpot_slo_s: float, pr
     step = overhead / (1.0 - u) if u < 1.0 else tpot_slo_s
     step = min(step, tpot_slo_s)
     # Whole outputs reserved from dispatch: through the prefill phase, and for OSL steps of decode.
-    kv = r * (prefill_kv_seconds(model, mix, prefill_wait_s) + step * (mix.isl_osl + mix.osl_sq)) / p.kv_capacity_tokens
+    kv_mean = r * (prefill_kv_seconds(model, mix, prefill_wait_s) + step * (mix.isl_osl + mix.osl_sq))
+    kv = kv_tokens_bound(mix, kv_mean, kv_sd) / p.kv_capacity_tokens
     running = r * step * mix.osl / p.max_running_requests
     return max(rho_tpot, kv, running)
 

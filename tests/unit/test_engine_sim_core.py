@@ -292,7 +292,10 @@ async def test_prefill_waits_for_its_decode_peer_then_times_out() -> None:
         p = prefill.submit(prompt_tokens=50, max_new_tokens=4, rid="lonely", bootstrap_host="127.0.0.1",
                            bootstrap_port=prefill.bootstrap_port, bootstrap_room=7)
         await until(lambda: p.phase is Phase.BOOTSTRAP)
-        assert prefill.load_snapshot()["disaggregation"]["prefill_bootstrap_queue_reqs"] == 1
+        loads = prefill.load_snapshot()
+        assert loads["disaggregation"]["prefill_bootstrap_queue_reqs"] == 1
+        # As SGLang reports it: a waiting request, but no tokens waiting for this engine's compute.
+        assert loads["num_waiting_reqs"] == 1 and loads["num_waiting_uncached_tokens"] == 0
         await finish(prefill, p)
         assert p.status_code == 500 and p.finish["message"].startswith("Prefill bootstrap failed")
         assert prefill.is_idle()

@@ -16,7 +16,15 @@ from loadgen.traces import load_trace
 from shared.latency import LatencyModel, load_profile
 from shared.policies import ArrowDispatch, EngineView, LeastLoad, Placement, PolicyContext, RequestView
 from shared.policies.poise import PoiseParams, PoisePools, mix_of, window_tpot_p90
-from shared.policies.split_capacity import Mix, best_split, colocated_load, decode_rho, prefill_seconds, split_loads
+from shared.policies.split_capacity import (
+    Mix,
+    best_split,
+    colocated_load,
+    decode_rho,
+    kv_tokens_bound,
+    prefill_seconds,
+    split_loads,
+)
 from shared.protocol.messages import ClusterSnapshot, InstanceInfo, InstanceLoad, LoadReport, SeriesPoint
 
 MODEL = LatencyModel(load_profile())
@@ -170,6 +178,43 @@ def test_no_flip_when_the_gain_is_small_but_a_queued_backlog_counts() -> None:
         [inst(f"d{i}", "decode") for i in range(4)]
     decision = pools.decide(snap(swamped, series(1200, 200, 3.0)), 10.0)
     assert decision is not None and decision.changes[0].new_role == "prefill"
+
+
+def test_past_capacity_a_split_that_carries_the_load_is_worth_a_flip_under_the_gain() -> None:
+    # A prefill-leaning mix on 4P4D: raise the rate until 4P4D is just past capacity while the
+    # best split carries the load, its score less than min_gain below the current one's.
+    pools = PoisePools(MODEL, CTX, split_params())
+    gain = pools.params.min_gain
+
+    def scores(rate: float) -> tuple[float, float]:
+        loads = split_loads(MODEL, mix_of(series(2000, 300, rate), 120.0), 8, CTX.tpot_slo_s,  # type: ignore[arg-type]
+                            ttft_slo_s=CTX.ttft_slo_s)
+        return next(x for x in loads if x.prefill == 4).score, best_split(loads, 4).score
+
+    over = next(r / 10 for r in range(10, 1000) if scores(r / 10)[0] > 1.0)
+    current, best = scores(over)
+    assert best <= 1.0 < current and best >= current * (1 - gain)  # a small gain, but 4P4D's queue grows
+    assert pools.decide(snap(cluster(4, 4), series(2000, 300, over)), 0.0) is None  # not confirmed yet
+    decision = pools.decide(snap(cluster(4, 4), series(2000, 300, over)), 10.0)
+    assert decision is not None and decision.changes[0].new_role == "prefill"
+    # Just under capacity the same small gain is not worth a drain.
+    under = over - 0.1
+    assert scores(under)[0] <= 1.0 and scores(under)[1] >= scores(under)[0] * (1 - gain)
+    calm = PoisePools(MODEL, CTX, split_params())
+    assert calm.decide(snap(cluster(4, 4), series(2000, 300, under)), 0.0) is None
+    assert calm.decide(snap(cluster(4, 4), series(2000, 300, under)), 10.0) is None
+
+
+def test_decode_kv_keeps_headroom_for_large_requests_not_small_ones() -> None:
+    # The same mean KV in use, as a few long prompts or many short ones: the pool of few large requests
+    # overflows more often, so its bound keeps more headroom (one standard deviation of a compound Poisson).
+    long, short = equal_lengths(2.0, 12000, 300), equal_lengths(20.0, 1200, 30)
+    mean = 200_000.0
+    assert kv_tokens_bound(long, mean) - mean > 3 * (kv_tokens_bound(short, mean) - mean) > 0.0
+    assert kv_tokens_bound(long, mean, kv_sd=0.0) == mean
+    # Where KV binds (a loaded decode side with long prompts), the bound is what decode_rho reports.
+    loaded = equal_lengths(4.0, 12000, 300)
+    assert decode_rho(MODEL, loaded, 1, 1.0) > 1.1 * decode_rho(MODEL, loaded, 1, 1.0, kv_sd=0.0)
 
 
 def test_a_drain_past_its_deadline_is_called_off() -> None:

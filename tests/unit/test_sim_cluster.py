@@ -207,3 +207,26 @@ def test_retraction_takes_the_fewest_output_tokens_then_the_longest_prompt() -> 
 def test_unknown_decode_kv_model_is_refused() -> None:
     with pytest.raises(ValueError, match="decode KV model"):
         make_mix("static-minload", 2, decode_kv="paged")
+
+
+def test_a_prefill_instance_reports_its_bootstrap_queue_as_sglang_does() -> None:
+    # SGLang counts a prefill engine's bootstrap queue (requests whose decode side has no KV for them yet) in
+    # num_waiting_reqs, and only the waiting queue's and the running prompt's tokens as uncached tokens.
+    from loadgen.sim.cluster import SimCluster
+    from loadgen.sim.events import PRIORITY_ARRIVAL, EventQueue
+    from loadgen.sim.instance import SimRequest
+    from shared.policies import LeastLoad
+
+    m = model(kv_capacity_tokens=5000)  # the decode side holds one 4000 + 300 request at a time
+    q = EventQueue()
+    cluster = SimCluster(["prefill", "decode"], m, LeastLoad(), q)
+    for k in range(2):
+        req = SimRequest(index=k, rid=f"r{k}", arrival_s=0.0, input_tokens=4000, output_tokens=300)
+        q.at(0.0, PRIORITY_ARRIVAL, lambda req=req: cluster.submit(req))  # type: ignore[misc]
+    seen = []
+    q.at(0.01, PRIORITY_ARRIVAL, lambda: seen.extend(cluster.instance_loads("p")))
+    q.run()
+    prefill = next(i.load for i in seen if i.info.role == "prefill")
+    assert prefill is not None
+    assert prefill.num_running_reqs == 1 and prefill.num_waiting_reqs == 1  # r1 waits in the bootstrap queue
+    assert prefill.num_waiting_uncached_tokens == 4000  # r0's prompt only
