@@ -81,8 +81,14 @@ class EngineSpec:
 
     def model(self, role: Role, latency: LatencyModel) -> EngineModel:
         """A fresh engine model with these settings."""
+        # A colocated engine chunks even where prefill engines do not (operator preemption replaces the chunk
+        # there): a whole prompt in a mixed step delays every running request's next token. Poise's worker
+        # launches it so (services/worker/launcher.py, role_extra_args).
+        unchunked = self.chunk_tokens is not None and self.chunk_tokens <= 0
         return EngineModel(role, latency, prefill_policy=self.prefill_policy, decode_policy=self.decode_policy,
-                           preemption=self.preemption, chunk_tokens=self.chunk_tokens, decode_kv=self.decode_kv,
+                           preemption=self.preemption, chunk_tokens=self.chunk_tokens,
+                           colocated_chunk_tokens=latency.profile.chunked_prefill_size if unchunked else None,
+                           decode_kv=self.decode_kv,
                            colocated_kv=self.decode_kv, reserved_decode_tokens=self.reserved_decode_tokens,
                            prefix_cache=self.prefix_cache)
 

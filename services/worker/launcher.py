@@ -131,7 +131,7 @@ def role_extra_args(extra_args: Sequence[str], role: Role) -> list[str]:
     of -1 or 0 (no chunking) and keeps its default chunk. Unchunked prefill suits a prefill engine that
     preempts at operator boundaries (FlowPrefill); in a colocated engine's mixed steps a whole prompt would
     delay every running request's next token. The simulator's colocated engines chunk the same way
-    (loadgen/sim/instance.py)."""
+    (loadgen/sim/instance.py, ``EngineSpec.model``)."""
     out = list(extra_args)
     if role != "null":
         return out

@@ -171,7 +171,7 @@ class EngineModel:
                  decode_policy: str = "continuous", preemption: Preemption = "chunk", chunk_tokens: int | None = None,
                  decode_kv: KvModel = "whole", colocated_kv: KvModel = "whole", reserved_decode_tokens: int = 512,
                  prefix_cache: bool = False, kv_capacity: int | None = None, max_running: int | None = None,
-                 mixed_chunk_tokens: int | None = None) -> None:
+                 mixed_chunk_tokens: int | None = None, colocated_chunk_tokens: int | None = None) -> None:
         p = latency.profile
         self.latency = latency
         self.prefill_policy = make_prefill_policy(prefill_policy, latency)
@@ -179,13 +179,10 @@ class EngineModel:
         self.preemptible = preemption == "operator"
         self.kv_capacity = kv_capacity or p.kv_capacity_tokens
         self.max_running = max_running or p.max_running_requests
-        chunk = p.chunked_prefill_size if chunk_tokens is None else chunk_tokens
-        self.chunked = chunk > 0
-        self.chunk = chunk if self.chunked else MAX_PREFILL_TOKENS  # a prefill pass's token budget
-        # A mixed step's prefill budget. By default the chunk even when prefill passes run unchunked: its
-        # prefill part delays every running request's next token (the simulator runs colocated instances with
-        # the prefill instances' settings); engine_sim passes its own budget, SGLang's.
-        self.mixed_chunk = mixed_chunk_tokens or (chunk if self.chunked else p.chunked_prefill_size)
+        self._chunk_setting = p.chunked_prefill_size if chunk_tokens is None else chunk_tokens
+        self._mixed_chunk_setting = mixed_chunk_tokens
+        self._colocated_chunk_setting = colocated_chunk_tokens  # None: the same as the other roles
+        self.chunked, self.chunk, self.mixed_chunk = True, 0, 0  # set for the role by switch_role
         self.decode_kv: KvModel = decode_kv
         self.colocated_kv: KvModel = colocated_kv
         self.reserved_decode_tokens = reserved_decode_tokens
@@ -212,9 +209,19 @@ class EngineModel:
         self._task: list[EngineRequest] = []  # event-driven policies: the prompts of the last plan
 
     def switch_role(self, role: Role) -> None:
-        """A new role, with an empty prefix cache (SGLang resets its radix cache on a switch)."""
+        """A new role, with an empty prefix cache (SGLang resets its radix cache on a switch) and the role's
+        chunking."""
         self.role = role
         self.grows = (self.decode_kv if role == "decode" else self.colocated_kv) == "grow" and role != "prefill"
+        profile = self.latency.profile
+        chunk = self._chunk_setting
+        if role == "null" and self._colocated_chunk_setting is not None:
+            chunk = self._colocated_chunk_setting
+        self.chunked = chunk > 0
+        self.chunk = chunk if self.chunked else MAX_PREFILL_TOKENS  # a prefill pass's token budget
+        # A mixed step's prefill budget (a decode engine prefilling locally, a colocated one): the chunk, or
+        # the profile's where prefill passes run unchunked; engine_sim passes its own budget, SGLang's.
+        self.mixed_chunk = self._mixed_chunk_setting or (chunk if self.chunked else profile.chunked_prefill_size)
         self.reset_cache()
 
     def reset_cache(self) -> None:

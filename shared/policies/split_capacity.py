@@ -44,9 +44,10 @@ import msgspec
 
 from shared.latency import LatencyModel
 
-#: Standard deviations of KV use a decode side keeps free (module doc): one, a decode side that overflows its
-#: pool about one minute in six queues a little and catches up; chosen on Mooncake conversation, where at zero
-#: the controller flips to a 6P2D whose two decode pools stay full (docs/adaptive-pd.md).
+#: Standard deviations of KV use a decode side keeps free (module doc). At one, its pool is full about a sixth
+#: of the time (a normal tail), when new requests queue a little and catch up. Chosen on Mooncake
+#: conversation, where without it the controller flips to a 6P2D whose two decode pools stay full
+#: (docs/adaptive-pd.md).
 KV_SD = 1.0
 
 

@@ -230,3 +230,16 @@ def test_a_prefill_instance_reports_its_bootstrap_queue_as_sglang_does() -> None
     assert prefill is not None
     assert prefill.num_running_reqs == 1 and prefill.num_waiting_reqs == 1  # r1 waits in the bootstrap queue
     assert prefill.num_waiting_uncached_tokens == 4000  # r0's prompt only
+
+
+def test_colocated_engines_chunk_where_the_prefill_engines_do_not() -> None:
+    # Poise's engines prefill whole prompts (operator preemption replaces the chunk); a colocated engine, in
+    # the simulator as from Poise's worker, keeps the profile's chunk, also after a restart into that mode.
+    from loadgen.sim.baselines import POISE_ENGINE
+
+    m = model()
+    prefill = POISE_ENGINE.model("prefill", m)
+    assert not prefill.chunked
+    prefill.switch_role("null")
+    assert prefill.chunked and prefill.chunk == m.profile.chunked_prefill_size
+    assert POISE_ENGINE.model("null", m).chunked
