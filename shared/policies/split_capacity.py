@@ -21,9 +21,9 @@ utilisation, 1.0 meaning the side can no longer meet its SLO on average:
   tokens in use are a sum over a Poisson number of requests, with mean ``m`` (the token-seconds above times
   the rate) and variance about ``m * E[K^2] / E[K]`` for a request's ``K = ISL + OSL`` tokens (compound
   Poisson). The KV bound is ``m`` plus ``kv_sd`` standard deviations: where requests are a few percent of
-  the pool each (Mooncake's 12K-token prompts in 380K tokens), a decode side at 90% mean use overflows
-  every minute and its queue waits for the prefill instances' KV to drain, while where they are small
-  (Azure's) the term is a few percent.
+  the pool each (Mooncake's 12K-token prompts in 380K tokens), one standard deviation is a quarter of the
+  pool and a decode side at 90% mean use is full much of the time, while where they are small (Azure's)
+  the term is a few percent.
 
 The split's load is the larger of the two, each over its own target (prefill queues need headroom for
 bursts; a decode batch runs at its SLO up to the line). Pure arithmetic, no state.
