@@ -5,8 +5,8 @@ The sustained yardstick (``loadgen.sim.goodput`` defaults, 8 instances, starting
 ``--values`` on ``--sets``: ``tune`` (the two Azure 2023 traces, ``TUNE`` of ``tests.bench.sustained``) and
 ``seen`` (Mooncake conversation, ``SEEN``: a validation set, used to check a candidate, never to fit one). The
 rule (docs/evaluation.md): the largest value with the best tune-set goodput sum among those that hold up on
-the seen set: goodput not below the start split's, and (``tests.bench.sustained``'s check) no rate where the
-start split holds 90% and the candidate does not. The held-out stress set is not run here. Rows of a set are
+the seen set: goodput not below the best fixed split's, and (``tests.bench.sustained``'s check) no rate where
+the start split holds 90% and the candidate does not. The held-out stress set is not run here. Rows of a set are
 replaced in ``tests/bench/results/poise_tuning.json`` (others kept); the table is rebuilt from it.
 """
 
