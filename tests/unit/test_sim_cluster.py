@@ -5,13 +5,17 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from loadgen.sim.baselines import make_mix, parse_split
+from loadgen.sim.baselines import POISE_ENGINE, make_mix, parse_split
+from loadgen.sim.cluster import SimCluster
+from loadgen.sim.events import PRIORITY_ARRIVAL, EventQueue
+from loadgen.sim.instance import SimRequest
 from loadgen.sim.overhead import LIVE_STACK_DELAY, NO_DELAY
 from loadgen.sim.run import simulate
 from loadgen.slo import SLO
 from loadgen.traces import load_trace
 from loadgen.workload import TraceRequest, Workload
 from shared.latency import LatencyModel, load_profile
+from shared.policies import LeastLoad
 
 SLO_ = SLO(ttft_s=2.0, tpot_s=0.15)
 
@@ -195,7 +199,6 @@ def test_a_colocated_engine_that_grows_kv_retracts_by_recompute_and_loses_nothin
 
 
 def test_retraction_takes_the_fewest_output_tokens_then_the_longest_prompt() -> None:
-    from loadgen.sim.instance import SimRequest
     from shared.engine.model import retraction_order
 
     reqs = [SimRequest(index=i, rid=str(i), arrival_s=0.0, input_tokens=n, output_tokens=100) for i, n in
@@ -212,11 +215,6 @@ def test_unknown_decode_kv_model_is_refused() -> None:
 def test_a_prefill_instance_reports_its_bootstrap_queue_as_sglang_does() -> None:
     # SGLang counts a prefill engine's bootstrap queue (requests whose decode side has no KV for them yet) in
     # num_waiting_reqs, and only the waiting queue's and the running prompt's tokens as uncached tokens.
-    from loadgen.sim.cluster import SimCluster
-    from loadgen.sim.events import PRIORITY_ARRIVAL, EventQueue
-    from loadgen.sim.instance import SimRequest
-    from shared.policies import LeastLoad
-
     m = model(kv_capacity_tokens=5000)  # the decode side holds one 4000 + 300 request at a time
     q = EventQueue()
     cluster = SimCluster(["prefill", "decode"], m, LeastLoad(), q)
@@ -235,8 +233,6 @@ def test_a_prefill_instance_reports_its_bootstrap_queue_as_sglang_does() -> None
 def test_colocated_engines_chunk_where_the_prefill_engines_do_not() -> None:
     # Poise's engines prefill whole prompts (operator preemption replaces the chunk); a colocated engine, in
     # the simulator as from Poise's worker, keeps the profile's chunk, also after a restart into that mode.
-    from loadgen.sim.baselines import POISE_ENGINE
-
     m = model()
     prefill = POISE_ENGINE.model("prefill", m)
     assert not prefill.chunked
