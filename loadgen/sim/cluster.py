@@ -389,7 +389,7 @@ class SimCluster:
                 instance_id=inst.instance_id, role=inst.role, status=status,  # type: ignore[arg-type]
                 ts_unix_s=now, num_running_reqs=len(inst.running) + len(inst.prefilling),
                 num_waiting_reqs=inst.waiting_reqs,
-                num_waiting_uncached_tokens=inst.waiting_uncached_tokens if inst.role == "prefill" else 0,
+                num_waiting_uncached_tokens=inst.core.uncached_prompt_tokens if inst.role == "prefill" else 0,
                 num_used_tokens=inst.reported_kv, max_total_num_tokens=inst.kv_capacity,
                 num_running_tokens=inst.running_context,
                 token_usage=inst.reported_kv / inst.kv_capacity,

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from loadgen.sim.events import PRIORITY_STEP_END, PRIORITY_TRANSFER_DONE, EventQueue
+from shared.engine.chunking import role_chunk_tokens
 from shared.engine.model import EngineModel, EngineRequest, Phase, Step
 from shared.engine.prefix_cache import PrefixCache
 from shared.latency import LatencyModel
@@ -81,13 +82,11 @@ class EngineSpec:
 
     def model(self, role: Role, latency: LatencyModel) -> EngineModel:
         """A fresh engine model with these settings."""
-        # A colocated engine chunks even where prefill engines do not (operator preemption replaces the chunk
-        # there): a whole prompt in a mixed step delays every running request's next token. Poise's worker
-        # launches it so (services/worker/launcher.py, role_extra_args).
-        unchunked = self.chunk_tokens is not None and self.chunk_tokens <= 0
+        # A colocated engine's chunk as Poise's worker launches it (shared.engine.chunking).
+        colocated = role_chunk_tokens(self.chunk_tokens, "null")
         return EngineModel(role, latency, prefill_policy=self.prefill_policy, decode_policy=self.decode_policy,
                            preemption=self.preemption, chunk_tokens=self.chunk_tokens,
-                           colocated_chunk_tokens=latency.profile.chunked_prefill_size if unchunked else None,
+                           colocated_chunk_tokens=latency.profile.chunked_prefill_size if colocated is None else colocated,
                            decode_kv=self.decode_kv,
                            colocated_kv=self.decode_kv, reserved_decode_tokens=self.reserved_decode_tokens,
                            prefix_cache=self.prefix_cache)
@@ -285,15 +284,6 @@ class SimInstance:
         core = self.core
         return (len(core.waiting) + self.bootstrapping + len(core.prealloc) + len(core.ready)
                 + len(core.retracted))
-
-    @property
-    def waiting_uncached_tokens(self) -> int:
-        """SGLang's ``num_waiting_uncached_tokens``: prompt tokens of the waiting queue and of the prompts in
-        progress left to compute; the bootstrap queue's are not counted (they wait for their decode side, not
-        for this engine's compute)."""
-        core = self.core
-        return (sum(r.input_tokens - r.prefilled for r in core.waiting)
-                + sum(r.input_tokens - r.prefilled for r in core.prefilling))
 
     @property
     def empty(self) -> bool:

@@ -40,7 +40,7 @@ def load_snapshot(eng: SimEngine) -> dict[str, Any]:
     pending = [*q.intake, *q.waiting]
     # SGLang counts a prefill engine's bootstrap queue as waiting requests, but not its tokens as uncached ones
     # (they wait for their decode side, not for this engine's compute: load_inquirer.py).
-    uncached = sum(r.input_tokens - r.prefilled for r in (*pending, *q.prefilling))
+    uncached = sum(r.input_tokens for r in q.intake) + eng.core.uncached_prompt_tokens
     if mode == "prefill":
         pending += list(q.bootstrap.values())
         num_waiting = len(pending)

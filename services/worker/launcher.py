@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO
 
 from services.worker.config import SGLANG_DEFAULT_BOOTSTRAP_PORT, WorkerSettings
+from shared.engine.chunking import role_chunk_tokens
 from shared.errors import ConfigError
 from shared.protocol.messages import Role
 from shared.security import without_secrets
@@ -127,14 +128,9 @@ def _sglang_command(s: WorkerSettings, python: str, role: Role) -> list[str]:
 
 
 def role_extra_args(extra_args: Sequence[str], role: Role) -> list[str]:
-    """``extra_args`` as an engine of ``role`` gets them: a colocated engine drops ``--chunked-prefill-size``
-    of -1 or 0 (no chunking) and keeps its default chunk. Unchunked prefill suits a prefill engine that
-    preempts at operator boundaries (FlowPrefill); in a colocated engine's mixed steps a whole prompt would
-    delay every running request's next token. The simulator's colocated engines chunk the same way
-    (loadgen/sim/instance.py, ``EngineSpec.model``)."""
+    """``extra_args`` as an engine of ``role`` gets them: a ``--chunked-prefill-size`` the role does not run
+    with (``shared.engine.chunking``: a colocated engine keeps its default chunk) is dropped."""
     out = list(extra_args)
-    if role != "null":
-        return out
     kept: list[str] = []
     i = 0
     while i < len(out):
@@ -142,7 +138,7 @@ def role_extra_args(extra_args: Sequence[str], role: Role) -> list[str]:
         if flag == "--chunked-prefill-size":
             value = inline if inline else (out[i + 1] if i + 1 < len(out) else "")
             step = 1 if inline else 2
-            if value.lstrip("-").isdigit() and int(value) <= 0:
+            if value.lstrip("-").isdigit() and role_chunk_tokens(int(value), role) is None:
                 i += step
                 continue
         kept.append(out[i])

@@ -230,6 +230,14 @@ class EngineModel:
 
     # -- what the engine holds ---------------------------------------------------------------------
     @property
+    def uncached_prompt_tokens(self) -> int:
+        """SGLang's ``num_waiting_uncached_tokens`` of this scheduler: prompt tokens left to compute in the
+        waiting queue and in the prompts in progress. An adapter's own queues (a prefill engine's bootstrap
+        queue, whose prompts wait for their decode side) are not the scheduler's and are not counted."""
+        return (sum(r.input_tokens - r.prefilled for r in self.waiting)
+                + sum(r.input_tokens - r.prefilled for r in self.prefilling))
+
+    @property
     def empty(self) -> bool:
         return not (self.waiting or self.prefilling or self.prealloc or self.transferring or self.ready
                     or self.running or self.retracted) and self.used_kv == 0
