@@ -41,6 +41,10 @@ class EngineLoads(msgspec.Struct, frozen=True, kw_only=True):
     # engine_sim's extension: recent prompts prefilled alone, (seq, tokens, seconds); empty from SGLang.
     prefill_samples: tuple[tuple[int, int, float], ...] = ()
     running_tokens: int | None = None  # engine_sim's extension: context tokens of the running batch
+    # The oldest snapshot time (unix s, the engine's clock) among ranks that report work; None when none does
+    # or the engine gives no times. SGLang's scheduler publishes a snapshot after every batch and every 50 ms
+    # while it loops, so one with work that grows old means a scheduler stuck in a step (a hung kernel).
+    busy_snapshot_unix_s: float | None = None
 
     @property
     def prefill_queue_reqs(self) -> int:
@@ -91,7 +95,13 @@ def parse_loads(body: Any) -> EngineLoads:
     mode: str | None = None
     samples: list[tuple[int, int, float]] = []
     running_tokens: int | None = None
+    busy_snapshot: float | None = None
     for rank in ranks:
+        disagg = rank.get("disaggregation")
+        queued = sum(_num(disagg.get(f)) for f in _DISAGG_INT_FIELDS) if isinstance(disagg, dict) else 0.0
+        stamp = _num(rank.get("timestamp"))
+        if stamp > 0 and _num(rank.get("num_running_reqs")) + _num(rank.get("num_waiting_reqs")) + queued > 0:
+            busy_snapshot = stamp if busy_snapshot is None else min(busy_snapshot, stamp)
         if isinstance(rank.get("poise_running_tokens"), int):
             running_tokens = (running_tokens or 0) + rank["poise_running_tokens"]
         for sample in rank.get("poise_prefill_samples") or []:
@@ -101,7 +111,6 @@ def parse_loads(body: Any) -> EngineLoads:
             totals[f] += _num(rank.get(f))
         gen_tps += _num(rank.get("gen_throughput"))
         usages.append(_num(rank.get("token_usage")))
-        disagg = rank.get("disaggregation")
         if isinstance(disagg, dict):
             if isinstance(disagg.get("mode"), str):
                 mode = disagg["mode"]
@@ -111,7 +120,8 @@ def parse_loads(body: Any) -> EngineLoads:
     usage = totals["num_used_tokens"] / capacity if capacity > 0 else (sum(usages) / len(usages) if usages else 0.0)
     ints = {f: int(v) for f, v in totals.items()}
     return EngineLoads(dp_ranks=len(ranks), token_usage=usage, gen_throughput_tps=gen_tps, mode=mode,
-                       prefill_samples=tuple(samples), running_tokens=running_tokens, **ints)
+                       prefill_samples=tuple(samples), running_tokens=running_tokens,
+                       busy_snapshot_unix_s=busy_snapshot, **ints)
 
 
 def _opt_int(value: Any) -> int | None:

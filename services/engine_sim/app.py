@@ -274,8 +274,8 @@ def create_app(engine: SimEngine) -> FastAPI:
     @app.get("/health")
     @app.get("/health_generate")
     async def health() -> Response:
-        # SGLang runs a one-token generation when idle; the simulator's equivalent is a live scheduler.
-        return Response(status_code=200 if engine.healthy else 503)
+        ok = await engine.health_check(engine.settings.health_check_timeout_s)
+        return Response(status_code=200 if ok else 503)
 
     @app.get("/ready")
     async def ready() -> Response:

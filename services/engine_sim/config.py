@@ -84,6 +84,9 @@ class EngineSimSettings(ServiceSettings):
         description="How long a prefill request waits for its decode peer (and a decode waits for its prefill room) "
         "before failing, like SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT.",
     )
+    health_check_timeout_s: float = Field(
+        20.0, gt=0.0, description="How long /health waits for the scheduler to produce something before answering 503 "
+                                  "(SGLANG_HEALTH_CHECK_TIMEOUT).")
     migration_gbps: float = Field(
         25.0, gt=0, description="Link speed of a decode-to-decode KV copy (poise_resume with a KV source), "
                                 "Gbit/s; ARES' simulator uses 25.")

@@ -83,7 +83,9 @@ class SimEngine:
     - ``queues`` (every live request, by phase), ``rooms`` (prefill side of the handoff),
       ``client`` (the keep-alive pool for KV pulls/releases, set while started), ``metrics``, ``window``;
     - flags: ``stopping`` (no new requests, no abort notices to peers), ``switching`` (a role switch is in
-      progress: no steps), ``unhealthy`` (the scheduler crashed or a role switch failed);
+      progress: no steps), ``unhealthy`` (the scheduler crashed or a role switch failed), ``frozen`` (a
+      fault injected on SIGUSR1: the scheduler takes no steps while the HTTP server answers, as with a hung
+      kernel);
     - the /v1/loads counters (``total_prefill_tokens`` ... ``num_retracted_total``), written by batching.py
       and transfer.py.
 
@@ -129,7 +131,12 @@ class SimEngine:
         self._idle.set()
         self._paused = False
         self.switching = False
+        self.frozen = False
         self.unhealthy = False
+        # Set when the scheduler produces something (a step ends) or has nothing to compute; /health waits on it.
+        self._progress = asyncio.Event()
+        self._progress_unix_s = time.time()
+        self._awaiting_work = False
         self.stopping = False
         self._started = False
         self._task: asyncio.Task[None] | None = None
@@ -453,7 +460,7 @@ class SimEngine:
         try:
             while True:
                 self._wake.clear()
-                if self._paused or self.switching:
+                if self._paused or self.switching or self.frozen:
                     await self._wake.wait()
                     continue
                 batching.take_intake(self)
@@ -469,12 +476,16 @@ class SimEngine:
                 if self.preemption == "operator" and self.mode == "prefill" and step.prefill:
                     cut = await self._run_preemptible(step, start, deadline)
                     if cut is not None:
+                        await self._hang_while_frozen()
                         self._prev_deadline = cut[0]
                         self._cut(step, start, *cut)
+                        self._made_progress()
                         continue
                 else:
                     await asyncio.sleep(max(0.0, deadline - now))
+                await self._hang_while_frozen()
                 self._apply(step)
+                self._made_progress()
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -484,13 +495,67 @@ class SimEngine:
 
     async def _wait_for_work(self) -> None:
         """Nothing to compute: wait for a kick, or until the prefill policy asked to be planned again."""
-        retry = self.core.retry_at
-        if retry is None:
+        self._awaiting_work = True
+        self._made_progress()  # an idle scheduler would run a health check's one-token request at once
+        try:
+            retry = self.core.retry_at
+            if retry is None:
+                await self._wake.wait()
+                return
+            delay = max(retry - time.monotonic(), 0.001)  # never spin on a retry time already past
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), delay)
+        finally:
+            self._awaiting_work = False
+
+    async def _hang_while_frozen(self) -> None:
+        """A frozen engine's step in flight does not end (a hung kernel) until it is thawed."""
+        while self.frozen:
+            self._wake.clear()
             await self._wake.wait()
-            return
-        delay = max(retry - time.monotonic(), 0.001)  # never spin on a retry time already past
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), delay)
+
+    def _made_progress(self) -> None:
+        self._progress_unix_s = time.time()
+        self._progress.set()
+        self._progress = asyncio.Event()
+
+    def snapshot_unix_s(self) -> float:
+        """The time SGLang's scheduler would have stamped its latest load snapshot with: now while it loops
+        without a batch (idle, paused, switching: it publishes every 50 ms then), else the end of its last
+        step (it publishes after each batch), so it stops advancing while a step hangs or the engine is frozen."""
+        if not self.frozen and (self._awaiting_work or self._paused or self.switching):
+            return time.time()
+        return self._progress_unix_s
+
+    async def health_check(self, timeout_s: float) -> bool:
+        """SGLang's /health (``health_generate``): true once the scheduler has produced something since the
+        question came (a step ended) or is free to run the check's one-token request; false if nothing comes
+        within ``timeout_s`` (SGLANG_HEALTH_CHECK_TIMEOUT) or the engine is not serving. So a scheduler that
+        hangs while the HTTP server answers (a wedged kernel; ``frozen`` here) fails it, and a busy one answers
+        after its current step. SGLang polls every second; this answers at the step."""
+        if not self.healthy:
+            return False
+        if self._awaiting_work and not (self._paused or self.frozen):
+            return True
+        progress = self._progress
+        try:
+            await asyncio.wait_for(progress.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return self.healthy
+
+    def freeze(self) -> None:
+        """Fault injection (SIGUSR1): the step in flight does not end and no other starts; requests, KV and the
+        HTTP server stay as they are."""
+        log.warning("engine_sim %s: scheduler frozen (fault injection); SIGUSR2 thaws it", self.settings.instance_id)
+        self.frozen = True
+        self.kick()
+
+    def thaw(self) -> None:
+        """Undo ``freeze`` (SIGUSR2)."""
+        self.frozen = False
+        self.reset_pacing()
+        self.kick()
 
     async def _run_preemptible(self, step: Step, start: float, deadline: float) -> tuple[float, float] | None:
         """Wait out a prefill pass (operator preemption): each prompt that enters the waiting queue meanwhile

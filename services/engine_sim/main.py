@@ -56,6 +56,11 @@ async def serve(settings: EngineSimSettings, loop_name: str = "asyncio") -> None
             engine.profile.gpu, settings.time_scale, settings.served_model_name, loop_name,
         )
 
+    # Fault injection for tests and drills: SIGUSR1 freezes the scheduler (the HTTP server keeps answering,
+    # /health stops answering 200, as SGLang's does for a hung scheduler); SIGUSR2 thaws it.
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGUSR1, engine.freeze)
+    loop.add_signal_handler(signal.SIGUSR2, engine.thaw)
     announcer = asyncio.create_task(announce())
     try:
         await server.serve()  # captures SIGINT/SIGTERM, drains, runs the lifespan shutdown (engine.stop)

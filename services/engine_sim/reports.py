@@ -62,7 +62,7 @@ def load_snapshot(eng: SimEngine) -> dict[str, Any]:
     moments = list(eng.decode_moments) if eng.decode_moments[0] > 0 else None
     kv_gb = eng.capacity * eng.profile.kv_bytes_per_token / 1e9
     return {
-        "timestamp": time.time(),
+        "timestamp": eng.snapshot_unix_s(),
         "dp_rank": 0,
         "num_running_reqs": num_running_reqs(eng),
         "num_waiting_reqs": num_waiting,

@@ -40,6 +40,7 @@ class WorkerSettings(ControlPlaneSettings):
     lease_ttl_s: int = Field(5, ge=1, description="etcd lease TTL in seconds: the instance key disappears this long after the sidecar dies.")
     drain_timeout_s: float = Field(60.0, gt=0.0, description="Longest wait, in seconds, for the engine to go idle before a role switch (a command's own shorter timeout wins).")
     health_timeout_s: float = Field(600.0, gt=0.0, description="Seconds to wait for the engine's /health after (re)start (SGLang loads weights and captures CUDA graphs first).")
+    stalled_after_s: float = Field(20.0, gt=0.0, description="Seconds the engine's load snapshot may stop advancing while it has work before the engine counts as hung (a step that never ends) and, after unhealthy_after_s more, leaves the registry. Above the engine's longest step; compares the engine's clock with this host's.")
     unhealthy_after_s: float = Field(5.0, gt=0.0, description="Seconds of failing /v1/loads after which a running engine is taken out of the registry (it returns when it answers again).")
     restart_backoff_s: float = Field(1.0, gt=0.0, description="First delay, in seconds, before restarting an engine that exited; doubles per consecutive failure.")
     restart_backoff_max_s: float = Field(30.0, gt=0.0, description="Upper bound of the restart delay, in seconds; an engine that ran this long before exiting starts the back-off (and the failure count) over.")

@@ -3,7 +3,8 @@
 - **start**: launch the engine (engine_sim or SGLang) or attach to one, wait for ``/health``, read its
   capacity from ``/server_info``, register an :class:`InstanceInfo` in etcd under a lease.
 - **load loop**: every ``load_interval_s`` read ``/v1/loads`` and publish a :class:`LoadReport` on
-  ``Subjects.load(id)`` (``healthy=False`` with the error when the read fails). An engine whose loads fail
+  ``Subjects.load(id)`` (``healthy=False`` with the error when the read fails, or when the snapshot has not
+  advanced for ``stalled_after_s`` while the engine has work: a hung scheduler). An engine whose loads fail
   for ``unhealthy_after_s`` is taken out of the registry until it answers again.
 - **role commands** on ``Subjects.worker_command(id)``: mark the instance ``draining`` (gateways stop
   sending), wait until ``/v1/loads`` shows it idle, ``POST /pd_role_switch``, re-register in the new role.
@@ -460,6 +461,10 @@ class WorkerService(AsyncServiceMixin):
             t0 = time.monotonic()
             try:
                 loads = await self._client.loads()
+                hung = self._hung_for(loads)
+                if hung is not None:
+                    raise EngineError(self.instance_id, f"the engine's scheduler has published no load snapshot for "
+                                      f"{hung:.0f}s while it has work (a hung step)")
             except EngineError as exc:
                 self.last_error = str(exc)
                 report = LoadReport(instance_id=self.instance_id, role=self.role or "null", status=self.status,
@@ -483,6 +488,14 @@ class WorkerService(AsyncServiceMixin):
             except Exception as exc:  # nats-py raises its own errors while reconnecting
                 log.warning("load report not published: %s", exc)
             await asyncio.sleep(max(0.0, s.load_interval_s - (time.monotonic() - t0)))
+
+    def _hung_for(self, loads: EngineLoads) -> float | None:
+        """How long the engine's scheduler has been stuck with work, once past ``stalled_after_s``; else None.
+        Its /v1/loads keeps answering from the last snapshot, so only the snapshot's age shows it."""
+        if loads.busy_snapshot_unix_s is None:
+            return None
+        age = time.time() - loads.busy_snapshot_unix_s
+        return age if age > self.settings.stalled_after_s else None
 
     async def _on_loads_failed(self, now: float) -> None:
         if self._failing_since is None:

@@ -291,18 +291,21 @@ async def test_a_request_waiting_on_an_engine_that_leaves_the_registry_is_tried_
         other.proc.stop()
 
 
+@pytest.mark.parametrize(("hang", "resume"), [(signal.SIGSTOP, signal.SIGCONT), (signal.SIGUSR1, signal.SIGUSR2)],
+                         ids=["process-stopped", "scheduler-hung"])
 async def test_a_request_waiting_on_a_hung_engine_that_stays_registered_is_tried_on_another_pair(  # type: ignore[no-untyped-def]
-        cluster, engines, nats_server, etcd_server, tmp_path) -> None:
-    """SIGSTOP of the prefill engine before the request's first token, its registration kept (a hung engine
-    whose sidecar has not noticed): after stall_timeout_s of waiting the gateway asks the engine's /health,
-    gets no answer in probe_timeout_s, and tries the request on the other prefill engine, long before the
-    first-token timeout."""
+        cluster, engines, nats_server, etcd_server, tmp_path, hang, resume) -> None:
+    """The prefill engine hangs before the request's first token, its registration kept (its sidecar has not
+    noticed yet): the whole process stopped (SIGSTOP), or only its scheduler, its HTTP server still answering
+    (SIGUSR1: engine_sim's /health then waits for a step that never ends, as SGLang's one-token health check
+    does). After stall_timeout_s of waiting the gateway asks the engine's /health, gets no 200 in
+    probe_timeout_s, and tries the request on the other prefill engine, long before the first-token timeout."""
     registry, ns = cluster
     other = SimEngine(tmp_path, "prefill", MODEL, 0.2)
     wait_for_port("127.0.0.1", other.port, 30, other.proc.proc)
     hung = engines["prefill"].proc.proc.pid
     await register(registry, engines["prefill"].info("p0"), engines["decode"].info("d0"))
-    os.kill(hung, signal.SIGSTOP)
+    os.kill(hung, hang)
     try:
         async with gateway(nats_server, etcd_server, ns, first_token_timeout_s=120, stall_timeout_s=1.0,
                            probe_timeout_s=1.0) as (url, service):
@@ -320,5 +323,5 @@ async def test_a_request_waiting_on_a_hung_engine_that_stays_registered_is_tried
         assert "p0" in service.cluster.instances  # it never left the registry
         assert elapsed < 20  # stall_timeout_s and a probe, not the 120-s first-token timeout
     finally:
-        os.kill(hung, signal.SIGCONT)
+        os.kill(hung, resume)
         other.proc.stop()

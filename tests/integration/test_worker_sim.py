@@ -3,6 +3,7 @@ into colocated serving and back (a restart each way)."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import importlib.util
 import os
@@ -99,4 +100,41 @@ async def test_worker_runs_engine_sim_end_to_end(nats_server: NatsServer, etcd_s
         await worker.stop()
     await _until(lambda: "p0" not in watcher.instances)
     assert pid is None or not _alive(pid)
+    await obs.close()
+
+
+async def test_an_engine_whose_scheduler_hangs_leaves_the_registry_and_returns(
+        nats_server: NatsServer, etcd_server: EtcdServer, tmp_path: Path) -> None:
+    """A hung step (SIGUSR1 freezes engine_sim's scheduler; its HTTP server keeps answering /v1/loads) shows
+    only as a load snapshot that stops advancing while the engine has work: the sidecar reports the engine
+    unhealthy and deregisters it, and registers it again once it steps again."""
+    import httpx
+
+    ns = f"t{uuid.uuid4().hex[:8]}"
+    obs = await start_observer(nats_server.url, etcd_server.url, ns, "c0")
+    watcher, reports = obs.watcher, obs.reports
+    settings = load_settings(WorkerSettings, instance_id="c0", role="null", engine_kind="sim", model="sim-model",
+                             time_scale=0.05, namespace=ns, nats_url=nats_server.url, etcd_url=etcd_server.url,
+                             load_interval_s=0.1, lease_ttl_s=2, health_timeout_s=30, stalled_after_s=0.5,
+                             unhealthy_after_s=0.3, stop_timeout_s=5, log_dir=tmp_path)
+    async with WorkerService(settings) as worker, httpx.AsyncClient(timeout=60) as client:
+        await _until(lambda: "c0" in watcher.instances)
+        url = f"http://127.0.0.1:{worker.settings.engine_port}"
+        body = {"input_ids": list(range(50)), "rid": "long",
+                "sampling_params": {"max_new_tokens": 100_000, "ignore_eos": True}}
+        request = asyncio.create_task(client.post(url + "/generate", json=body))
+        await _until(lambda: bool(reports) and reports[-1].healthy and reports[-1].num_running_reqs == 1)
+        pid = worker.engine_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGUSR1)
+        await _until(lambda: not reports[-1].healthy)
+        assert reports[-1].error is not None and "hung" in reports[-1].error
+        assert (await client.get(url + "/v1/loads")).status_code == 200  # its HTTP server still answers
+        await _until(lambda: "c0" not in watcher.instances)
+        os.kill(pid, signal.SIGUSR2)
+        await _until(lambda: "c0" in watcher.instances)
+        assert watcher.instances["c0"].status == "ready" and worker.restarts == 0
+        await client.post(url + "/abort_request", json={"rid": "long"})
+        assert (await request).status_code == 200
+    await _until(lambda: "c0" not in watcher.instances)
     await obs.close()

@@ -235,6 +235,36 @@ async def test_abort_all_and_pause_in_place() -> None:
 
 
 @pytest.mark.asyncio
+async def test_health_answers_when_the_scheduler_produces_and_not_while_it_is_frozen() -> None:
+    # SGLang's /health is a one-token generation: it answers once the scheduler produces something, so a
+    # scheduler stuck in a step fails it while the HTTP server still answers. Its load snapshot stops
+    # advancing too, which is what the worker sidecar watches.
+    from services.engine_sim.reports import load_snapshot
+    from shared.engine_client import parse_loads
+
+    engine = make_engine(time_scale=0.01)
+    async with running(engine):
+        assert await engine.health_check(1.0)  # idle: the check's own request would run at once
+        req = engine.submit(prompt_tokens=10, max_new_tokens=100_000, ignore_eos=True)
+        await until(lambda: len(req.output_ids) >= 2)
+        assert await engine.health_check(1.0)  # busy: answered after the current step
+        engine.freeze()  # the step in flight hangs: no token comes out
+        stuck = len(req.output_ids)
+        assert not await engine.health_check(0.2)
+        assert len(req.output_ids) == stuck
+        before = parse_loads({"loads": [load_snapshot(engine)]}).busy_snapshot_unix_s
+        assert before is not None and time.time() - before >= 0.2  # the snapshot stopped with the scheduler
+        engine.thaw()
+        assert await engine.health_check(1.0)
+        await until(lambda: len(req.output_ids) > stuck)
+        after = parse_loads({"loads": [load_snapshot(engine)]}).busy_snapshot_unix_s
+        assert after is not None and after > before
+        engine.abort(req.rid)
+        await until(engine.is_idle)
+        assert parse_loads({"loads": [load_snapshot(engine)]}).busy_snapshot_unix_s is None  # idle: nothing to judge
+
+
+@pytest.mark.asyncio
 async def test_request_validation_like_sglang() -> None:
     engine = make_engine(context_length=1000, kv_capacity_tokens=500)
     async with running(engine):
