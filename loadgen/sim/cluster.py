@@ -394,7 +394,8 @@ class SimCluster:
                 num_running_tokens=inst.running_context,
                 token_usage=inst.reported_kv / inst.kv_capacity,
                 gen_throughput_tps=len(inst.running) / inst.step_ewma_s if inst.running and inst.step_ewma_s else 0.0,
-                prefill_queue_reqs=len(inst.waiting) if inst.role == "prefill" else 0,
+                prefill_queue_reqs=inst.bootstrapping + inst.sending if inst.role == "prefill" else 0,
+                prefill_bootstrap_reqs=inst.bootstrapping if inst.role == "prefill" else 0,
                 decode_queue_reqs=len(inst.reserve_queue) + len(inst.ready) + len(inst.retracted) if inst.role == "decode" else 0,
             )
             if inst.status == "starting":  # live, an engine reports no load before it is up

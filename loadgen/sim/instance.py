@@ -155,6 +155,7 @@ class SimInstance:
         self.pending_sq = 0  # prefill: sum of squared prompt lengths of prompts not done yet
         self.pending_prompt_tokens = 0  # decode: the prompt part of pending_tokens
         self.bootstrapping = 0  # prefill: requests dispatched here whose decode side has not claimed them yet
+        self.sending = 0  # prefill: prompts computed, their KV not at the decode side yet (SGLang's inflight queue)
         self.unwritten_kv = 0  # decode: reserved KV of output tokens not generated yet (used_kv - current use)
         self.step_ewma_s: float | None = None  # decode/null: recent decode step time (the token interval)
         self.on_prefill_step: Callable[[SimInstance, list[tuple[SimRequest, int]], float], None] | None = None
@@ -535,10 +536,12 @@ class SimInstance:
         is done."""
         self.assigned -= 1
         self.pending_sq -= req.input_tokens * req.input_tokens
+        self.sending += 1
         decode = req.decode
         assert decode is not None
 
         def arrived() -> None:
+            self.sending -= 1
             self.core.release_prompt(req, self.queue.now_s)
             self._freed()
             decode.transfer_done(req)

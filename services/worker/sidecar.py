@@ -108,6 +108,7 @@ def load_report(instance_id: str, role: Role, status: InstanceStatus, loads: Eng
         num_running_tokens=loads.running_tokens,
         max_total_num_tokens=loads.max_total_num_tokens, token_usage=loads.token_usage,
         gen_throughput_tps=loads.gen_throughput_tps, prefill_queue_reqs=loads.prefill_queue_reqs,
+        prefill_bootstrap_reqs=loads.prefill_bootstrap_queue_reqs,
         decode_queue_reqs=loads.decode_queue_reqs,
         prefill_samples=[(tokens, seconds) for seq, tokens, seconds in loads.prefill_samples if seq > after_seq],
     )

@@ -203,7 +203,7 @@ class ArrowPools(_ArrowModel):
         load = inst.load
         if load is None:
             return 0.0
-        n = load.num_waiting_reqs + load.num_running_reqs
+        n = load.compute_waiting_reqs + load.num_running_reqs  # the prompts num_waiting_uncached_tokens counts
         if n <= 0:
             return 0.0
         # The snapshot has only the queue's total tokens: assume equal prompts (exact for one prompt).

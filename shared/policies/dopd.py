@@ -364,8 +364,10 @@ def flip_towards(snapshot: ClusterSnapshot, target_prefill: int, who: str) -> li
 
 
 def _queued(inst: InstanceLoad) -> int:
+    """Prompts waiting for or in this prefill engine's compute (not those waiting for decode KV, nor those
+    whose KV is being sent)."""
     load = inst.load
-    return 0 if load is None else load.num_waiting_reqs + load.num_running_reqs + load.prefill_queue_reqs
+    return 0 if load is None else load.compute_waiting_reqs + load.num_running_reqs
 
 
 def _load(inst: InstanceLoad) -> int:

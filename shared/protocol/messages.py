@@ -59,10 +59,19 @@ class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
     token_usage: float = 0.0  # num_used_tokens / max_total_num_tokens
     gen_throughput_tps: float = 0.0  # decode tokens per second, engine-reported
     prefill_queue_reqs: int = 0  # prefill bootstrap + inflight queues (prefill role)
+    # Of those, the bootstrap queue: prompts waiting for their decode side's KV, not for this engine's compute.
+    # SGLang counts them in num_waiting_reqs too (not in num_waiting_uncached_tokens).
+    prefill_bootstrap_reqs: int = 0
     decode_queue_reqs: int = 0  # decode prealloc + transfer queues (decode role)
     # Prompts prefilled alone since the previous report, (tokens, seconds): what Arrow's TTFT predictor refits
     # from. Only engine_sim reports them; empty for SGLang.
     prefill_samples: list[tuple[int, float]] = msgspec.field(default_factory=list)
+
+    @property
+    def compute_waiting_reqs(self) -> int:
+        """Requests waiting for this engine's compute: ``num_waiting_reqs`` less a prefill engine's bootstrap
+        queue (whose prompts wait for decode KV; a full decode side must not read as a prefill backlog)."""
+        return max(0, self.num_waiting_reqs - self.prefill_bootstrap_reqs)
 
 
 class InstanceLoad(msgspec.Struct, frozen=True, kw_only=True):

@@ -13,9 +13,11 @@ import pytest
 
 from services.engine_sim.config import EngineSimSettings
 from services.engine_sim.engine import SimEngine
-from services.engine_sim.reports import kv_in_use
+from services.engine_sim.reports import kv_in_use, load_snapshot
 from services.engine_sim.requests import Phase, SimRequest
 from services.engine_sim.tokens import EOS_TOKEN_ID, TokenSource, draw_output_length
+from services.worker.sidecar import load_report
+from shared.engine_client import parse_loads
 
 
 def make_engine(**overrides: Any) -> SimEngine:
@@ -239,9 +241,6 @@ async def test_health_answers_when_the_scheduler_produces_and_not_while_it_is_fr
     # SGLang's /health is a one-token generation: it answers once the scheduler produces something, so a
     # scheduler stuck in a step fails it while the HTTP server still answers. Its load snapshot stops
     # advancing too, which is what the worker sidecar watches.
-    from services.engine_sim.reports import load_snapshot
-    from shared.engine_client import parse_loads
-
     engine = make_engine(time_scale=0.01)
     async with running(engine):
         assert await engine.health_check(1.0)  # idle: the check's own request would run at once
@@ -326,6 +325,9 @@ async def test_prefill_waits_for_its_decode_peer_then_times_out() -> None:
         assert loads["disaggregation"]["prefill_bootstrap_queue_reqs"] == 1
         # As SGLang reports it: a waiting request, but no tokens waiting for this engine's compute.
         assert loads["num_waiting_reqs"] == 1 and loads["num_waiting_uncached_tokens"] == 0
+        # The sidecar's report keeps the two apart, so the planners see no prefill work here.
+        report = load_report("p0", "prefill", "ready", parse_loads({"loads": [loads]}), 0.0)
+        assert (report.prefill_bootstrap_reqs, report.compute_waiting_reqs) == (1, 0)
         await finish(prefill, p)
         assert p.status_code == 500 and p.finish["message"].startswith("Prefill bootstrap failed")
         assert prefill.is_idle()
@@ -481,9 +483,6 @@ def test_unknown_engine_policies_are_rejected() -> None:
 
 @pytest.mark.asyncio
 async def test_a_prompt_prefilled_alone_is_reported_for_the_ttft_refit() -> None:
-    from services.engine_sim.reports import load_snapshot
-    from services.worker.sidecar import load_report
-    from shared.engine_client import parse_loads
 
     prefill = make_engine(mode="prefill", bootstrap_port=0, time_scale=0.01)
     decode = make_engine(mode="decode")
@@ -505,8 +504,6 @@ async def test_a_prompt_prefilled_alone_is_reported_for_the_ttft_refit() -> None
 
 @pytest.mark.asyncio
 async def test_loads_report_the_running_batchs_context_tokens() -> None:
-    from services.engine_sim.reports import load_snapshot
-    from shared.engine_client import parse_loads
 
     engine = make_engine(time_scale=1.0)
     async with running(engine):

@@ -75,14 +75,16 @@ def test_max_running_tokens_is_the_tighter_of_kv_and_the_tpot_budget() -> None:
 
 
 def inst(i: str, role: str, *, status: str = "ready", waiting: int = 0, running: int = 0, queued_tokens: int = 0,
-         running_tokens: int = 0, tps: float = 0.0, kv_used: int | None = None, kv_capacity: int = 0) -> InstanceLoad:
+         running_tokens: int = 0, tps: float = 0.0, kv_used: int | None = None, kv_capacity: int = 0,
+         bootstrap: int = 0) -> InstanceLoad:
     info = InstanceInfo(instance_id=i, role=role, status=status, engine_kind="sim", url="sim://x",  # type: ignore[arg-type]
                         bootstrap_host="", bootstrap_port=None, model="m", profile="p", kv_capacity_tokens=380_000,
                         max_running_requests=256, sidecar="sim", registered_at_unix_s=0.0)
     load = LoadReport(instance_id=i, role=role, status=status, ts_unix_s=0.0,  # type: ignore[arg-type]
                       num_waiting_reqs=waiting, num_running_reqs=running, num_waiting_uncached_tokens=queued_tokens,
                       num_used_tokens=running_tokens if kv_used is None else kv_used, num_running_tokens=running_tokens,
-                      max_total_num_tokens=kv_capacity, gen_throughput_tps=tps)
+                      max_total_num_tokens=kv_capacity, gen_throughput_tps=tps, prefill_queue_reqs=bootstrap,
+                      prefill_bootstrap_reqs=bootstrap)
     return InstanceLoad(info=info, load=load, load_age_s=0.0)
 
 
@@ -106,6 +108,14 @@ def test_a_sustained_tpot_breach_flips_the_least_loaded_prefill_to_decode() -> N
     # One flip at a time, and never the last prefill instance.
     assert pools.decide(snap(*cluster), 13.0) is None
     assert ArrowPools(MODEL, CTX).decide(snap(cluster[0], cluster[2]), 100.0) is None
+    # Prompts waiting for decode KV (SGLang counts the bootstrap queue in num_waiting_reqs, not its tokens in
+    # the uncached ones) are no prefill work: p0's 60 of them weigh less than p1's one 500-token prompt.
+    blocked = (inst("p0", "prefill", waiting=60, bootstrap=60), inst("p1", "prefill", waiting=1, queued_tokens=500),
+               cluster[2])
+    pools = ArrowPools(MODEL, CTX, ArrowParams(tpot_breach_s=2.0))
+    for t in (10.0, 12.5):
+        decision = pools.decide(snap(*blocked), t)
+    assert decision is not None and decision.changes[0].instance_id == "p0"
 
 
 def test_prefill_pressure_flips_a_decode_only_when_decode_load_is_low() -> None:

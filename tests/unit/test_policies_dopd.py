@@ -94,12 +94,14 @@ def test_a_fixed_gpu_count_is_split_by_the_ratio_with_a_dead_band() -> None:
     assert split_of(8, 2.0, current=4, dead_band=0.25) == (5, 3)
 
 
-def inst(i: str, role: str, *, status: str = "ready", waiting: int = 0, kv: float = 0.0) -> InstanceLoad:
+def inst(i: str, role: str, *, status: str = "ready", waiting: int = 0, kv: float = 0.0,
+         bootstrap: int = 0) -> InstanceLoad:
     info = InstanceInfo(instance_id=i, role=role, status=status, engine_kind="sim", url="sim://x",  # type: ignore[arg-type]
                         bootstrap_host="", bootstrap_port=None, model="m", profile="p", kv_capacity_tokens=380_000,
                         max_running_requests=256, sidecar="sim", registered_at_unix_s=0.0)
     load = LoadReport(instance_id=i, role=role, status=status, ts_unix_s=0.0,  # type: ignore[arg-type]
-                      num_waiting_reqs=waiting, token_usage=kv, num_used_tokens=int(kv * 380_000))
+                      num_waiting_reqs=waiting, token_usage=kv, num_used_tokens=int(kv * 380_000),
+                      prefill_queue_reqs=bootstrap, prefill_bootstrap_reqs=bootstrap)
     return InstanceLoad(info=info, load=load, load_age_s=0.0)
 
 
@@ -135,6 +137,20 @@ def test_dopd_burst_fast_path_adds_prefill_without_waiting_for_the_interval() ->
     full_kv = [inst("p0", "prefill"), inst("d0", "decode", kv=0.97), inst("d1", "decode", kv=0.99)]
     target = policy.decide(snap(full_kv, series(4, 1000, 100, 5)), 2.0)
     assert target is not None and target.decode == 3
+
+
+def test_dopd_burst_fast_path_does_not_read_prompts_blocked_on_decode_kv_as_a_prefill_burst() -> None:
+    # SGLang counts a prefill engine's bootstrap queue (prompts whose decode side has no KV for them yet) in
+    # num_waiting_reqs: 30 such prompts per prefill engine are a decode shortage, not a prefill burst.
+    policy = DopdScaling(MODEL, CTX, DopdParams(interval_s=600))
+    policy.decide(snap([inst("p0", "prefill"), inst("d0", "decode")], series(2, 1000, 100, 5)), 0.0)
+    blocked = [inst("p0", "prefill", waiting=30, bootstrap=30), inst("p1", "prefill", waiting=30, bootstrap=30),
+               inst("d0", "decode", kv=0.5)]
+    assert policy.decide(snap(blocked, series(3, 1000, 100, 5)), 1.0) is None
+    computing = [inst("p0", "prefill", waiting=31, bootstrap=1), inst("p1", "prefill", waiting=30),
+                 inst("d0", "decode", kv=0.5)]
+    target = policy.decide(snap(computing, series(4, 1000, 100, 5)), 2.0)
+    assert target is not None and target.prefill == 4 and "burst" in target.reason
 
 
 def _periodic_decode(policy: DopdScaling, cluster: list[InstanceLoad], times: range) -> dict[int, int]:

@@ -228,6 +228,7 @@ def test_a_prefill_instance_reports_its_bootstrap_queue_as_sglang_does() -> None
     assert prefill is not None
     assert prefill.num_running_reqs == 1 and prefill.num_waiting_reqs == 1  # r1 waits in the bootstrap queue
     assert prefill.num_waiting_uncached_tokens == 4000  # r0's prompt only
+    assert (prefill.prefill_queue_reqs, prefill.prefill_bootstrap_reqs, prefill.compute_waiting_reqs) == (1, 1, 0)
 
 
 def test_colocated_engines_chunk_where_the_prefill_engines_do_not() -> None:
