@@ -7,12 +7,17 @@ every split with the capacity model in ``split_capacity`` (the latency profile t
 model DOPD's Eq. 11-14 come from, generalised to length distributions and local prefill). It then flips one
 instance towards the best split when
 
-- the best split's score is below ``1 - min_gain`` of the current one's, or the current split is past
-  capacity (score > 1) and the best one is not: then every second of waiting adds to a queue, and the
-  gain is no longer a ratio of two loads but a queue that grows against one that does not. The decode KV
-  bound prices a pool of whole requests with a standard deviation of headroom
-  (``split_capacity.KV_SD``); on the mean alone the overload rule flips Mooncake conversation into a 6P2D
-  whose two decode pools stay full (docs/adaptive-pd.md); and
+- the best split leaves clearly more headroom (:func:`worth_a_flip`). A queue's wait grows as
+  1 / (1 - load), so what a flip buys is the spare capacity it adds, not the ratio of two loads: below
+  capacity the best split's headroom (1 - score) must be ``1 / (1 - min_gain)`` times the current one's
+  (from 0.81 to 0.65 it is 1.8 times, a flip; from 0.40 to 0.28 only 1.2 times, and neither split queues).
+  Past capacity (score > 1) every second of waiting adds to a queue: a split that carries the load is
+  worth a flip whatever it scores. When neither does, the score must fall by ``min_gain``: a drain takes an
+  instance away while the queues grow, and at Mooncake synthetic's peak a bar on the excess over capacity
+  flipped between two overloaded splits on the noise of their scores. The decode KV bound prices a pool of
+  whole requests with a standard deviation of headroom (``split_capacity.KV_SD``); on the mean alone the
+  overload rule flips Mooncake conversation into a 6P2D whose two decode pools stay full
+  (docs/adaptive-pd.md); and
 - the same direction came out ``confirm`` evaluations in a row (one interval's mix can be an outlier).
 
 What keeps it stable, and why each rule is there:
@@ -88,7 +93,8 @@ class PoiseParams(msgspec.Struct, frozen=True, kw_only=True):
     min_completed: int = 30  # fewer finished requests in the window are too few to judge a mix by: no move
     prefill_target: float = 0.8  # prefill utilisation that counts as full (queues need headroom for bursts)
     decode_target: float = 0.95  # decode utilisation that counts as full (the TPOT SLO is already in it)
-    min_gain: float = 0.25  # move only to a split scoring this much lower (chosen: tests/bench/results/poise_tuning.md)
+    min_gain: float = 0.25  # move only to a split with 1 / (1 - min_gain) times the headroom (worth_a_flip;
+    #                         chosen: tests/bench/results/poise_tuning.md)
     confirm: int = 2  # the same direction in this many evaluations in a row
     cooldown_s: float = 30.0  # after a flip, before the next
     min_dwell_s: float = 300.0  # an instance that flipped keeps its new role at least this long
@@ -106,6 +112,17 @@ class PoiseParams(msgspec.Struct, frozen=True, kw_only=True):
     #                         hysteresis, keeps modes stable; chosen on azure-conv: docs/evaluation.md)
     tpot_exit_share: float = 0.8  # colocated serving is left when its measured TPOT p90 reaches this share of the SLO
     tpot_window_s: float = 60.0  # ... the median of the monitor's per-interval TPOT p90 over this window
+
+
+def worth_a_flip(current: float, best: float, min_gain: float) -> bool:
+    """Whether a split scoring ``best`` is worth a drain away from one scoring ``current`` (scores: load over
+    the target, > 1 past capacity): below capacity by the headroom each leaves; past it, always for a split
+    that carries the load, and by the ratio of the scores when neither does."""
+    if best <= 1.0 < current:
+        return True  # a queue that grows against one that does not
+    if current <= 1.0:
+        return (1.0 - current) < (1.0 - min_gain) * (1.0 - best)
+    return best < (1.0 - min_gain) * current
 
 
 class PoisePools:
@@ -190,8 +207,7 @@ class PoisePools:
         if not prefills or not decodes:
             return None
         current = next(s for s in loads if s.prefill == len(prefills))
-        worth = (best.score < current.score * (1.0 - self.params.min_gain)
-                 or (current.score > 1.0 and best.score <= 1.0))  # past capacity: any split that carries it
+        worth = worth_a_flip(current.score, best.score, self.params.min_gain)
         direction = 0 if best.prefill == current.prefill or not worth else (1 if best.prefill > current.prefill else -1)
         self._streak = self._streak + 1 if direction == self._direction and direction != 0 else int(direction != 0)
         self._direction = direction

@@ -15,7 +15,7 @@ from loadgen.slo import slo_for
 from loadgen.traces import load_trace
 from shared.latency import LatencyModel, load_profile
 from shared.policies import ArrowDispatch, EngineView, LeastLoad, Placement, PolicyContext, RequestView
-from shared.policies.poise import PoiseParams, PoisePools, mix_of, window_tpot_p90
+from shared.policies.poise import PoiseParams, PoisePools, mix_of, window_tpot_p90, worth_a_flip
 from shared.policies.split_capacity import (
     Mix,
     best_split,
@@ -133,12 +133,12 @@ def test_an_instance_that_flipped_does_not_flip_back_within_its_dwell_time() -> 
     # idle, so it would drain soonest, but it dwells: the busier one goes.
     busy = [inst(f"p{i}", "prefill", waiting=5 + i, waiting_tokens=2_000) for i in range(1, 4)]
     after = [inst(moved, "prefill"), *busy, *[inst(f"d{i}", "decode") for i in range(4)]]
-    back = pools.decide(snap(after, series(300, 1000, 20.0)), 10.0)
+    back = pools.decide(snap(after, series(300, 1000, 40.0)), 10.0)
     assert back is not None and [c.instance_id for c in back.changes] == ["p1"]
     # p1's flip went through; past its dwell time the first instance may move again.
     done = [inst(moved, "prefill"), *busy[1:], inst("p9", "prefill", waiting=9, waiting_tokens=2_000),
             inst("p1", "decode"), *[inst(f"d{i}", "decode") for i in range(3)]]
-    later = pools.decide(snap(done, series(300, 1000, 20.0)), 400.0)
+    later = pools.decide(snap(done, series(300, 1000, 40.0)), 400.0)
     assert later is not None and [c.instance_id for c in later.changes] == [moved]
 
 
@@ -171,38 +171,55 @@ def test_no_flip_when_the_gain_is_small_but_a_queued_backlog_counts() -> None:
     loads = split_loads(MODEL, mix_of(series(1200, 200, 3.0), 120.0), 8, CTX.tpot_slo_s)  # type: ignore[arg-type]
     current = next(s for s in loads if s.prefill == 4)
     best = best_split(loads, 4)
-    if best.score >= current.score * (1 - pools.params.min_gain):
+    if not worth_a_flip(current.score, best.score, pools.params.min_gain):
         assert pools.decide(snap(cluster(4, 4), series(1200, 200, 3.0)), 0.0) is None
-    # The same mix with a deep prefill backlog: more prefill is worth a drain now.
-    swamped = [inst(f"p{i}", "prefill", waiting=200, waiting_tokens=400_000) for i in range(4)] + \
+    # The same mix with a prefill backlog 4P4D cannot clear within the backlog horizon: more prefill is worth
+    # a drain now.
+    swamped = [inst(f"p{i}", "prefill", waiting=600, waiting_tokens=1_200_000) for i in range(4)] + \
         [inst(f"d{i}", "decode") for i in range(4)]
     decision = pools.decide(snap(swamped, series(1200, 200, 3.0)), 10.0)
     assert decision is not None and decision.changes[0].new_role == "prefill"
 
 
-def test_past_capacity_a_split_that_carries_the_load_is_worth_a_flip_under_the_gain() -> None:
-    # A prefill-leaning mix on 4P4D: raise the rate until 4P4D is just past capacity while the
-    # best split carries the load, its score less than min_gain below the current one's.
-    pools = PoisePools(MODEL, CTX, split_params())
-    gain = pools.params.min_gain
+def test_a_flip_is_worth_the_headroom_it_adds_below_capacity_and_the_excess_it_removes_past_it() -> None:
+    gain = PoiseParams().min_gain
+    assert gain == 0.25
+    assert worth_a_flip(0.81, 0.65, gain)  # headroom 0.19 -> 0.35: the queue's wait nearly halves
+    assert not worth_a_flip(0.40, 0.28, gain)  # the same ratio of loads, but neither split queues
+    assert not worth_a_flip(0.60, 0.50, gain)
+    assert worth_a_flip(1.05, 0.98, gain)  # past capacity: a split that carries the load
+    assert worth_a_flip(1.50, 1.10, gain) and not worth_a_flip(1.50, 1.20, gain)  # neither carries it: the ratio
+    assert not worth_a_flip(0.90, 0.90, gain) and not worth_a_flip(1.20, 1.20, gain)
 
+
+def test_the_same_better_split_is_worth_a_drain_near_capacity_and_not_at_a_light_load() -> None:
+    # A prefill-leaning mix on 4P4D: 5P3D scores 0.8 of 4P4D at every rate (both loads are linear in it), a
+    # smaller gain than min_gain as a ratio. Near capacity it adds most of the headroom and is worth a drain,
+    # before 4P4D is past capacity; at a light load it is not. Past capacity it always is.
     def scores(rate: float) -> tuple[float, float]:
         loads = split_loads(MODEL, mix_of(series(2000, 300, rate), 120.0), 8, CTX.tpot_slo_s,  # type: ignore[arg-type]
                             ttft_slo_s=CTX.ttft_slo_s)
-        return next(x for x in loads if x.prefill == 4).score, best_split(loads, 4).score
+        best = best_split(loads, 4)
+        assert best.prefill == 5
+        return next(x for x in loads if x.prefill == 4).score, best.score
 
-    over = next(r / 10 for r in range(10, 1000) if scores(r / 10)[0] > 1.0)
-    current, best = scores(over)
-    assert best <= 1.0 < current and best >= current * (1 - gain)  # a small gain, but 4P4D's queue grows
-    assert pools.decide(snap(cluster(4, 4), series(2000, 300, over)), 0.0) is None  # not confirmed yet
-    decision = pools.decide(snap(cluster(4, 4), series(2000, 300, over)), 10.0)
-    assert decision is not None and decision.changes[0].new_role == "prefill"
-    # Just under capacity the same small gain is not worth a drain.
-    under = over - 0.1
-    assert scores(under)[0] <= 1.0 and scores(under)[1] >= scores(under)[0] * (1 - gain)
-    calm = PoisePools(MODEL, CTX, split_params())
-    assert calm.decide(snap(cluster(4, 4), series(2000, 300, under)), 0.0) is None
-    assert calm.decide(snap(cluster(4, 4), series(2000, 300, under)), 10.0) is None
+    def flips(rate: float) -> bool:
+        pools = PoisePools(MODEL, CTX, split_params())
+        assert pools.decide(snap(cluster(4, 4), series(2000, 300, rate)), 0.0) is None  # not confirmed yet
+        decision = pools.decide(snap(cluster(4, 4), series(2000, 300, rate)), 10.0)
+        assert decision is None or decision.changes[0].new_role == "prefill"
+        return decision is not None
+
+    gain = PoiseParams().min_gain
+    light = next(r / 10 for r in range(10, 2000) if scores(r / 10)[0] > 0.3)
+    near = next(r / 10 for r in range(10, 2000) if scores(r / 10)[0] > 0.8)
+    over = next(r / 10 for r in range(10, 2000) if scores(r / 10)[0] > 1.0)
+    for rate in (light, near, over):
+        current, best = scores(rate)
+        assert best == pytest.approx(0.8 * current) and best >= current * (1 - gain)
+    assert not flips(light)
+    assert scores(near)[0] <= 1.0 and flips(near)
+    assert flips(over)
 
 
 def test_decode_kv_keeps_headroom_for_large_requests_not_small_ones() -> None:
