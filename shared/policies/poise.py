@@ -7,12 +7,12 @@ every split with the capacity model in ``split_capacity`` (the latency profile t
 model DOPD's Eq. 11-14 come from, generalised to length distributions and local prefill). It then flips one
 instance towards the best split when
 
-- the best split leaves clearly more headroom (:func:`worth_a_flip`). A queue's wait grows as
-  1 / (1 - load), so what a flip buys is the spare capacity it adds, not the ratio of two loads: below
-  capacity the best split's headroom (1 - score) must be ``1 / (1 - min_gain)`` times the current one's
-  (from 0.81 to 0.65 it is 1.8 times, a flip; from 0.40 to 0.28 only 1.2 times, and neither split queues).
-  Past capacity (score > 1) every second of waiting adds to a queue: a split that carries the load is
-  worth a flip whatever it scores. When neither does, the score must fall by ``min_gain``: a drain takes an
+- the best split cuts the wait in the queues by ``min_gain`` (:func:`worth_a_flip`). A request's wait in
+  a queue grows as load / (1 - load) (M/M/1's queueing delay; the time to serve it does not depend on the
+  split), so what a flip buys is the wait it removes, not the ratio of two loads: at light loads the two
+  agree, and near capacity a smaller ratio of scores removes most of the wait (from 0.81 to 0.65, a ratio
+  of 0.80, the wait falls by 56%). Past capacity (score > 1) every second of waiting adds to a queue: a
+  split that carries the load is worth a flip whatever it scores. When neither does, the score must fall by ``min_gain``: a drain takes an
   instance away while the queues grow, and at Mooncake synthetic's peak a bar on the excess over capacity
   flipped between two overloaded splits on the noise of their scores. The decode KV bound prices a pool of
   whole requests with a standard deviation of headroom (``split_capacity.KV_SD``); on the mean alone the
@@ -93,7 +93,7 @@ class PoiseParams(msgspec.Struct, frozen=True, kw_only=True):
     min_completed: int = 30  # fewer finished requests in the window are too few to judge a mix by: no move
     prefill_target: float = 0.8  # prefill utilisation that counts as full (queues need headroom for bursts)
     decode_target: float = 0.95  # decode utilisation that counts as full (the TPOT SLO is already in it)
-    min_gain: float = 0.25  # move only to a split with 1 / (1 - min_gain) times the headroom (worth_a_flip;
+    min_gain: float = 0.25  # move only to a split whose queueing delay is this much lower (worth_a_flip;
     #                         chosen: tests/bench/results/poise_tuning.md)
     confirm: int = 2  # the same direction in this many evaluations in a row
     cooldown_s: float = 30.0  # after a flip, before the next
@@ -116,12 +116,12 @@ class PoiseParams(msgspec.Struct, frozen=True, kw_only=True):
 
 def worth_a_flip(current: float, best: float, min_gain: float) -> bool:
     """Whether a split scoring ``best`` is worth a drain away from one scoring ``current`` (scores: load over
-    the target, > 1 past capacity): below capacity by the headroom each leaves; past it, always for a split
-    that carries the load, and by the ratio of the scores when neither does."""
+    the target, > 1 past capacity): below capacity by the queueing delay each would see; past it, always for
+    a split that carries the load, and by the ratio of the scores when neither does."""
     if best <= 1.0 < current:
         return True  # a queue that grows against one that does not
-    if current <= 1.0:
-        return (1.0 - current) < (1.0 - min_gain) * (1.0 - best)
+    if current < 1.0:
+        return best / (1.0 - best) < (1.0 - min_gain) * current / (1.0 - current)
     return best < (1.0 - min_gain) * current
 
 

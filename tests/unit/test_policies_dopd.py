@@ -239,7 +239,6 @@ def test_dopd_and_poise_reach_azure_codes_best_split_and_beat_minimal_load() -> 
     ratio = simulate(w, make_mix("dopd-ratio", 8), MODEL, slo, rate_scale=12.0)
     poise = simulate(w, make_mix("poise", 8), MODEL, slo, rate_scale=12.0)
     assert ratio.config["lifecycle"]["timeline"][-1][1:] == [7, 1]  # static-best's split for this trace
-    # Prefill-heavier, as the capacity model says; the compressed slice lasts 50 s, time for one flip.
-    assert poise.config["lifecycle"]["timeline"][-1][1] >= 5
+    assert poise.config["lifecycle"]["timeline"][-1][1] >= 6  # prefill-heavy, as the capacity model says
     assert poise.summary.slo_attainment > static.summary.slo_attainment
     assert poise.summary.requests_failed == 0

@@ -181,12 +181,12 @@ def test_no_flip_when_the_gain_is_small_but_a_queued_backlog_counts() -> None:
     assert decision is not None and decision.changes[0].new_role == "prefill"
 
 
-def test_a_flip_is_worth_the_headroom_it_adds_below_capacity_and_the_excess_it_removes_past_it() -> None:
+def test_a_flip_is_worth_the_queueing_delay_it_removes_below_capacity() -> None:
     gain = PoiseParams().min_gain
     assert gain == 0.25
-    assert worth_a_flip(0.81, 0.65, gain)  # headroom 0.19 -> 0.35: the queue's wait nearly halves
-    assert not worth_a_flip(0.40, 0.28, gain)  # the same ratio of loads, but neither split queues
-    assert not worth_a_flip(0.60, 0.50, gain)
+    assert worth_a_flip(0.81, 0.65, gain)  # a ratio of 0.80, but the wait load / (1 - load) falls by 56%
+    assert not worth_a_flip(0.30, 0.25, gain)  # the wait falls by 22%
+    assert worth_a_flip(0.40, 0.28, gain)  # by 42%
     assert worth_a_flip(1.05, 0.98, gain)  # past capacity: a split that carries the load
     assert worth_a_flip(1.50, 1.10, gain) and not worth_a_flip(1.50, 1.20, gain)  # neither carries it: the ratio
     assert not worth_a_flip(0.90, 0.90, gain) and not worth_a_flip(1.20, 1.20, gain)
@@ -194,8 +194,8 @@ def test_a_flip_is_worth_the_headroom_it_adds_below_capacity_and_the_excess_it_r
 
 def test_the_same_better_split_is_worth_a_drain_near_capacity_and_not_at_a_light_load() -> None:
     # A prefill-leaning mix on 4P4D: 5P3D scores 0.8 of 4P4D at every rate (both loads are linear in it), a
-    # smaller gain than min_gain as a ratio. Near capacity it adds most of the headroom and is worth a drain,
-    # before 4P4D is past capacity; at a light load it is not. Past capacity it always is.
+    # smaller gain than min_gain as a ratio. Near capacity it removes most of the queueing delay and is worth
+    # a drain, before 4P4D is past capacity; at a light load it is not. Past capacity it always is.
     def scores(rate: float) -> tuple[float, float]:
         loads = split_loads(MODEL, mix_of(series(2000, 300, rate), 120.0), 8, CTX.tpot_slo_s,  # type: ignore[arg-type]
                             ttft_slo_s=CTX.ttft_slo_s)
@@ -211,7 +211,7 @@ def test_the_same_better_split_is_worth_a_drain_near_capacity_and_not_at_a_light
         return decision is not None
 
     gain = PoiseParams().min_gain
-    light = next(r / 10 for r in range(10, 2000) if scores(r / 10)[0] > 0.3)
+    light = next(r / 10 for r in range(10, 2000) if scores(r / 10)[0] > 0.15)
     near = next(r / 10 for r in range(10, 2000) if scores(r / 10)[0] > 0.8)
     over = next(r / 10 for r in range(10, 2000) if scores(r / 10)[0] > 1.0)
     for rate in (light, near, over):
