@@ -12,12 +12,12 @@ instance towards the best split when
   split), so what a flip buys is the wait it removes, not the ratio of two loads: at light loads the two
   agree, and near capacity a smaller ratio of scores removes most of the wait (from 0.81 to 0.65, a ratio
   of 0.80, the wait falls by 56%). Past capacity (score > 1) every second of waiting adds to a queue: a
-  split that carries the load is worth a flip whatever it scores. When neither does, the score must fall by ``min_gain``: a drain takes an
-  instance away while the queues grow, and at Mooncake synthetic's peak a bar on the excess over capacity
-  flipped between two overloaded splits on the noise of their scores. The decode KV bound prices a pool of
-  whole requests with a standard deviation of headroom (``split_capacity.KV_SD``); on the mean alone the
-  overload rule flips Mooncake conversation into a 6P2D whose two decode pools stay full
-  (docs/adaptive-pd.md); and
+  split that carries the load is worth a flip whatever it scores. When neither does, the score must fall
+  by ``min_gain``: a drain takes an instance away while the queues grow, and at Mooncake synthetic's peak a
+  bar on the excess over capacity flipped between two overloaded splits on the noise of their scores. The
+  decode KV bound prices a pool of whole requests with a standard deviation of headroom
+  (``split_capacity.KV_SD``); on the mean alone the overload rule flips Mooncake conversation into a 6P2D
+  whose two decode pools stay full (docs/adaptive-pd.md); and
 - the same direction came out ``confirm`` evaluations in a row (one interval's mix can be an outlier).
 
 What keeps it stable, and why each rule is there:
