@@ -7,6 +7,9 @@ Pure objects (../shared/spec/spec-ares-kairos-flowprefill.md, section 3):
   prompts with it while the batch still meets H's deadline and stays under G tokens (Algorithm 1). The
   engine's operator-level preemption (``preempts`` in :mod:`shared.policies.prefill_order`) cuts the running
   pass when the new plan's head is not in it.
+- ``flowprefill-fewest-late``: the same, but when the feasible prompts cannot all meet their deadlines one
+  after another, it gives up the fewest (:func:`fewest_late`, Moore and Hodgson's rule) instead of letting
+  the deadline order make every later one late. A Poise extension, not in the paper.
 - :class:`Sedf` (``sedf``) and :class:`DEdf` (``d-edf``): the priority functions alone, chunks filled in
   that order and re-ranked before every pass, like :class:`shared.policies.prefill_order.Edf` (the paper's
   ablation baselines, and S-EDF for chunked engines).
@@ -17,6 +20,7 @@ TTFT_hat is the latency model's prefill time for a prompt's *remaining* tokens a
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -67,6 +71,43 @@ def edf_key(item: PrefillItem, now_s: float) -> SortKey:
     return (0, deadline, item.arrival_s, item.rid)
 
 
+def fewest_late(model: LatencyModel, ranked: Sequence[T], now_s: float, batch_tokens: int) -> list[T]:
+    """Reorder an S-EDF ranking so that the fewest prompts miss their deadlines.
+
+    S-EDF serves the feasible prompts by deadline. In a burst that outruns the engine, the sum of their prefill
+    times passes one deadline after another, and every prompt from there on is late: deadline order is
+    optimal when everything fits and poor when it does not. Moore and Hodgson's rule (the optimal schedule for
+    the number of late jobs on one machine) walks the feasible prompts in deadline order, adding up their
+    prefill times; whenever one would finish past its deadline, the longest prompt taken so far is given up.
+    The kept prompts run first, in deadline order, then the given-up ones (they may still make it where the
+    estimate is pessimistic), then S-EDF's already infeasible ones and prompts without a target.
+
+    A prompt's time is its own work plus its token share of a pass's launch overhead (passes of
+    ``batch_tokens``), since batched prompts share one launch. When every feasible prompt fits, the order is
+    S-EDF's unchanged.
+    """
+    keyed = [(sedf_key(model, r, now_s)[0], r) for r in ranked]
+    feasible = [r for group, r in keyed if group == 0]
+    overhead = model.profile.prefill_overhead_s * model.time_scale
+    finish = now_s
+    taken: list[tuple[float, int]] = []  # (-time, index): a max-heap on prefill time
+    given_up: set[int] = set()
+    for i, item in enumerate(feasible):
+        n = remaining(item)
+        cost = model.prefill_work_s(n, item.prefilled) + overhead * min(1.0, n / batch_tokens)
+        finish += cost
+        heapq.heappush(taken, (-cost, i))
+        if finish > deadline_s(item):
+            longest, j = heapq.heappop(taken)
+            finish += longest
+            given_up.add(j)
+    if not given_up:
+        return list(ranked)
+    kept = [r for i, r in enumerate(feasible) if i not in given_up]
+    late = [r for i, r in enumerate(feasible) if i in given_up]
+    return kept + late + [r for group, r in keyed if group != 0]
+
+
 def rank(model: LatencyModel, priority: Priority, queue: Sequence[T], now_s: float) -> list[T]:
     if priority == "sedf":
         return sorted(queue, key=lambda r: sedf_key(model, r, now_s))
@@ -85,6 +126,12 @@ class FlowPrefillParams:
     batch_tokens: int = 4096
     # The priority function ranking the queue: S-EDF (the paper's), or its ablations D-EDF and EDF (Fig. 10).
     priority: Priority = "sedf"
+    # Give up the fewest prompts when the feasible ones cannot all make their deadlines (fewest_late); S-EDF only.
+    fewest_late: bool = False
+
+    def __post_init__(self) -> None:
+        if self.fewest_late and self.priority != "sedf":
+            raise ValueError("fewest_late reorders an S-EDF ranking; it needs priority 'sedf'")
 
 
 class FlowPrefill:
@@ -141,6 +188,8 @@ class FlowPrefill:
 
     def plan(self, queue: Sequence[T], budget: int, now_s: float) -> PrefillPlan[T]:
         ranked = rank(self.model, self.params.priority, [r for r in queue if remaining(r) > 0], now_s)
+        if self.params.fewest_late:
+            ranked = fewest_late(self.model, ranked, now_s, self.params.batch_tokens)
         return PrefillPlan(fill(self.batch(ranked, now_s), budget))
 
     def observe(self, tokens: int, seconds: float) -> None:

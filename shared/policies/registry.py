@@ -72,6 +72,8 @@ PREFILL_POLICIES: dict[str, Callable[[LatencyModel], PrefillPolicy]] = {
     # FlowPrefill's priority ablation (Fig. 10): the same batching and events, ranked by D-EDF or EDF.
     "flowprefill-d-edf": lambda model: FlowPrefill(model, FlowPrefillParams(priority="d-edf")),
     "flowprefill-edf": lambda model: FlowPrefill(model, FlowPrefillParams(priority="edf")),
+    # Poise's extension: the fewest prompts late when a burst outruns the engine (flowprefill.fewest_late).
+    "flowprefill-fewest-late": lambda model: FlowPrefill(model, FlowPrefillParams(fewest_late=True)),
     Sedf.name: Sedf,
     DEdf.name: lambda model: DEdf(),
     LengthBatching.name: LengthBatching,

@@ -17,6 +17,8 @@ Mixes (engine settings of every prefill instance):
 - ``flowprefill``: S-EDF + SLO-aware batching, event-driven, operator-level preemption, no chunks;
   ``flowprefill-c8k`` the same over 8192-token chunks (FlowPrefill §6.5: bounds one operator's time on very
   long prompts);
+- ``flowprefill-fewest-late``: FlowPrefill that gives up the fewest prompts when a burst outruns the engine
+  (Moore-Hodgson over S-EDF's feasible prompts, ``shared.policies.flowprefill.fewest_late``; Poise's);
 - ablations: ``flowprefill-edf`` / ``flowprefill-d-edf`` (the same with EDF or D-EDF priority, Fig. 10) and
   ``sedf-op`` (S-EDF and operator preemption, prompts packed up to SGLang's max-prefill-tokens instead of
   SLO-aware batching);
@@ -65,6 +67,8 @@ MIXES: dict[str, dict[str, Any]] = {
     "flowprefill-c8k": {"prefill_policy": "flowprefill", "preemption": "operator", "chunk_tokens": 8192},
     "flowprefill-edf": {"prefill_policy": "flowprefill-edf", "preemption": "operator", "chunk_tokens": 0},
     "flowprefill-d-edf": {"prefill_policy": "flowprefill-d-edf", "preemption": "operator", "chunk_tokens": 0},
+    "flowprefill-fewest-late": {"prefill_policy": "flowprefill-fewest-late", "preemption": "operator",
+                                "chunk_tokens": 0},
     "sedf-op": {"prefill_policy": "sedf", "preemption": "operator", "chunk_tokens": 0},
     "stock": {"prefill_policy": "fcfs", "chunk_tokens": 8192},
     "late-edf": {"prefill_policy": "fcfs", "chunk_tokens": 8192, "late_binding": "edf"},

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from shared.latency import LatencyModel, load_profile
 from shared.policies import (
     DEdf,
@@ -14,7 +16,7 @@ from shared.policies import (
     make_prefill_policy,
     preempts,
 )
-from shared.policies.flowprefill import ttft_hat
+from shared.policies.flowprefill import fewest_late, rank, ttft_hat
 from tests.unit.prefill_items import Prompt
 
 MODEL = LatencyModel(load_profile())
@@ -55,6 +57,31 @@ def test_dedf_demotes_only_prompts_past_their_deadline() -> None:
     assert rids(DEdf(), queue, 0.0) == ["x", "y"]
     assert rids(DEdf(), queue, 1.5) == ["y", "x"]  # past its deadline: now demoted too
     assert rids(FlowPrefill(MODEL, FlowPrefillParams(priority="d-edf", batch_tokens=0)), queue, 0.0) == ["x"]
+
+
+def test_fewest_late_gives_up_the_long_prompt_that_would_make_two_short_ones_late() -> None:
+    # Each alone makes its deadline. In deadline order the 10K-token "a" (~0.39 s) ends after "b"'s and
+    # "c"'s deadlines: two late. Giving up "a" makes one late.
+    queue = [Prompt("a", 0.0, 10_000, 0.40), Prompt("b", 0.0, 1_000, 0.42), Prompt("c", 0.0, 1_000, 0.44),
+             Prompt("late", 0.0, 30_000, 0.5), Prompt("free", 0.0, 100)]
+    ranked = rank(MODEL, "sedf", queue, 0.0)
+    assert [p.rid for p in ranked] == ["a", "b", "c", "late", "free"]
+    assert [p.rid for p in fewest_late(MODEL, ranked, 0.0, 4096)] == ["b", "c", "a", "late", "free"]
+    assert rids(FlowPrefill(MODEL), queue, 0.0) == ["a"]  # "b" would push the batch past G
+    assert rids(make_prefill_policy("flowprefill-fewest-late", MODEL), queue, 0.0) == ["b", "c", "free"]
+
+
+def test_fewest_late_keeps_the_deadline_order_when_everything_fits() -> None:
+    queue = [Prompt("a", 0.0, 10_000, 1.0), Prompt("b", 0.0, 1_000, 1.1), Prompt("c", 0.0, 1_000, 1.2)]
+    ranked = rank(MODEL, "sedf", queue, 0.0)
+    assert fewest_late(MODEL, ranked, 0.0, 4096) == ranked
+    # Later in time the same queue no longer fits, and only the long prompt is given up.
+    assert [p.rid for p in fewest_late(MODEL, rank(MODEL, "sedf", queue, 0.7), 0.7, 4096)] == ["b", "c", "a"]
+
+
+def test_fewest_late_needs_sedf() -> None:
+    with pytest.raises(ValueError, match="S-EDF"):
+        FlowPrefillParams(priority="edf", fewest_late=True)
 
 
 def test_batching_stays_under_g_and_meets_the_head_deadline() -> None:
