@@ -23,6 +23,7 @@ from loadgen.sim.instance import EngineSpec
 from shared.latency import LatencyModel
 from shared.policies import (
     DECODE_BATCH_POLICIES,
+    POISE_PREFILL_POLICY,
     PREEMPTION,
     PREFILL_POLICIES,
     ArrowDispatch,
@@ -169,10 +170,11 @@ def _dopd_ratio(instances: int, split: str | None) -> PolicyMix:
                      bind=lambda model, ctx: {"pools": DopdPools(model, ctx)}, local_prefill=DOPD_LOCAL_PREFILL)
 
 
-#: Inside the engines, Poise runs FlowPrefill: on the mixed-SLO benchmark it holds the most goodput of every
-#: prefill policy, and on single-SLO traces it stays within one goodput-search step of FCFS. Decode stays
-#: continuous: Kairos' slack batching buys nothing when a step costs its total context (docs/engine-scheduling.md).
-POISE_ENGINE = EngineSpec(prefill_policy="flowprefill", preemption="operator", chunk_tokens=0)
+#: Inside the engines, Poise runs FlowPrefill (``POISE_PREFILL_POLICY``: the variant that gives up the fewest
+#: prompts in a burst): on the mixed-SLO benchmark it holds the most goodput of every prefill policy, and on
+#: single-SLO traces it stays within one goodput-search step of FCFS. Decode stays continuous: Kairos' slack
+#: batching buys nothing when a step costs its total context (docs/engine-scheduling.md).
+POISE_ENGINE = EngineSpec(prefill_policy=POISE_PREFILL_POLICY, preemption="operator", chunk_tokens=0)
 
 
 def _poise(instances: int, split: str | None) -> PolicyMix:

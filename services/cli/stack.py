@@ -30,6 +30,7 @@ from services.cli.supervise import retired
 from shared.devservers import EtcdServer, ManagedProcess, NatsServer, free_port
 from shared.errors import PoiseError
 from shared.latency import DEFAULT_PROFILE, load_profile
+from shared.policies import POISE_PREFILL_POLICY
 from shared.protocol import Keys, Subjects
 from shared.protocol.permissions import user_permissions, worker_user
 from shared.security import Credentials, EtcdAuth, NatsUser
@@ -48,7 +49,7 @@ DEFAULT_PLANNER_POLICY = "poise"  # the P:D controller (shared/policies/poise.py
 #: (loadgen/sim/baselines.py ``_poise``: Arrow's SLO-aware dispatch, FlowPrefill in the engines with operator
 #: preemption and no chunks), so the live stack runs the mix the simulator and the report's comparison model.
 #: DOPD's local prefill of short prompts comes with it too (`StackSettings.local_prefill_tokens`).
-POISE_STACK_DEFAULTS: dict[str, Any] = {"dispatch_policy": "arrow", "prefill_policy": "flowprefill",
+POISE_STACK_DEFAULTS: dict[str, Any] = {"dispatch_policy": "arrow", "prefill_policy": POISE_PREFILL_POLICY,
                                         "preemption": "operator", "chunked_prefill_size": -1}
 
 
@@ -80,7 +81,7 @@ class StackSettings(ServiceSettings):
     slo_ttft_s: float | None = Field(None, gt=0.0, description="TTFT SLO (s) the planner and gateway policies plan for; unset = the trace's (poise run) or Arrow Table 1's Azure conversation value, 2 s.")
     slo_tpot_s: float | None = Field(None, gt=0.0, description="TPOT SLO (s) the policies plan for; unset = the trace's (poise run) or 0.15 s (Azure conversation).")
     # -- engine scheduling (every engine_sim; see services/engine_sim/config.py) ------------------------------
-    prefill_policy: str | None = Field(None, description="Prefill scheduling policy of every engine (shared.policies PREFILL_POLICIES: fcfs, edf, ...); unset = flowprefill with --planner-policy poise, else engine_sim's default (fcfs).")
+    prefill_policy: str | None = Field(None, description="Prefill scheduling policy of every engine (shared.policies PREFILL_POLICIES: fcfs, edf, ...); unset = flowprefill-fewest-late with --planner-policy poise, else engine_sim's default (fcfs).")
     decode_policy: str | None = Field(None, description="Decode batch policy of every engine (shared.policies DECODE_BATCH_POLICIES: continuous, ...); unset = engine_sim's default.")
     preemption: str | None = Field(None, description="Where prefill engines may switch to a more urgent prompt: chunk (SGLang, at chunk boundaries) or operator (FlowPrefill); unset = operator with --planner-policy poise, else chunk.")
     chunked_prefill_size: int | None = Field(None, description="Prefill chunk size in tokens of every engine (SGLang --chunked-prefill-size); -1 = no chunking; unset = -1 with --planner-policy poise, else the profile's.")

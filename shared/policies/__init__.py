@@ -57,6 +57,7 @@ from shared.policies.prefill_order import (
 from shared.policies.registry import (
     DECODE_BATCH_POLICIES,
     DISPATCH_POLICIES,
+    POISE_PREFILL_POLICY,
     POOL_POLICIES,
     PREFILL_POLICIES,
     SCALING_POLICIES,
@@ -121,6 +122,7 @@ __all__ = [
     "MigrationPolicy",
     "NoMigration",
     "POOL_POLICIES",
+    "POISE_PREFILL_POLICY",
     "PREFILL_POLICIES",
     "PREEMPTION",
     "Preemption",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from loadgen.sim.baselines import POISE_ENGINE
 from services.cli.main import RunSettings
 from services.cli.run_job import MainJobSettings
 from services.cli.stack import StackSettings
@@ -22,8 +23,9 @@ def test_the_poise_planner_is_the_default_and_brings_its_mix() -> None:
     # engines (operator preemption, no chunks) and local prefill of short prompts.
     for s in (load_settings(StackSettings), parse_settings(RunSettings, []), parse_settings(MainJobSettings, [])):
         assert (s.planner_policy, s.dispatch_policy) == ("poise", "arrow")
-        assert s.engine_args() == ["--prefill-policy", "flowprefill", "--preemption", "operator",
+        assert s.engine_args() == ["--prefill-policy", POISE_ENGINE.prefill_policy, "--preemption", "operator",
                                    "--chunked-prefill-size", "-1"]
+        assert POISE_ENGINE.prefill_policy == "flowprefill-fewest-late" and POISE_ENGINE.chunk_tokens == 0
         args = s.gateway_policy_args()
         assert args[args.index("--local-prefill-max-tokens") + 1] == "512"
     # --planner-policy static is the old stack: fixed roles, least-load, stock engines, no local prefill.
