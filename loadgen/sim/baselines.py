@@ -264,9 +264,13 @@ def make_mix(name: str, instances: int, split: str | None = None, *, prefill_pol
         engine = dataclasses.replace(engine, decode_kv=decode_kv)  # type: ignore[arg-type]
     if prefix_cache is not None:
         engine = dataclasses.replace(engine, prefix_cache=prefix_cache)
+    description = mix.description
     if engine != mix.engine:
         changes["engine"] = engine
-        notes.append(engine.describe())
+        if mix.engine.describe() in description:  # a mix that names its own engines: say what replaced them
+            description = description.replace(mix.engine.describe(), engine.describe())
+        else:
+            notes.append(engine.describe())
     if late_binding is not None:
         if late_binding != "none":
             lookup(PREFILL_POLICIES, late_binding, "prefill policy")
@@ -298,5 +302,7 @@ def make_mix(name: str, instances: int, split: str | None = None, *, prefill_pol
             notes.append(f"{key} {getattr(changes[key], 'name', 'none')}")
     if not changes:
         return mix
-    return dataclasses.replace(mix, description=f"{mix.description}; {', '.join(notes)}", **changes)  # type: ignore[arg-type]
+    if notes:
+        description = f"{description}; {', '.join(notes)}"
+    return dataclasses.replace(mix, description=description, **changes)  # type: ignore[arg-type]
 

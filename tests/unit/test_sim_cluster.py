@@ -240,3 +240,14 @@ def test_colocated_engines_chunk_where_the_prefill_engines_do_not() -> None:
     prefill.switch_role("null")
     assert prefill.chunked and prefill.chunk == m.profile.chunked_prefill_size
     assert POISE_ENGINE.model("null", m).chunked
+
+
+def test_an_engine_override_replaces_what_the_mix_says_of_its_engines() -> None:
+    stock = make_mix("poise", 8, "4P4D", prefill_policy="fcfs", preemption="chunk", chunk_tokens=8192)
+    assert stock.engine.prefill_policy == "fcfs"
+    assert POISE_ENGINE.describe() not in stock.description
+    assert stock.description.count("prefill fcfs (chunk preemption, chunk 8192)") == 1
+    # A mix that does not name its engines gets them appended.
+    assert make_mix("static-minload", 8, "4P4D", prefill_policy="edf").description.endswith(
+        "; prefill edf (chunk preemption, chunk profile), decode continuous, decode KV grows from prompt + 512 and "
+        "retracts when full")
