@@ -355,10 +355,12 @@ class SimCluster:
         else:
             self.lifecycle.timeline.append(point)
 
-    def close(self) -> None:
-        """At the end of the run: charge the GPU-seconds of every instance still up."""
+    def close(self, until_s: float) -> None:
+        """At the end of the run: charge the GPU-seconds of every instance still up, until ``until_s`` (the
+        last answer). Events can run on past it (a restart still under way), and GPU time there serves no
+        request of the run, so a mean over the run would count more instances than the budget."""
         for started in self._started_at.values():
-            self.lifecycle.gpu_seconds += self.queue.now_s - started
+            self.lifecycle.gpu_seconds += max(0.0, min(self.queue.now_s, until_s) - started)
         self._started_at.clear()
 
     # -- migrations ----------------------------------------------------------------------------------

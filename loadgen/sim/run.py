@@ -81,9 +81,9 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
     wall0 = time.perf_counter()
     queue.run()
     wall = time.perf_counter() - wall0
-    cluster.close()
     records = [_record(r) for r in requests]
     makespan = max((r.finished_s for r in records), default=0.0)
+    cluster.close(until_s=makespan)
     config = {
         "simulated": True, "trace": workload.name, "policy": mix.name, "description": mix.description,
         "roles": mix.roles, "profile": model.profile.name,
