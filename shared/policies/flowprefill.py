@@ -94,7 +94,7 @@ def fewest_late(model: LatencyModel, ranked: Sequence[T], now_s: float, batch_to
     given_up: set[int] = set()
     for i, item in enumerate(feasible):
         n = remaining(item)
-        cost = model.prefill_work_s(n, item.prefilled) + overhead * min(1.0, n / batch_tokens)
+        cost = model.prefill_work_s(n, item.prefilled) + overhead * (min(1.0, n / batch_tokens) if batch_tokens > 0 else 1.0)
         finish += cost
         heapq.heappush(taken, (-cost, i))
         if finish > deadline_s(item):

@@ -79,6 +79,12 @@ def test_fewest_late_keeps_the_deadline_order_when_everything_fits() -> None:
     assert [p.rid for p in fewest_late(MODEL, rank(MODEL, "sedf", queue, 0.7), 0.7, 4096)] == ["b", "c", "a"]
 
 
+def test_fewest_late_without_a_batch_budget_charges_each_prompt_a_whole_launch() -> None:
+    queue = [Prompt("a", 0.0, 10_000, 0.40), Prompt("b", 0.0, 1_000, 0.42), Prompt("c", 0.0, 1_000, 0.44)]
+    plan = FlowPrefill(MODEL, FlowPrefillParams(batch_tokens=0, fewest_late=True)).plan(queue, BIG, 0.0)
+    assert [item.rid for item, _ in plan.parts] == ["b"]  # no batch budget: the head runs alone
+
+
 def test_fewest_late_needs_sedf() -> None:
     with pytest.raises(ValueError, match="S-EDF"):
         FlowPrefillParams(priority="edf", fewest_late=True)
