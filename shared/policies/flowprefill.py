@@ -71,8 +71,8 @@ def edf_key(item: PrefillItem, now_s: float) -> SortKey:
     return (0, deadline, item.arrival_s, item.rid)
 
 
-def fewest_late(model: LatencyModel, ranked: Sequence[T], now_s: float, batch_tokens: int) -> list[T]:
-    """Reorder an S-EDF ranking so that the fewest prompts miss their deadlines.
+def fewest_late(model: LatencyModel, queue: Sequence[T], now_s: float, batch_tokens: int) -> list[T]:
+    """Rank ``queue`` by S-EDF, reordered so that the fewest prompts miss their deadlines.
 
     S-EDF serves the feasible prompts by deadline. In a burst that outruns the engine, the sum of their prefill
     times passes one deadline after another, and every prompt from there on is late: deadline order is
@@ -86,8 +86,9 @@ def fewest_late(model: LatencyModel, ranked: Sequence[T], now_s: float, batch_to
     ``batch_tokens``), since batched prompts share one launch. When every feasible prompt fits, the order is
     S-EDF's unchanged.
     """
-    keyed = [(sedf_key(model, r, now_s)[0], r) for r in ranked]
-    feasible = [r for group, r in keyed if group == 0]
+    keyed = sorted(((sedf_key(model, r, now_s), r) for r in queue), key=lambda kr: kr[0])
+    ranked = [r for _, r in keyed]
+    feasible = [r for key, r in keyed if key[0] == 0]
     overhead = model.profile.prefill_overhead_s * model.time_scale
     finish = now_s
     taken: list[tuple[float, int]] = []  # (-time, index): a max-heap on prefill time
@@ -102,10 +103,10 @@ def fewest_late(model: LatencyModel, ranked: Sequence[T], now_s: float, batch_to
             finish += longest
             given_up.add(j)
     if not given_up:
-        return list(ranked)
+        return ranked
     kept = [r for i, r in enumerate(feasible) if i not in given_up]
     late = [r for i, r in enumerate(feasible) if i in given_up]
-    return kept + late + [r for group, r in keyed if group != 0]
+    return kept + late + [r for key, r in keyed if key[0] != 0]
 
 
 def rank(model: LatencyModel, priority: Priority, queue: Sequence[T], now_s: float) -> list[T]:
@@ -187,9 +188,11 @@ class FlowPrefill:
         return chosen
 
     def plan(self, queue: Sequence[T], budget: int, now_s: float) -> PrefillPlan[T]:
-        ranked = rank(self.model, self.params.priority, [r for r in queue if remaining(r) > 0], now_s)
+        waiting = [r for r in queue if remaining(r) > 0]
         if self.params.fewest_late:
-            ranked = fewest_late(self.model, ranked, now_s, self.params.batch_tokens)
+            ranked = fewest_late(self.model, waiting, now_s, self.params.batch_tokens)
+        else:
+            ranked = rank(self.model, self.params.priority, waiting, now_s)
         return PrefillPlan(fill(self.batch(ranked, now_s), budget))
 
     def observe(self, tokens: int, seconds: float) -> None:

@@ -66,17 +66,16 @@ def test_fewest_late_gives_up_the_long_prompt_that_would_make_two_short_ones_lat
              Prompt("late", 0.0, 30_000, 0.5), Prompt("free", 0.0, 100)]
     ranked = rank(MODEL, "sedf", queue, 0.0)
     assert [p.rid for p in ranked] == ["a", "b", "c", "late", "free"]
-    assert [p.rid for p in fewest_late(MODEL, ranked, 0.0, 4096)] == ["b", "c", "a", "late", "free"]
+    assert [p.rid for p in fewest_late(MODEL, queue, 0.0, 4096)] == ["b", "c", "a", "late", "free"]
     assert rids(FlowPrefill(MODEL), queue, 0.0) == ["a"]  # "b" would push the batch past G
     assert rids(make_prefill_policy("flowprefill-fewest-late", MODEL), queue, 0.0) == ["b", "c", "free"]
 
 
 def test_fewest_late_keeps_the_deadline_order_when_everything_fits() -> None:
     queue = [Prompt("a", 0.0, 10_000, 1.0), Prompt("b", 0.0, 1_000, 1.1), Prompt("c", 0.0, 1_000, 1.2)]
-    ranked = rank(MODEL, "sedf", queue, 0.0)
-    assert fewest_late(MODEL, ranked, 0.0, 4096) == ranked
+    assert fewest_late(MODEL, queue[::-1], 0.0, 4096) == rank(MODEL, "sedf", queue, 0.0) == queue
     # Later in time the same queue no longer fits, and only the long prompt is given up.
-    assert [p.rid for p in fewest_late(MODEL, rank(MODEL, "sedf", queue, 0.7), 0.7, 4096)] == ["b", "c", "a"]
+    assert [p.rid for p in fewest_late(MODEL, queue, 0.7, 4096)] == ["b", "c", "a"]
 
 
 def test_fewest_late_without_a_batch_budget_charges_each_prompt_a_whole_launch() -> None:
