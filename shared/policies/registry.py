@@ -81,8 +81,8 @@ PREFILL_POLICIES: dict[str, Callable[[LatencyModel], PrefillPolicy]] = {
 
 #: The prefill policy of Poise's own engines (the simulator's ``poise`` mix and ``poise up``'s engine_sim):
 #: FlowPrefill, giving up the fewest prompts when a burst outruns the engine. On the sustained yardstick it
-#: held more attainment than plain FlowPrefill at every rate tried on the tune set and gained a goodput step
-#: on stress-bursts (docs/engine-scheduling.md).
+#: held more attainment than plain FlowPrefill at and below each tune-set trace's goodput and gained a goodput
+#: step on stress-bursts and stress-mix-shift (docs/adaptive-pd.md).
 POISE_PREFILL_POLICY = "flowprefill-fewest-late"
 
 #: Decode batch selection inside an engine (decode or colocated). One object per engine.
