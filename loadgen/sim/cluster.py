@@ -99,6 +99,7 @@ class SimCluster:
         self.live: list[SimInstance] = []  # not stopped, in creation order
         self.lifecycle = Lifecycle()
         self._started_at: dict[str, float] = {}
+        self._held: list[tuple[float, float]] = []  # (start, stop) of every instance stopped so far
         self._pending_role: dict[str, Role | None] = {}  # draining instances: the role they come back in, or None
         self._drain_started: dict[str, float] = {}  # flips being drained: when the drain began
         self._backlog: list[Role] = []  # starts waiting for a GPU that a draining replica will free
@@ -318,7 +319,7 @@ class SimCluster:
             self._log(inst, "stopped")
             self.live.remove(inst)
             self.lifecycle.stops += 1
-            self.lifecycle.gpu_seconds += self.queue.now_s - self._started_at.pop(inst.instance_id)
+            self._held.append((self._started_at.pop(inst.instance_id), self.queue.now_s))
             self._record_timeline()
             if self._backlog:
                 self.start(self._backlog.pop(0))
@@ -356,11 +357,11 @@ class SimCluster:
             self.lifecycle.timeline.append(point)
 
     def close(self, until_s: float) -> None:
-        """At the end of the run: charge the GPU-seconds of every instance still up, until ``until_s`` (the
-        last answer). Events can run on past it (a restart still under way), and GPU time there serves no
-        request of the run, so a mean over the run would count more instances than the budget."""
-        for started in self._started_at.values():
-            self.lifecycle.gpu_seconds += max(0.0, min(self.queue.now_s, until_s) - started)
+        """At the end of the run: charge the GPU-seconds every instance held, up to ``until_s`` (the last
+        answer). Events can run on past it (a restart still under way, a replica stopped late), and GPU time
+        there serves no request of the run, so a mean over the run would count more instances than the budget."""
+        spans = self._held + [(started, self.queue.now_s) for started in self._started_at.values()]
+        self.lifecycle.gpu_seconds = sum(max(0.0, min(stop, until_s) - start) for start, stop in spans)
         self._started_at.clear()
 
     # -- migrations ----------------------------------------------------------------------------------
