@@ -4,9 +4,9 @@ Each Azure trace (the whole hour) is time-warped onto one day-shaped cycle (``lo
 rate goes from 0.2x to 1x of the trace's and back, a day of about 1.6 h) and its load raised to a scale that
 makes the peak need most of 8 GPUs (at natural time static 4P4D meets the SLO for 90-92% of requests). The
 elastic mixes (``dopd``, ``dynamo-load``, ``dynamo-sla``) start at 1P1D on a budget of 8 GPUs, like DOPD's
-experiment; ``static-minload`` 4P4D holds all 8 the whole time, for reference. Reported: SLO attainment (Arrow Table 1
-SLOs), P90 TTFT/TPOT, GPU-seconds and the mean GPUs they amount to, and per trace a PNG of provisioned
-instances against the request rate over time, one panel per policy.
+experiment; ``static-minload`` 4P4D and ``poise`` (from 4P4D) hold all 8 the whole time, for reference.
+Reported: SLO attainment (Arrow Table 1 SLOs), P90 TTFT/TPOT, GPU-seconds and the mean GPUs they amount to, and
+per trace a PNG of provisioned instances against the request rate over time, one panel per policy.
 
 ``--rate-mode`` says how the load is raised (``loadgen/rate_scaling.py``). ``natural`` (the default): s x the
 day's own rate curve at its own clock, so the day lasts its 1.6 h, a 30-s replica start is short against the
@@ -52,7 +52,10 @@ WARMUP_S: dict[RateMode, float] = {"natural": 120.0, "compress": 0.0}
 # Natural time at the compressed runs' stress: static 4P4D's attainment as compressed at 8x / 5x (100.0%, 96.5%)
 NATURAL_MATCHED = [("azure-conv", 8.0), ("azure-code", 3.0)]
 RUNS = SCALES["compress"]  # tests/bench/local_prefill.py replays the day at these scales, compressed
-POLICIES = [("dopd", "1P1D"), ("dynamo-load", "1P1D"), ("dynamo-sla", "1P1D"), ("static-minload", None)]
+# Elastic mixes start at 1P1D on the budget; the last two hold all 8 GPUs throughout, for reference: a fixed
+# 4P4D, and Poise's controller (which moves instances between roles and into colocated serving, never resizes).
+POLICIES = [("dopd", "1P1D"), ("dynamo-load", "1P1D"), ("dynamo-sla", "1P1D"), ("static-minload", None),
+            ("poise", "4P4D")]
 
 
 def day_workload(trace: str) -> Workload:
@@ -190,7 +193,8 @@ def main() -> None:
            "compress": "compressed time (timestamps divided by the scale, Arrow's method; every request counted)"}
     lines = ["# DOPD vs Dynamo's planners on day-shaped load", "", f"Command: `{command}`", "",
              f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, simulator, 8-GPU budget, Llama-3.1-8B/H100 "
-             "profile, replica start 30 s. Elastic mixes start at 1P1D; static-minload holds 4P4D throughout. "
+             "profile, replica start 30 s. Elastic mixes start at 1P1D; static-minload holds 4P4D and poise (from 4P4D) "
+             "holds all 8 throughout, moving them between roles. "
              f"Whole run {wall / 60:.1f} min of wall time.", "",
              f"Load raised at {how[main_mode]}. Requests: those counted.", "", *_table(rows), "",
              "Plots: " + ", ".join(f"`dopd_vs_dynamo-{t}.png`" for t, _ in SCALES[main_mode])]
