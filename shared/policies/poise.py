@@ -16,7 +16,7 @@ instance towards the best split when
   by ``min_gain``: a drain takes an instance away while the queues grow, and at Mooncake synthetic's peak a
   bar on the excess over capacity flipped between two overloaded splits on the noise of their scores. The
   decode KV bound prices a pool of whole requests with a standard deviation of headroom
-  (``split_capacity.KV_SD``); on the mean alone the overload rule flips Mooncake conversation into a 6P2D
+  (``kv_sd``, by default ``split_capacity.KV_SD``); on the mean alone the overload rule flips Mooncake conversation into a 6P2D
   whose two decode pools stay full (docs/adaptive-pd.md); and
 - the same direction came out ``confirm`` evaluations in a row (one interval's mix can be an outlier).
 
@@ -76,6 +76,7 @@ from shared.latency import LatencyModel
 from shared.policies.context import PolicyContext
 from shared.policies.pools import PoolDecision, RoleChange
 from shared.policies.split_capacity import (
+    KV_SD,
     ColocatedLoad,
     Mix,
     SideLoad,
@@ -112,6 +113,8 @@ class PoiseParams(msgspec.Struct, frozen=True, kw_only=True):
     #                         hysteresis, keeps modes stable; chosen on azure-conv: docs/evaluation.md)
     tpot_exit_share: float = 0.8  # colocated serving is left when its measured TPOT p90 reaches this share of the SLO
     tpot_window_s: float = 60.0  # ... the median of the monitor's per-interval TPOT p90 over this window
+    kv_sd: float = KV_SD  # decode KV kept free, in standard deviations of the tokens in use (split_capacity;
+    #                       chosen: tests/bench/results/poise_tuning.md)
 
 
 def worth_a_flip(current: float, best: float, min_gain: float) -> bool:
@@ -192,9 +195,9 @@ class PoisePools:
         loads = split_loads(self.model, mix, total, self.ctx.tpot_slo_s, ttft_slo_s=self.ctx.ttft_slo_s,
                             prefill_target=self.params.prefill_target,
                             decode_target=self.params.decode_target, min_per_role=self.ctx.min_per_role,
-                            prefill_backlog_s=backlog_s / self.params.backlog_horizon_s)
+                            prefill_backlog_s=backlog_s / self.params.backlog_horizon_s, kv_sd=self.params.kv_sd)
         co = colocated_load(self.model, mix, total, self.ctx.tpot_slo_s, decode_target=self.params.decode_target,
-                            step_share=self.params.colocated_step_share)
+                            step_share=self.params.colocated_step_share, kv_sd=self.params.kv_sd)
         self.last_loads, self.last_mix, self.last_colocated = loads, mix, co
         self.decisions += 1
         best = best_split(loads, len(prefills) if prefills else None)
@@ -231,9 +234,10 @@ class PoisePools:
             return math.inf, math.inf
         split = best_split(split_loads(self.model, mix, less, self.ctx.tpot_slo_s, ttft_slo_s=self.ctx.ttft_slo_s,
                                        prefill_target=self.params.prefill_target,
-                                       decode_target=self.params.decode_target, min_per_role=self.ctx.min_per_role))
+                                       decode_target=self.params.decode_target, min_per_role=self.ctx.min_per_role,
+                                       kv_sd=self.params.kv_sd))
         co = colocated_load(self.model, mix, less, self.ctx.tpot_slo_s, decode_target=self.params.decode_target,
-                            step_share=self.params.colocated_step_share)
+                            step_share=self.params.colocated_step_share, kv_sd=self.params.kv_sd)
         return split.score, co.score
 
     def _spare(self, mix: Mix, total: int) -> int:

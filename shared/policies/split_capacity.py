@@ -140,9 +140,10 @@ def decode_rho(model: LatencyModel, mix: Mix, decode: int, tpot_slo_s: float, pr
 
 def split_loads(model: LatencyModel, mix: Mix, instances: int, tpot_slo_s: float, *,
                 ttft_slo_s: float = math.inf, prefill_target: float = 0.8, decode_target: float = 0.95,
-                min_per_role: int = 1, prefill_backlog_s: float = 0.0) -> list[SideLoad]:
+                min_per_role: int = 1, prefill_backlog_s: float = 0.0, kv_sd: float = KV_SD) -> list[SideLoad]:
     """Every split of ``instances`` with at least ``min_per_role`` a side, with its loads and score;
-    ``prefill_backlog_s`` is prefill work already queued, in instance-seconds per second."""
+    ``prefill_backlog_s`` is prefill work already queued, in instance-seconds per second; ``kv_sd`` the decode
+    KV headroom (:func:`decode_rho`)."""
     w_p = prefill_seconds(model, mix)
     served = 1.0 - min(1.0, max(0.0, mix.local_share))
     s_mean = w_p / served if served > 0 else 0.0  # one remotely prefilled request's prefill time
@@ -156,7 +157,7 @@ def split_loads(model: LatencyModel, mix: Mix, instances: int, tpot_slo_s: float
         # instances, not decode ones).
         x = min(steady, prefill_target)
         wait = min(ttft_slo_s, s_mean * x / (1.0 - x)) if x < 1.0 else ttft_slo_s
-        rho_d = decode_rho(model, mix, d, tpot_slo_s, wait if math.isfinite(wait) else 0.0)
+        rho_d = decode_rho(model, mix, d, tpot_slo_s, wait if math.isfinite(wait) else 0.0, kv_sd=kv_sd)
         out.append(SideLoad(prefill=p, decode=d, rho_prefill=rho_p, rho_decode=rho_d,
                             score=max(rho_p / prefill_target, rho_d / decode_target)))
     return out
@@ -171,11 +172,11 @@ class ColocatedLoad(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def colocated_load(model: LatencyModel, mix: Mix, instances: int, tpot_slo_s: float, *,
-                   decode_target: float = 0.95, step_share: float = 0.6) -> ColocatedLoad:
+                   decode_target: float = 0.95, step_share: float = 0.6, kv_sd: float = KV_SD) -> ColocatedLoad:
     """How loaded ``instances`` colocated engines would be under ``mix`` (see the module doc)."""
     p = model.profile
     everything_local = msgspec.structs.replace(mix, local_share=1.0, local_isl=mix.isl)
-    rho = decode_rho(model, everything_local, instances, tpot_slo_s)
+    rho = decode_rho(model, everything_local, instances, tpot_slo_s, kv_sd=kv_sd)
     typical = min(math.sqrt(max(mix.isl_sq, 0.0)), float(p.chunked_prefill_size))
     step_s = p.decode_overhead_s * model.time_scale + model.prefill_work_s(int(typical))
     feasible = step_s <= step_share * tpot_slo_s

@@ -112,7 +112,7 @@ def _checks(start: GoodputResult, poise: GoodputResult, slo: SLO) -> dict[str, o
     }
 
 
-def _load_results(path: Path) -> dict[str, GoodputResult]:
+def load_results(path: Path) -> dict[str, GoodputResult]:
     """The searches an earlier run of this bench wrote for a workload (``<workload>-all.json``)."""
     if not path.exists():
         return {}
@@ -131,7 +131,7 @@ def run_workload(workload: str, pool: ProcessPoolExecutor, out: Path, command: s
     slo = slo_for(workload)
     names = [f"static-{s}" for s in SPLITS] + ["colocated", "poise"]
     cache = out / f"{workload}-all.json"
-    earlier = _load_results(cache) if only is not None or resume else {}
+    earlier = load_results(cache) if only is not None or resume else {}
     todo = [n for n in names if (only is not None and n in only) or n not in earlier]
     futures = {n: pool.submit(_task, workload, n, decode_kv) for n in todo}
     results = {n: earlier[n] for n in names if n not in futures}

@@ -232,6 +232,12 @@ def test_decode_kv_keeps_headroom_for_large_requests_not_small_ones() -> None:
     # Where KV binds (a loaded decode side with long prompts), the bound is what decode_rho reports.
     loaded = equal_lengths(4.0, 12000, 300)
     assert decode_rho(MODEL, loaded, 1, 1.0) > 1.1 * decode_rho(MODEL, loaded, 1, 1.0, kv_sd=0.0)
+    # The controller's kv_sd reaches every decode score: the splits' and colocated serving's.
+    splits = {sd: split_loads(MODEL, loaded, 8, 1.0, kv_sd=sd) for sd in (0.0, 1.0)}
+    assert splits[1.0] == split_loads(MODEL, loaded, 8, 1.0)
+    assert all(a.rho_decode >= b.rho_decode for a, b in zip(splits[1.0], splits[0.0], strict=True))
+    assert splits[1.0][-1].decode == 1 and splits[1.0][-1].rho_decode > 1.1 * splits[0.0][-1].rho_decode
+    assert colocated_load(MODEL, loaded, 3, 1.0).rho > 1.1 * colocated_load(MODEL, loaded, 3, 1.0, kv_sd=0.0).rho
 
 
 def test_a_drain_past_its_deadline_is_called_off() -> None:
