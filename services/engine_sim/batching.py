@@ -30,7 +30,7 @@ import time
 from http import HTTPStatus
 from typing import TYPE_CHECKING, cast
 
-from services.engine_sim import transfer
+from services.engine_sim import clock, transfer
 from services.engine_sim.requests import Phase, SimRequest, finish_length, finish_stop
 from services.engine_sim.tokens import EOS_TOKEN_ID
 from shared.engine.model import Step
@@ -80,7 +80,7 @@ def take_intake(eng: SimEngine) -> None:
 def plan(eng: SimEngine) -> Step | None:
     """The engine model's next step (None when there is nothing to compute), after acting on what its boundary
     did: KV pulls for the requests whose decode KV was reserved, first tokens for those that joined the batch."""
-    now = time.monotonic()
+    now = clock.monotonic()
     step = eng.core.plan(now)
     for req in _live(step.admitted):  # decode: KV reserved, pull it from the prefill peer
         _admitted(eng, req, now)
@@ -123,7 +123,7 @@ def _admitted(eng: SimEngine, req: SimRequest, now: float) -> None:
 def apply(eng: SimEngine, step: Step) -> None:
     """The step's effects, at its end: the model's (prefill progress, one token per decoding request), then
     the tokens' ids, the streams, the finished requests and the counters."""
-    now = time.monotonic()
+    now = clock.monotonic()
     step.drop_departed()  # aborted while the step ran
     if eng.mode == "prefill" and len(step.prefill) == 1 and not step.decode:
         req, n = step.prefill[0]
@@ -172,7 +172,7 @@ def cut(eng: SimEngine, step: Step, start: float, at: float, arrival: float) -> 
     elapsed = at - start
     eng.total_prefill_tokens += eng.core.cut(step, elapsed)
     eng.total_prefill_busy_us += int(elapsed * 1e6)
-    eng.window.record(time.monotonic(), 0, elapsed)
+    eng.window.record(clock.monotonic(), 0, elapsed)
     eng.num_prefill_preemptions += 1
     eng.metrics.prefill_preempted(at - arrival)
 

@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from http import HTTPStatus
 from typing import Any
 
-from services.engine_sim import batching, reports, role_switch, transfer
+from services.engine_sim import batching, clock, reports, role_switch, transfer
 from services.engine_sim.batching import Step
 from services.engine_sim.config import EngineSimSettings, Mode
 from services.engine_sim.handoff import BootstrapServer, RoomRegistry, create_bootstrap_app, release_kv
@@ -135,7 +135,7 @@ class SimEngine:
         self.unhealthy = False
         # Set when the scheduler produces something (a step ends) or has nothing to compute; /health waits on it.
         self._progress = asyncio.Event()
-        self._progress_unix_s = time.time()
+        self._progress_unix_s = clock.unix()
         self._awaiting_work = False
         self.stopping = False
         self._started = False
@@ -247,7 +247,7 @@ class SimEngine:
         plans again; with operator preemption, a running pass re-plans and may be cut)."""
         self.core.add_prompts([req])
         self.prefill_arrivals += 1
-        self.last_prefill_arrival_s = time.monotonic()
+        self.last_prefill_arrival_s = clock.monotonic()
 
     def kick(self) -> None:
         """Wake the scheduler: something it may act on changed (a request arrived, KV was freed, ...)."""
@@ -419,7 +419,7 @@ class SimEngine:
             port = req.bootstrap_port if req.bootstrap_port is not None else self.settings.resolved_bootstrap_port()
             self.spawn(release_kv(self.client, req.bootstrap_host, port, req.bootstrap_room, {"outcome": "abort"}))
         if detach:
-            self.queues.detach(req, time.monotonic())  # frees its KV and cache lock
+            self.queues.detach(req, clock.monotonic())  # frees its KV and cache lock
         req.finish = reason
         req.phase = Phase.FINISHED
         if req.timer is not None:
@@ -429,7 +429,7 @@ class SimEngine:
         if task is not None and task is not asyncio.current_task() and not task.done():
             task.cancel()
         self._reqs.pop(req.rid, None)
-        now = time.monotonic()
+        now = clock.monotonic()
         if self.mode == "prefill" and req.output_ids and req.first_token_s is not None:
             self.metrics.first_token(req, now)  # the prefill's first output reaches the client only now
         self.metrics.finished(req, now)
@@ -469,7 +469,7 @@ class SimEngine:
                     self._prev_deadline = 0.0
                     await self._wait_for_work()
                     continue
-                now = time.monotonic()
+                now = clock.monotonic()
                 start = self._prev_deadline if now - self._prev_deadline < CATCH_UP_SLACK_S else now
                 deadline = start + step.time_s
                 self._prev_deadline = deadline
@@ -502,7 +502,7 @@ class SimEngine:
             if retry is None:
                 await self._wake.wait()
                 return
-            delay = max(retry - time.monotonic(), 0.001)  # never spin on a retry time already past
+            delay = max(retry - clock.monotonic(), 0.001)  # never spin on a retry time already past
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), delay)
         finally:
@@ -515,7 +515,7 @@ class SimEngine:
             await self._wake.wait()
 
     def _made_progress(self) -> None:
-        self._progress_unix_s = time.time()
+        self._progress_unix_s = clock.unix()
         self._progress.set()
         self._progress = asyncio.Event()
 
@@ -524,7 +524,7 @@ class SimEngine:
         without a batch (idle, paused, switching: it publishes every 50 ms then), else the end of its last
         step (it publishes after each batch), so it stops advancing while a step hangs or the engine is frozen."""
         if not self.frozen and (self._awaiting_work or self._paused or self.switching):
-            return time.time()
+            return clock.unix()
         return self._progress_unix_s
 
     async def health_check(self, timeout_s: float) -> bool:
@@ -564,7 +564,7 @@ class SimEngine:
         end."""
         seen = self.prefill_arrivals
         while True:
-            now = time.monotonic()
+            now = clock.monotonic()
             if now >= deadline:
                 await asyncio.sleep(0)  # a zero-time pass (time_scale 0) still yields to the event loop
                 return None
@@ -575,11 +575,11 @@ class SimEngine:
             if self.prefill_arrivals == seen:
                 continue
             seen = self.prefill_arrivals
-            now = time.monotonic()
+            now = clock.monotonic()
             cut = self.core.preemption_point(step, start, now)
             if cut is not None:
                 arrival = self.last_prefill_arrival_s
-                await asyncio.sleep(max(0.0, cut - time.monotonic()))
+                await asyncio.sleep(max(0.0, cut - clock.monotonic()))
                 return cut, arrival
 
     # Methods rather than direct calls so that a test can wrap a step's effects on one engine.

@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import logging
 import socket
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +35,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from services.engine_sim import clock
 from services.engine_sim.requests import Phase, SimRequest
 from shared.http1 import Http1Pool
 
@@ -282,7 +282,7 @@ async def pull_kv(client: Http1Pool, host: str, port: int, room: int, timeout_s:
     ``client`` is the engine's one keep-alive pool, shared by every pull (a pull runs once per request).
     """
     url = f"http://{host}:{port}/poise_sim/kv/{room}?timeout_s={timeout_s:g}"
-    t0 = time.monotonic()
+    t0 = clock.monotonic()
     while True:
         try:
             status, body = await asyncio.wait_for(client.fetch("GET", url), timeout_s + 10.0)
@@ -295,7 +295,7 @@ async def pull_kv(client: Http1Pool, host: str, port: int, room: int, timeout_s:
         except orjson.JSONDecodeError:
             info = {"message": body[:200].decode(errors="replace")}
         if status == 200:
-            info["bootstrap_ms"] = (time.monotonic() - t0) * 1000.0
+            info["bootstrap_ms"] = (clock.monotonic() - t0) * 1000.0
             return info
         kind = "handshake" if status == 404 else "transfer"
         raise HandoffError(kind, f"bootstrap server {host}:{port} answered {status}: {info.get('message', '')}")

@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 import orjson
 
+from services.engine_sim import clock
 from services.engine_sim.requests import SimRequest
 from shared.engine import prompt_blocks
 from shared.protocol.length_prediction import PREDICT_FIELD, PREDICTION_FIELD
@@ -344,7 +345,7 @@ def generate_output(req: SimRequest, text: str, n_ids: int, finish: dict[str, An
         "cached_tokens": req.cached_tokens,
     }
     if finish is not None:
-        meta["e2e_latency"] = time.monotonic() - req.received_s
+        meta["e2e_latency"] = clock.monotonic() - req.received_s
     return {"text": text, "output_ids": req.output_ids[:n_ids], "meta_info": meta}
 
 

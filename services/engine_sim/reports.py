@@ -7,10 +7,10 @@ names call them.
 from __future__ import annotations
 
 import sys
-import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from services.engine_sim import clock
 from shared.policies.prefill_order import MAX_PREFILL_TOKENS
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ def num_queue_reqs(eng: SimEngine) -> int:
 
 def load_snapshot(eng: SimEngine) -> dict[str, Any]:
     """One LoadSnapshot (sglang/srt/managers/load_snapshot.py) as LoadSnapshot.to_dict() renders it."""
-    now = time.monotonic()
+    now = clock.monotonic()
     mode = eng.mode
     q = eng.queues
     pending = [*q.intake, *q.waiting]
@@ -128,7 +128,7 @@ def cache_hit_rate(eng: SimEngine) -> float:
 def gauges(eng: SimEngine) -> dict[str, float]:
     """Values for the scheduler-side gauges, refreshed at each /metrics scrape."""
     q = eng.queues
-    tps, util = eng.window.rates(time.monotonic())
+    tps, util = eng.window.rates(clock.monotonic())
     in_use = kv_in_use(eng)
     return {
         "num_running_reqs": num_running_reqs(eng),
@@ -177,7 +177,7 @@ def server_info(eng: SimEngine) -> dict[str, Any]:
     """GET /server_info: SGLang's resolved server args (the fields Poise reads) plus what this engine is."""
     s = eng.settings
     p = eng.profile
-    tps, _ = eng.window.rates(time.monotonic())
+    tps, _ = eng.window.rates(clock.monotonic())
     return {
         "engine": ENGINE_NAME,
         "emulated_model": p.model,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
+from services.engine_sim import clock
 from services.engine_sim.tokens import TokenSource
 from shared.engine.model import EngineRequest, Phase
 
@@ -54,7 +55,7 @@ class SimRequest(EngineRequest):
     slo_class: str | None = None
 
     created_unix_s: float = field(default_factory=time.time)
-    received_s: float = field(default_factory=time.monotonic)  # reached this engine (SGLang's latency metrics)
+    received_s: float = field(default_factory=clock.monotonic)  # reached this engine (SGLang's latency metrics)
     output_ids: list[int] = field(default_factory=list)
     first_token_id: int | None = None  # PD: the first token, held until it is handed over / emitted on decode
     finish: dict[str, Any] | None = None

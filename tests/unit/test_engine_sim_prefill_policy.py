@@ -7,13 +7,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
-import time
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import pytest
 
-from services.engine_sim import batching
+from services.engine_sim import batching, clock
 from services.engine_sim import protocol as P
 from services.engine_sim.config import EngineSimSettings
 from services.engine_sim.engine import SimEngine
@@ -23,7 +22,9 @@ from shared.latency import LatencyModel
 from shared.policies import DECODE_BATCH_POLICIES, PREFILL_POLICIES
 from shared.policies.prefill_order import MAX_PREFILL_TOKENS, PrefillItem, PrefillPlan, fill
 from shared.protocol.request_slo import RequestSlo
-from tests.unit.test_engine_sim_core import make_engine, running, until
+from tests.unit.test_engine_sim_core import REAL_TIME, make_engine, running, until
+
+pytestmark = [pytest.mark.looptime, pytest.mark.usefixtures("engine_clock_on_loop")]  # virtual time, as in test_engine_sim_core; PD pairs on the real clock
 
 T = TypeVar("T", bound=PrefillItem)
 
@@ -241,7 +242,7 @@ async def test_a_waiting_policy_is_asked_again_at_its_retry_time(local_policies:
     policy = engine.prefill_policy
     assert isinstance(policy, WaitsFirst)
     async with running(engine):
-        t0 = time.monotonic()
+        t0 = clock.monotonic()
         req = engine.submit(prompt_tokens=100, max_new_tokens=1, rid="held")
         await finish(engine, req, 2.0)
         assert req.first_token_s is not None
@@ -309,6 +310,7 @@ URGENT_FIRST = [p for p in ("edf", "sedf", "flowprefill") if p in PREFILL_POLICI
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize("policy", URGENT_FIRST)
+@REAL_TIME
 async def test_operator_preemption_cuts_the_long_prefill_for_the_urgent_prompt(policy: str) -> None:
     out = await pd_pair_run("operator", policy)
     prefill: SimEngine = out["prefill"]
@@ -326,6 +328,7 @@ async def test_operator_preemption_cuts_the_long_prefill_for_the_urgent_prompt(p
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize("policy", ["fcfs", *URGENT_FIRST])
+@REAL_TIME
 async def test_chunk_preemption_never_cuts_a_pass(policy: str) -> None:
     out = await pd_pair_run("chunk", policy)
     prefill: SimEngine = out["prefill"]
@@ -340,6 +343,7 @@ async def test_chunk_preemption_never_cuts_a_pass(policy: str) -> None:
 @pytest.mark.parametrize("name", sorted(PREFILL_POLICIES))
 @pytest.mark.parametrize("preemption", ["chunk", "operator"])
 @pytest.mark.asyncio
+@REAL_TIME
 async def test_every_registered_prefill_policy_serves_a_pd_mix(name: str, preemption: str) -> None:
     # Whatever the registry holds when the tests run (fcfs, edf, and any SLO-aware policy added later):
     # every request finishes with all its tokens and the KV comes back.
@@ -365,6 +369,7 @@ async def test_every_registered_prefill_policy_serves_a_pd_mix(name: str, preemp
 @pytest.mark.parametrize("name", sorted(DECODE_BATCH_POLICIES))
 @pytest.mark.parametrize("mode", ["null", "pd"])
 @pytest.mark.asyncio
+@REAL_TIME
 async def test_every_registered_decode_policy_serves_requests(name: str, mode: str) -> None:
     # Whatever the registry holds (continuous, and any batch-selecting policy): every request gets all its
     # tokens and the KV comes back, colocated and behind a prefill peer.

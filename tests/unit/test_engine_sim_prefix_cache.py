@@ -10,6 +10,8 @@ from services.engine_sim.reports import kv_in_use
 from shared.engine import token_blocks
 from tests.unit.test_engine_sim_core import finish, make_engine, running
 
+pytestmark = [pytest.mark.looptime, pytest.mark.usefixtures("engine_clock_on_loop")]  # virtual time, as in test_engine_sim_core
+
 
 def blocks(*ids: int) -> tuple[int, ...]:
     """Prefix blocks of a prompt made of 512-token blocks with these contents."""
