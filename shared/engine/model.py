@@ -541,10 +541,11 @@ class EngineModel:
             parts = whole_prompts(parts, budget)
         out: list[tuple[EngineRequest, int]] = []
         blocked = False
+        slots = self._request_slots()
         for req, n in parts:
             if req.phase is not Phase.PREFILLING:
                 need = kv_for(req)
-                if blocked or not self._fits_prompt(req, need, now):
+                if blocked or slots <= 0 or not self._fits_prompt(req, need, now):
                     blocked = True  # in plan order: later prompts wait for KV too; admitted ones still run
                     continue
                 need -= req.hold.matched_tokens if req.hold is not None else 0
@@ -554,6 +555,7 @@ class EngineModel:
                     req.prompt_kv = need
                 else:
                     req.kv_held = need
+                slots -= 1
                 self.waiting.remove(req)
                 req.phase = Phase.PREFILLING
                 self.prefilling.append(req)
@@ -565,6 +567,15 @@ class EngineModel:
             parts = policy.plan(list(self.prefilling), budget, now).parts
             out = whole_prompts(parts, budget) if not self.chunked else parts
         return out
+
+    def _request_slots(self) -> int:
+        """How many more prompts a colocated engine may admit to prefill: SGLang caps a new prefill batch at
+        ``max_running_requests`` less the requests it already runs (``get_num_allocatable_reqs``), so past
+        that arrivals wait unprefilled, holding no KV. Other roles: no cap here (a prefill engine's passes
+        stay far below it, a decode engine's local prompts are DOPD's few short ones)."""
+        if self.role != "null":
+            return self.max_running
+        return self.max_running - len(self.running) - len(self.ready) - len(self.prefilling)
 
     def _fits_prompt(self, req: EngineRequest, need: int, now: float) -> bool:
         """Whether a prompt needing ``need`` KV tokens can be admitted now. With a prefix cache its cached

@@ -92,6 +92,25 @@ def test_a_prompt_that_does_not_fit_waits_and_so_do_the_ones_planned_after_it() 
     assert big.phase is Phase.WAITING and small.phase is Phase.WAITING
 
 
+def test_a_colocated_engine_prefills_no_more_prompts_than_it_has_running_slots() -> None:
+    # SGLang's get_num_allocatable_reqs: a new prefill batch takes at most max_running_requests less the
+    # requests already running; the rest wait unprefilled, holding no KV, until one finishes.
+    eng = model(max_running=3)
+    reqs = [request(f"r{i}", 100, 50 + i) for i in range(7)]
+    eng.add_prompts(reqs)
+    step = eng.plan(0.0)
+    assert [r.rid for r, _ in step.prefill] == ["r0", "r1", "r2"]
+    assert all(r.phase is Phase.WAITING and r.kv_held == 0 for r in reqs[3:])
+    eng, clock = model(max_running=3), Clock()
+    reqs = [request(f"r{i}", 100, 50 + i) for i in range(7)]
+    eng.add_prompts(reqs)
+    most = 0
+    while (s := clock.step(eng)) is not None:
+        most = max(most, len(eng.running) + len(eng.ready) + len(eng.prefilling))
+        assert s.decode is None or len(s.decode) <= 3
+    assert most == 3 and sorted(r.rid for r in clock.finished) == [r.rid for r in reqs]
+
+
 def test_decode_reserves_prompt_plus_sglangs_reserve_and_grows_a_token_a_step() -> None:
     eng = model("decode", reserved_decode_tokens=8)
     req = request("d", 100, 30)

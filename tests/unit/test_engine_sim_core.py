@@ -186,7 +186,7 @@ async def test_max_running_requests_caps_the_batch() -> None:
         reqs = [engine.submit(prompt_tokens=10, max_new_tokens=50, ignore_eos=True) for _ in range(7)]
         seen = 0
         while not all(r.finished for r in reqs):
-            seen = max(seen, len(engine._running))
+            seen = max(seen, len(engine._running) + len(engine._prefilling) + len(engine.queues.ready))
             assert len(engine._running) <= 3
             await asyncio.sleep(0.001)
         assert seen == 3
