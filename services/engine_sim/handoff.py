@@ -26,7 +26,7 @@ import contextlib
 import logging
 import socket
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 import uvicorn
@@ -36,11 +36,9 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from services.engine_sim import clock
+from services.engine_sim.config import EngineSimSettings
 from services.engine_sim.requests import Phase, SimRequest
 from shared.http1 import Http1Pool
-
-if TYPE_CHECKING:
-    from services.engine_sim.engine import SimEngine
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +57,23 @@ class Room:
     expiry: asyncio.TimerHandle | None = None
 
 
+class RoomHooks(Protocol):
+    """What a room registry tells its engine (``SimEngine``; the logic is in transfer.py)."""
+
+    @property
+    def settings(self) -> EngineSimSettings: ...
+
+    def room_claimed(self, req: SimRequest) -> None: ...
+
+    def transfer_done(self, req: SimRequest, transfer_ms: float | None, nbytes: int | None) -> None: ...
+
+    def transfer_failed(self, req: SimRequest, message: str) -> None: ...
+
+
 class RoomRegistry:
     """Prefill side: bootstrap rooms by id, and the long-poll / release logic behind the bootstrap routes."""
 
-    def __init__(self, engine: SimEngine) -> None:
+    def __init__(self, engine: RoomHooks) -> None:
         self._engine = engine
         self.rooms: dict[int, Room] = {}
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from services.engine_sim.engine import SimEngine
+from services.engine_sim.config import EngineSimSettings, Mode
+from shared.latency import LatencyModel
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,31 @@ class RoleSwitchResult:
                 "new_role": self.new_role, "safe_to_restore": self.safe_to_restore}
 
 
-async def pd_role_switch(eng: SimEngine, new_role: str | None, prepare_only: bool = False) -> RoleSwitchResult:
+class Switchable(Protocol):
+    """What a role switch reads and changes on an engine (``SimEngine``)."""
+
+    mode: Mode
+    switching: bool  # a switch is under way: the scheduler takes no steps
+    unhealthy: bool  # a switch failed: restart required
+
+    @property
+    def settings(self) -> EngineSimSettings: ...
+
+    @property
+    def latency(self) -> LatencyModel: ...
+
+    def is_idle(self) -> bool: ...
+
+    def kick(self) -> None: ...
+
+    def reset_pacing(self) -> None: ...
+
+    async def start_bootstrap(self) -> None: ...
+
+    async def stop_bootstrap(self) -> None: ...
+
+
+async def pd_role_switch(eng: Switchable, new_role: str | None, prepare_only: bool = False) -> RoleSwitchResult:
     """Preconditions and messages in SGLang's order (tokenizer_control_mixin.pd_role_switch, then
     role_switch._reject_reason and handle_pd_role_switch)."""
     old = eng.mode
@@ -67,7 +91,7 @@ async def pd_role_switch(eng: SimEngine, new_role: str | None, prepare_only: boo
             await eng.stop_bootstrap()
         else:
             await eng.start_bootstrap()
-        eng.mode = role  # type: ignore[assignment]  # with an empty radix cache, as SGLang resets it
+        eng.mode = "decode" if role == "decode" else "prefill"  # with an empty radix cache, as SGLang resets it
         eng.reset_pacing()
     except Exception as exc:
         eng.unhealthy = True
