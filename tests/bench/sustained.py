@@ -10,8 +10,9 @@ rest (``HELD_OUT``: the two Mooncake traces and the stress set of ``loadgen/stre
 Mooncake conversation, stress-ramp, stress-mix-shift and stress-bursts were held out until a run here changed
 the controller: they are labelled ``seen``.
 
-Per workload: every fixed split (the oracle ``static-best`` is the best of them), colocated, and poise
-starting from the even split 4P4D. Then the controller's goals are checked on the same runs:
+Per workload: every fixed split (the oracle ``static-best`` is the best of them), colocated, colocated on
+Poise's engines (``colocated-poise-engines``: what Poise's colocated mode runs, without its controller), and
+poise starting from the even split 4P4D. Then the controller's goals are checked on the same runs:
 
 - never below the split it starts from at a scale where that split holds >= 90% (poise is simulated at each
   such scale it was not already);
@@ -44,7 +45,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
-from loadgen.sim.baselines import make_mix
+from loadgen.sim.baselines import POISE_ENGINE, make_mix
 from loadgen.sim.goodput import CurvePoint, GoodputResult, Yardstick, curve_point, search_goodput
 from loadgen.sim.goodput_report import write_goodput_report
 from loadgen.slo import SLO, slo_for
@@ -69,8 +70,14 @@ BISECTIONS = 4
 MODEL = LatencyModel(load_profile())
 
 
+# Colocated serving on Poise's own engines (their prefill order and preemption): the baseline that tells what
+# Poise's controller adds over its engines, since the stock baselines run SGLang's first come first served.
+COLOCATED_POISE_ENGINES = "colocated-poise-engines"
+
+
 def _task(workload: str, policy: str, decode_kv: str | None = None) -> GoodputResult:
-    """One goodput search: ``static-<split>``, ``colocated`` or ``poise`` (starting at 4P4D)."""
+    """One goodput search: ``static-<split>``, ``colocated``, ``colocated-poise-engines`` or ``poise``
+    (starting at 4P4D)."""
     w = load_trace(workload)
     slo = slo_for(workload)
     if policy.startswith("static-"):
@@ -78,6 +85,10 @@ def _task(workload: str, policy: str, decode_kv: str | None = None) -> GoodputRe
                                   decode_kv=decode_kv)
     elif policy == "colocated":
         build = functools.partial(make_mix, "colocated", INSTANCES, decode_kv=decode_kv)
+    elif policy == COLOCATED_POISE_ENGINES:
+        build = functools.partial(make_mix, "colocated", INSTANCES, decode_kv=decode_kv,
+                                  prefill_policy=POISE_ENGINE.prefill_policy, preemption=POISE_ENGINE.preemption,
+                                  chunk_tokens=POISE_ENGINE.chunk_tokens)
     else:
         build = functools.partial(make_mix, policy, INSTANCES, START, decode_kv=decode_kv)
     t0 = time.monotonic()
@@ -129,7 +140,7 @@ def run_workload(workload: str, pool: ProcessPoolExecutor, out: Path, command: s
     ``resume``, only the searches the last run did not finish."""
     w = load_trace(workload)
     slo = slo_for(workload)
-    names = [f"static-{s}" for s in SPLITS] + ["colocated", "poise"]
+    names = [f"static-{s}" for s in SPLITS] + ["colocated", COLOCATED_POISE_ENGINES, "poise"]
     cache = out / f"{workload}-all.json"
     earlier = load_results(cache) if only is not None or resume else {}
     todo = [n for n in names if (only is not None and n in only) or n not in earlier]
@@ -152,7 +163,7 @@ def run_workload(workload: str, pool: ProcessPoolExecutor, out: Path, command: s
     best = max((results[f"static-{s}"] for s in SPLITS), key=lambda r: r.goodput_scale)
     oracle = dataclasses.replace(best, policy="static-best",
                                  description=f"best fixed split: {best.policy.removeprefix('static-')}")
-    shown = [results[f"static-{START}"], oracle, results["colocated"], poise]
+    shown = [results[f"static-{START}"], oracle, results["colocated"], results[COLOCATED_POISE_ENGINES], poise]
     write_goodput_report(shown, out, trace=workload, slo=slo, trace_rps=w.mean_rate_rps,
                          command=f"{command}  # {workload}")
     for ext in ("md", "json", "png"):
@@ -169,15 +180,18 @@ def run_workload(workload: str, pool: ProcessPoolExecutor, out: Path, command: s
         "static_best_split": best.policy.removeprefix("static-"),
         "poise_vs_static_best": ratio(poise.goodput_scale, best.goodput_scale),
         "poise_vs_colocated": ratio(poise.goodput_scale, results["colocated"].goodput_scale),
+        "poise_vs_colocated_poise_engines": ratio(poise.goodput_scale,
+                                                  results[COLOCATED_POISE_ENGINES].goodput_scale),
         "poise_vs_start": ratio(poise.goodput_scale, start.goodput_scale),
         "checks": _checks(start, poise, slo),
     }
 
 
 def summary_table(rows: list[dict[str, object]]) -> str:
-    lines = ["| workload | set | start 4P4D | static-best (split) | colocated | poise | poise / static-best | "
-             "poise / colocated | below start where it holds | TTFT P99 > 10x SLO | max flips / instance / 5 min | "
-             "sim speed at goodput (sim s / wall s) |", "|---" * 12 + "|"]
+    lines = ["| workload | set | start 4P4D | static-best (split) | colocated | colocated, Poise's engines | poise | "
+             "poise / static-best | poise / colocated | poise / colocated on its engines | below start where it "
+             "holds | TTFT P99 > 10x SLO | max flips / instance / 5 min | sim speed at goodput (sim s / wall s) |",
+             "|---" * 14 + "|"]
     for r in rows:
         g: dict[str, float] = r["goodput"]  # type: ignore[assignment]
         c: dict[str, object] = r["checks"]  # type: ignore[assignment]
@@ -190,8 +204,9 @@ def summary_table(rows: list[dict[str, object]]) -> str:
         ttft = c["ttft_p99_over_10x_slo"]
         lines.append(
             f"| {r['workload']} | {r['set']} | {g[f'static-{START}']:.2f}x | {best:.2f}x ({r['static_best_split']}) | "
-            f"{g['colocated']:.2f}x | {g['poise']:.2f}x | {fmt(r['poise_vs_static_best'])} | "
-            f"{fmt(r['poise_vs_colocated'])} | {below if below else 'none'} | {ttft if ttft else 'none'} | "
+            f"{g['colocated']:.2f}x | {fmt(g.get(COLOCATED_POISE_ENGINES))} | {g['poise']:.2f}x | "
+            f"{fmt(r['poise_vs_static_best'])} | {fmt(r['poise_vs_colocated'])} | "
+            f"{fmt(r.get('poise_vs_colocated_poise_engines'))} | {below if below else 'none'} | {ttft if ttft else 'none'} | "
             f"{c['max_flips_per_instance_5min']} | {fmt(c['sim_speed_at_goodput']).rstrip('x')} |")
     return "\n".join(lines) + "\n"
 
