@@ -11,8 +11,9 @@ Mooncake conversation, stress-ramp, stress-mix-shift and stress-bursts were held
 the controller: they are labelled ``seen``.
 
 Per workload: every fixed split (the oracle ``static-best`` is the best of them), colocated, colocated on
-Poise's engines (``colocated-poise-engines``: what Poise's colocated mode runs, without its controller), and
-poise starting from the even split 4P4D. Then the controller's goals are checked on the same runs:
+Poise's engines (``colocated+poise-engines``: what Poise's colocated mode runs, without its controller), the
+oracle split on Poise's engines (``static-<best>+poise-engines``, the split that was best on the stock engines),
+and poise starting from the even split 4P4D. Then the controller's goals are checked on the same runs:
 
 - never below the split it starts from at a scale where that split holds >= 90% (poise is simulated at each
   such scale it was not already);
@@ -70,25 +71,28 @@ BISECTIONS = 4
 MODEL = LatencyModel(load_profile())
 
 
-# Colocated serving on Poise's own engines (their prefill order and preemption): the baseline that tells what
-# Poise's controller adds over its engines, since the stock baselines run SGLang's first come first served.
-COLOCATED_POISE_ENGINES = "colocated-poise-engines"
+# Baselines on Poise's own engines (their prefill order and preemption; ``<policy>+poise-engines``): colocated
+# serving, and the oracle fixed split. They tell what Poise's controller adds over its engines, since the stock
+# baselines run SGLang's first come first served.
+ON_POISE_ENGINES = "+poise-engines"
+COLOCATED_POISE_ENGINES = "colocated" + ON_POISE_ENGINES
+BEST_ON_POISE_ENGINES = "static-best" + ON_POISE_ENGINES  # for --policies: whichever split was best
 
 
 def _task(workload: str, policy: str, decode_kv: str | None = None) -> GoodputResult:
-    """One goodput search: ``static-<split>``, ``colocated``, ``colocated-poise-engines`` or ``poise``
-    (starting at 4P4D)."""
+    """One goodput search: ``static-<split>`` or ``colocated``, either on Poise's engines with
+    ``+poise-engines``, or ``poise`` (starting at 4P4D)."""
     w = load_trace(workload)
     slo = slo_for(workload)
-    if policy.startswith("static-"):
-        build = functools.partial(make_mix, "static-minload", INSTANCES, policy.removeprefix("static-"),
-                                  decode_kv=decode_kv)
-    elif policy == "colocated":
-        build = functools.partial(make_mix, "colocated", INSTANCES, decode_kv=decode_kv)
-    elif policy == COLOCATED_POISE_ENGINES:
-        build = functools.partial(make_mix, "colocated", INSTANCES, decode_kv=decode_kv,
-                                  prefill_policy=POISE_ENGINE.prefill_policy, preemption=POISE_ENGINE.preemption,
-                                  chunk_tokens=POISE_ENGINE.chunk_tokens)
+    base, on_poise_engines = policy.removesuffix(ON_POISE_ENGINES), policy.endswith(ON_POISE_ENGINES)
+    engines = functools.partial(make_mix, decode_kv=decode_kv)
+    if on_poise_engines:
+        engines = functools.partial(engines, prefill_policy=POISE_ENGINE.prefill_policy,
+                                    preemption=POISE_ENGINE.preemption, chunk_tokens=POISE_ENGINE.chunk_tokens)
+    if base.startswith("static-"):
+        build = functools.partial(engines, "static-minload", INSTANCES, base.removeprefix("static-"))
+    elif base == "colocated":
+        build = functools.partial(engines, "colocated", INSTANCES)
     else:
         build = functools.partial(make_mix, policy, INSTANCES, START, decode_kv=decode_kv)
     t0 = time.monotonic()
@@ -149,6 +153,15 @@ def run_workload(workload: str, pool: ProcessPoolExecutor, out: Path, command: s
     for n in todo:  # each search lands in the cache as it ends, so an interrupted run resumes (--resume)
         results[n] = futures[n].result()
         cache.write_text(json.dumps({k: asdict(r) for k, r in results.items()}, indent=1, default=str))
+    best = max((results[f"static-{s}"] for s in SPLITS), key=lambda r: r.goodput_scale)
+    best_on_ours = f"{best.policy}{ON_POISE_ENGINES}"  # once the stock searches say which split is best
+    asked = only is not None and (best_on_ours in only or BEST_ON_POISE_ENGINES in only)
+    if best_on_ours not in earlier or asked:
+        results[best_on_ours] = pool.submit(_task, workload, best_on_ours, decode_kv).result()
+        cache.write_text(json.dumps({k: asdict(r) for k, r in results.items()}, indent=1, default=str))
+    else:
+        results[best_on_ours] = earlier[best_on_ours]
+    names.append(best_on_ours)
     results = {n: results[n] for n in names}
     start, poise = results[f"static-{START}"], results["poise"]
     # Poise at every scale where the start split holds and poise has no point: the "never below" check.
@@ -160,10 +173,10 @@ def run_workload(workload: str, pool: ProcessPoolExecutor, out: Path, command: s
         poise.points.append(point)
     poise.points.sort(key=lambda p: p.rate_scale)
     cache.write_text(json.dumps({k: asdict(r) for k, r in results.items()}, indent=1, default=str))
-    best = max((results[f"static-{s}"] for s in SPLITS), key=lambda r: r.goodput_scale)
     oracle = dataclasses.replace(best, policy="static-best",
                                  description=f"best fixed split: {best.policy.removeprefix('static-')}")
-    shown = [results[f"static-{START}"], oracle, results["colocated"], results[COLOCATED_POISE_ENGINES], poise]
+    shown = [results[f"static-{START}"], oracle, results[best_on_ours], results["colocated"],
+             results[COLOCATED_POISE_ENGINES], poise]
     write_goodput_report(shown, out, trace=workload, slo=slo, trace_rps=w.mean_rate_rps,
                          command=f"{command}  # {workload}")
     for ext in ("md", "json", "png"):
@@ -180,18 +193,19 @@ def run_workload(workload: str, pool: ProcessPoolExecutor, out: Path, command: s
         "static_best_split": best.policy.removeprefix("static-"),
         "poise_vs_static_best": ratio(poise.goodput_scale, best.goodput_scale),
         "poise_vs_colocated": ratio(poise.goodput_scale, results["colocated"].goodput_scale),
-        "poise_vs_colocated_poise_engines": ratio(poise.goodput_scale,
-                                                  results[COLOCATED_POISE_ENGINES].goodput_scale),
+        "static_best_poise_engines": results[best_on_ours].goodput_scale,
+        "poise_vs_best_on_poise_engines": ratio(poise.goodput_scale, max(results[best_on_ours].goodput_scale,
+                                                                        results[COLOCATED_POISE_ENGINES].goodput_scale)),
         "poise_vs_start": ratio(poise.goodput_scale, start.goodput_scale),
         "checks": _checks(start, poise, slo),
     }
 
 
 def summary_table(rows: list[dict[str, object]]) -> str:
-    lines = ["| workload | set | start 4P4D | static-best (split) | colocated | colocated, Poise's engines | poise | "
-             "poise / static-best | poise / colocated | poise / colocated on its engines | below start where it "
-             "holds | TTFT P99 > 10x SLO | max flips / instance / 5 min | sim speed at goodput (sim s / wall s) |",
-             "|---" * 14 + "|"]
+    lines = ["| workload | set | start 4P4D | static-best (split) | its split, Poise's engines | colocated | colocated, "
+             "Poise's engines | poise | poise / static-best | poise / colocated | poise / best of them on its engines "
+             "| below start where it holds | TTFT P99 > 10x SLO | max flips / instance / 5 min | sim speed at goodput "
+             "(sim s / wall s) |", "|---" * 15 + "|"]
     for r in rows:
         g: dict[str, float] = r["goodput"]  # type: ignore[assignment]
         c: dict[str, object] = r["checks"]  # type: ignore[assignment]
@@ -200,13 +214,16 @@ def summary_table(rows: list[dict[str, object]]) -> str:
         def fmt(x: object) -> str:
             return f"{x:.2f}x" if isinstance(x, float) else "-"
 
+        same = [x for x in (r.get("static_best_poise_engines"), g.get(COLOCATED_POISE_ENGINES)) if isinstance(x, float)]
+        ours = g["poise"] / max(same) if same and max(same) > 0 else None
         below = c["below_start_where_it_holds"]
         ttft = c["ttft_p99_over_10x_slo"]
         lines.append(
             f"| {r['workload']} | {r['set']} | {g[f'static-{START}']:.2f}x | {best:.2f}x ({r['static_best_split']}) | "
-            f"{g['colocated']:.2f}x | {fmt(g.get(COLOCATED_POISE_ENGINES))} | {g['poise']:.2f}x | "
-            f"{fmt(r['poise_vs_static_best'])} | {fmt(r['poise_vs_colocated'])} | "
-            f"{fmt(r.get('poise_vs_colocated_poise_engines'))} | {below if below else 'none'} | {ttft if ttft else 'none'} | "
+            f"{fmt(r.get('static_best_poise_engines'))} | {g['colocated']:.2f}x | "
+            f"{fmt(g.get(COLOCATED_POISE_ENGINES))} | {g['poise']:.2f}x | "
+            f"{fmt(r['poise_vs_static_best'])} | {fmt(r['poise_vs_colocated'])} | {fmt(ours)} | "
+            f"{below if below else 'none'} | {ttft if ttft else 'none'} | "
             f"{c['max_flips_per_instance_5min']} | {fmt(c['sim_speed_at_goodput']).rstrip('x')} |")
     return "\n".join(lines) + "\n"
 
@@ -216,8 +233,9 @@ def main() -> None:
     parser.add_argument("--workloads", default=",".join(TUNE + HELD_OUT))
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--policies", default=None,
-                        help="re-run only these searches (static-<split>, colocated, poise); the others are read "
-                             "from the workload's last <workload>-all.json")
+                        help="re-run only these searches (static-<split>, colocated, poise, colocated+poise-engines, "
+                             "static-best+poise-engines); the others are read from the workload's last "
+                             "<workload>-all.json")
     parser.add_argument("--summarize", action="store_true",
                         help="run nothing: rebuild the summary rows of --workloads from their <workload>-all.json")
     parser.add_argument("--decode-kv", choices=["whole", "grow"], default=None,
