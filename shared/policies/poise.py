@@ -16,8 +16,8 @@ instance towards the best split when
   by ``min_gain``: a drain takes an instance away while the queues grow, and at Mooncake synthetic's peak a
   bar on the excess over capacity flipped between two overloaded splits on the noise of their scores. The
   decode KV bound prices a pool of whole requests with a standard deviation of headroom
-  (``kv_sd``, by default ``split_capacity.KV_SD``); on the mean alone the overload rule flips Mooncake conversation into a 6P2D
-  whose two decode pools stay full (docs/adaptive-pd.md); and
+  (``kv_sd``, by default ``split_capacity.KV_SD``); on the mean alone the overload rule flips Mooncake
+  conversation into a 6P2D whose two decode pools stay full (docs/adaptive-pd.md); and
 - the same direction came out ``confirm`` evaluations in a row (one interval's mix can be an outlier).
 
 What keeps it stable, and why each rule is there:

@@ -194,8 +194,8 @@ def run_workload(workload: str, pool: ProcessPoolExecutor, out: Path, command: s
         "poise_vs_static_best": ratio(poise.goodput_scale, best.goodput_scale),
         "poise_vs_colocated": ratio(poise.goodput_scale, results["colocated"].goodput_scale),
         "static_best_poise_engines": results[best_on_ours].goodput_scale,
-        "poise_vs_best_on_poise_engines": ratio(poise.goodput_scale, max(results[best_on_ours].goodput_scale,
-                                                                        results[COLOCATED_POISE_ENGINES].goodput_scale)),
+        "poise_vs_best_on_poise_engines": ratio(
+            poise.goodput_scale, max(results[best_on_ours].goodput_scale, results[COLOCATED_POISE_ENGINES].goodput_scale)),
         "poise_vs_start": ratio(poise.goodput_scale, start.goodput_scale),
         "checks": _checks(start, poise, slo),
     }
@@ -214,15 +214,14 @@ def summary_table(rows: list[dict[str, object]]) -> str:
         def fmt(x: object) -> str:
             return f"{x:.2f}x" if isinstance(x, float) else "-"
 
-        same = [x for x in (r.get("static_best_poise_engines"), g.get(COLOCATED_POISE_ENGINES)) if isinstance(x, float)]
-        ours = g["poise"] / max(same) if same and max(same) > 0 else None
         below = c["below_start_where_it_holds"]
         ttft = c["ttft_p99_over_10x_slo"]
         lines.append(
             f"| {r['workload']} | {r['set']} | {g[f'static-{START}']:.2f}x | {best:.2f}x ({r['static_best_split']}) | "
             f"{fmt(r.get('static_best_poise_engines'))} | {g['colocated']:.2f}x | "
             f"{fmt(g.get(COLOCATED_POISE_ENGINES))} | {g['poise']:.2f}x | "
-            f"{fmt(r['poise_vs_static_best'])} | {fmt(r['poise_vs_colocated'])} | {fmt(ours)} | "
+            f"{fmt(r['poise_vs_static_best'])} | {fmt(r['poise_vs_colocated'])} | "
+            f"{fmt(r.get('poise_vs_best_on_poise_engines'))} | "
             f"{below if below else 'none'} | {ttft if ttft else 'none'} | "
             f"{c['max_flips_per_instance_5min']} | {fmt(c['sim_speed_at_goodput']).rstrip('x')} |")
     return "\n".join(lines) + "\n"

@@ -23,7 +23,9 @@ from services.engine_sim.tokens import EOS_TOKEN_ID, TokenSource, draw_output_le
 from services.worker.sidecar import load_report
 from shared.engine_client import parse_loads
 
-pytestmark = [pytest.mark.looptime, pytest.mark.usefixtures("engine_clock_on_loop")]
+# Virtual time: looptime's loop, and engine_sim's clock driven by it (tests/unit/conftest.py).
+VIRTUAL_TIME = [pytest.mark.looptime, pytest.mark.usefixtures("engine_clock_on_loop")]
+pytestmark = VIRTUAL_TIME
 # A PD pair hands KV off over loopback HTTP, which a virtual clock would not wait for: its timeouts could fire
 # while a request is still on the wire. Those tests run on the real clock.
 REAL_TIME = pytest.mark.looptime(False)

@@ -22,9 +22,9 @@ from shared.latency import LatencyModel
 from shared.policies import DECODE_BATCH_POLICIES, PREFILL_POLICIES
 from shared.policies.prefill_order import MAX_PREFILL_TOKENS, PrefillItem, PrefillPlan, fill
 from shared.protocol.request_slo import RequestSlo
-from tests.unit.test_engine_sim_core import REAL_TIME, make_engine, running, until
+from tests.unit.test_engine_sim_core import REAL_TIME, VIRTUAL_TIME, make_engine, running, until
 
-pytestmark = [pytest.mark.looptime, pytest.mark.usefixtures("engine_clock_on_loop")]  # virtual time, as in test_engine_sim_core; PD pairs on the real clock
+pytestmark = VIRTUAL_TIME  # PD pairs on the real clock (REAL_TIME)
 
 T = TypeVar("T", bound=PrefillItem)
 

@@ -8,9 +8,9 @@ import pytest
 from services.engine_sim.engine import SimEngine
 from services.engine_sim.reports import kv_in_use
 from shared.engine import token_blocks
-from tests.unit.test_engine_sim_core import finish, make_engine, running
+from tests.unit.test_engine_sim_core import VIRTUAL_TIME, finish, make_engine, running
 
-pytestmark = [pytest.mark.looptime, pytest.mark.usefixtures("engine_clock_on_loop")]  # virtual time, as in test_engine_sim_core
+pytestmark = VIRTUAL_TIME
 
 
 def blocks(*ids: int) -> tuple[int, ...]:
