@@ -42,8 +42,9 @@ cluster with :func:`shared.policies.split_capacity.colocated_load` beside the sp
 - one mode scores ``mode_gain`` better than the other (colocated: only while the model calls it feasible),
   ``confirm`` evaluations in a row, and
 - the last mode change is ``mode_dwell_s`` old, and
-- into colocated serving: the cluster carries its load with one instance away, in either mode (a move begun
-  under overload only deepens the queues).
+- the cluster carries its load with one instance away, in either mode when entering colocated serving and
+  in the split when leaving it (a move begun under overload only deepens the queues, and there the model
+  ranks the modes worse than they serve).
 
 Colocated serving is left, without waiting out the dwell, once the TPOT it serves at reaches
 ``tpot_exit_share`` of the SLO (the median of the monitor's per-interval p90 over ``tpot_window_s``) and a
@@ -262,16 +263,19 @@ class PoisePools:
         without waiting out the dwell, when it stops holding (the TPOT it serves at reaches
         ``tpot_exit_share`` of the SLO; the model's step rule only while nothing was measured) and a split
         would carry the load with one instance away: under an overload no split carries, the restarts would
-        only take capacity away."""
+        only take capacity away. The same holds for leaving because a split scores better."""
         keep = 1.0 - self.params.mode_gain
         if self.mode == "colocated":
             if tpot_p90_s is not None:
                 failing = tpot_p90_s >= self.params.tpot_exit_share * self.ctx.tpot_slo_s
             else:
                 failing = not co.feasible
-            leave = failing and one_away()[0] <= 1.0
-            # Its load, not its score: the step rule that makes the score infinite only gates the way in.
-            wants = leave or best.score < co.rho / self.params.decode_target * keep
+            split_carries = one_away()[0] <= 1.0
+            leave = failing and split_carries
+            # Its load, not its score: the step rule that makes the score infinite only gates the way in. A
+            # split that scores better but would not carry the load either is no reason to restart: under an
+            # overload the model ranks the modes worse than it carries them, and each restart takes an instance away.
+            wants = leave or (best.score < co.rho / self.params.decode_target * keep and split_carries)
         else:
             leave = False
             wants = (self.params.colocated and co.feasible and co.score < best.score * keep

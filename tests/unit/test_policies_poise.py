@@ -413,3 +413,26 @@ def test_colocated_serving_is_left_when_the_tpot_it_serves_at_nears_the_slo() ->
     assert pools.decide(snap(colocated(8), high), 30.0) is None
     back = pools.decide(snap(colocated(8), high), 40.0)
     assert pools.mode == "disaggregated" and back is not None and back.changes[0].new_role == "decode"
+
+
+def ranks_split_above_colocated(pools: PoisePools) -> bool:
+    """Whether the last evaluation scored the best split ``mode_gain`` below colocated serving's load."""
+    assert pools.last_loads is not None and pools.last_colocated is not None
+    best = min(s.score for s in pools.last_loads)
+    keep = 1.0 - pools.params.mode_gain
+    return best < pools.last_colocated.rho / pools.params.decode_target * keep
+
+
+def test_colocated_serving_is_not_left_for_a_better_scored_split_that_would_not_carry_the_load_either() -> None:
+    # Chat at an overload: the model scores the best split below colocated serving's load (on chat it does so
+    # only past capacity), yet no split carries it with an instance away. Restarting one would only take
+    # capacity away.
+    overload = series(1048, 208, 147.0)
+    mix = mix_of(overload, 120.0)
+    assert mix is not None
+    pools = PoisePools(MODEL, CTX, PoiseParams(min_dwell_s=0.0))
+    pools.mode = "colocated"
+    assert pools._scores_away(mix, 8, 1)[0] > 1.0
+    for t in (0.0, 10.0, 20.0, 30.0):
+        assert pools.decide(snap(colocated(8), overload), t) is None and pools.mode == "colocated"
+        assert ranks_split_above_colocated(pools)
