@@ -28,20 +28,18 @@ from __future__ import annotations
 import asyncio
 import time
 from http import HTTPStatus
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from services.engine_sim import clock, transfer
+from services.engine_sim.engine_state import EngineState
 from services.engine_sim.requests import Phase, SimRequest, finish_length, finish_stop
 from services.engine_sim.tokens import EOS_TOKEN_ID
 from shared.engine.model import Step
 
-if TYPE_CHECKING:
-    from services.engine_sim.engine import SimEngine
-
 __all__ = ["Step", "apply", "cut", "plan", "take_intake"]
 
 
-def take_intake(eng: SimEngine) -> None:
+def take_intake(eng: EngineState) -> None:
     """Requests received since the last step enter their role's first queue (SGLang's recv_requests)."""
     q = eng.queues
     while q.intake:
@@ -77,7 +75,7 @@ def take_intake(eng: SimEngine) -> None:
             eng.core.add_prealloc(req)
 
 
-def plan(eng: SimEngine) -> Step | None:
+def plan(eng: EngineState) -> Step | None:
     """The engine model's next step (None when there is nothing to compute), after acting on what its boundary
     did: KV pulls for the requests whose decode KV was reserved, first tokens for those that joined the batch."""
     now = clock.monotonic()
@@ -114,13 +112,13 @@ def _live(reqs: list) -> list[SimRequest]:  # type: ignore[type-arg]
     return cast("list[SimRequest]", reqs)
 
 
-def _admitted(eng: SimEngine, req: SimRequest, now: float) -> None:
+def _admitted(eng: EngineState, req: SimRequest, now: float) -> None:
     if req.admitted_s is None:
         req.admitted_s = now
         eng.metrics.queue_time.observe(now - req.received_s)
 
 
-def apply(eng: SimEngine, step: Step) -> None:
+def apply(eng: EngineState, step: Step) -> None:
     """The step's effects, at its end: the model's (prefill progress, one token per decoding request), then
     the tokens' ids, the streams, the finished requests and the counters."""
     now = clock.monotonic()
@@ -154,7 +152,7 @@ def apply(eng: SimEngine, step: Step) -> None:
     eng.window.record(now, generated, step.time_s)
 
 
-def _prefill_done(eng: SimEngine, req: SimRequest, now: float) -> None:
+def _prefill_done(eng: EngineState, req: SimRequest, now: float) -> None:
     """A prefill's first token: published under its room; the KV stays until the decode side has it."""
     token = _next_token(req)
     req.first_token_id = token
@@ -166,7 +164,7 @@ def _prefill_done(eng: SimEngine, req: SimRequest, now: float) -> None:
         eng.settings.bootstrap_timeout_s, transfer.release_timed_out, eng, req)
 
 
-def cut(eng: SimEngine, step: Step, start: float, at: float, arrival: float) -> None:
+def cut(eng: EngineState, step: Step, start: float, at: float, arrival: float) -> None:
     """A prefill pass stopped at ``at`` (an operator boundary): the model keeps each part's elapsed share of
     the work; the counters and the preemption metrics here."""
     elapsed = at - start
@@ -184,7 +182,7 @@ def _next_token(req: SimRequest) -> int:
     return req.tokens.next()
 
 
-def _emit(eng: SimEngine, req: SimRequest, token: int, now: float) -> None:
+def _emit(eng: EngineState, req: SimRequest, token: int, now: float) -> None:
     """One output token the model counted: its id goes out, the reader wakes, a finished request is answered."""
     req.output_ids.append(token)
     if req.first_token_s is None:

@@ -14,7 +14,8 @@ the scheduler loop and pause. The rest is split by concern into plain functions 
 - transfer.py: what the P→D handoff does to requests (room hooks, timeouts, the decode-side KV pull);
 - role_switch.py: POST /pd_role_switch;
 - reports.py: /v1/loads, the /metrics gauges, /model_info, /server_info;
-- queues.py: the per-phase queues they all share.
+- queues.py: the per-phase queues they all share;
+- engine_state.py: the engine as those modules see it (a Protocol this class satisfies), so none imports this one.
 """
 
 from __future__ import annotations

@@ -8,31 +8,29 @@ from __future__ import annotations
 
 import sys
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from services.engine_sim import clock
+from services.engine_sim.engine_state import EngineState
+from services.engine_sim.requests import SimRequest
 from shared.policies.prefill_order import MAX_PREFILL_TOKENS
-
-if TYPE_CHECKING:
-    from services.engine_sim.engine import SimEngine
-    from services.engine_sim.requests import SimRequest
 
 ENGINE_NAME = "poise-engine-sim"
 SGLANG_API_VERSION = "0.5.23"  # the SGLang release whose HTTP API this emulates
 
 
-def num_running_reqs(eng: SimEngine) -> int:
+def num_running_reqs(eng: EngineState) -> int:
     # A prefill engine has no decode batch; its running requests are the ones being prefilled.
     return len(eng.queues.prefilling) if eng.mode == "prefill" else len(eng.queues.running)
 
 
-def num_queue_reqs(eng: SimEngine) -> int:
+def num_queue_reqs(eng: EngineState) -> int:
     """SGLang's num_queue_reqs: the scheduler's waiting queue (PD queues are separate gauges)."""
     q = eng.queues
     return len(q.intake) + len(q.waiting) + len(q.ready)
 
 
-def load_snapshot(eng: SimEngine) -> dict[str, Any]:
+def load_snapshot(eng: EngineState) -> dict[str, Any]:
     """One LoadSnapshot (sglang/srt/managers/load_snapshot.py) as LoadSnapshot.to_dict() renders it."""
     now = clock.monotonic()
     mode = eng.mode
@@ -101,7 +99,7 @@ def load_snapshot(eng: SimEngine) -> dict[str, Any]:
     }
 
 
-def kv_in_use(eng: SimEngine) -> int:
+def kv_in_use(eng: EngineState) -> int:
     """SGLang's num_used_tokens: KV written, i.e. the requests' own (a prefill's whole prompt from admission;
     on decode and colocated engines their contexts, not the room reserved for output still to come) and the
     tree blocks they lock (SGLang counts evictable cache as available)."""
@@ -119,13 +117,13 @@ def _written(req: SimRequest) -> int:
     return max(0, min(req.kv_held, req.context_tokens - in_tree))
 
 
-def cache_hit_rate(eng: SimEngine) -> float:
+def cache_hit_rate(eng: EngineState) -> float:
     """The prefix cache's hit rate since the engine took its role (0 without a cache)."""
     cache = eng.core.cache
     return cache.hit_rate if cache is not None else 0.0
 
 
-def gauges(eng: SimEngine) -> dict[str, float]:
+def gauges(eng: EngineState) -> dict[str, float]:
     """Values for the scheduler-side gauges, refreshed at each /metrics scrape."""
     q = eng.queues
     tps, util = eng.window.rates(clock.monotonic())
@@ -151,7 +149,7 @@ def gauges(eng: SimEngine) -> dict[str, float]:
     }
 
 
-def model_info(eng: SimEngine) -> dict[str, Any]:
+def model_info(eng: EngineState) -> dict[str, Any]:
     """GET /model_info (sglang/srt/entrypoints/http_server.py model_info)."""
     name = eng.settings.served_model_name
     llama = "llama" in eng.profile.model.lower()
@@ -173,7 +171,7 @@ def model_info(eng: SimEngine) -> dict[str, Any]:
     }
 
 
-def server_info(eng: SimEngine) -> dict[str, Any]:
+def server_info(eng: EngineState) -> dict[str, Any]:
     """GET /server_info: SGLang's resolved server args (the fields Poise reads) plus what this engine is."""
     s = eng.settings
     p = eng.profile

@@ -10,21 +10,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from http import HTTPStatus
-from typing import TYPE_CHECKING
 
 import orjson
 
+from services.engine_sim.engine_state import EngineState
 from services.engine_sim.handoff import HandoffError, pull_kv, release_kv
 from services.engine_sim.requests import Phase, SimRequest, finish_length
-
-if TYPE_CHECKING:
-    from services.engine_sim.engine import SimEngine
 
 log = logging.getLogger(__name__)
 
 
 # -- prefill-side handoff hooks (called by RoomRegistry / timers) --------------------------------------
-def room_claimed(eng: SimEngine, req: SimRequest) -> None:
+def room_claimed(eng: EngineState, req: SimRequest) -> None:
     if req.phase is not Phase.BOOTSTRAP:
         return
     eng.queues.bootstrap.pop(req.rid, None)
@@ -35,7 +32,7 @@ def room_claimed(eng: SimEngine, req: SimRequest) -> None:
     eng.kick()
 
 
-def bootstrap_timed_out(eng: SimEngine, req: SimRequest) -> None:
+def bootstrap_timed_out(eng: EngineState, req: SimRequest) -> None:
     req.timer = None
     if req.phase is not Phase.BOOTSTRAP:
         return
@@ -45,7 +42,7 @@ def bootstrap_timed_out(eng: SimEngine, req: SimRequest) -> None:
                           f"within {eng.settings.bootstrap_timeout_s:g}s", HTTPStatus.INTERNAL_SERVER_ERROR)
 
 
-def transfer_done(eng: SimEngine, req: SimRequest, transfer_ms: float | None, nbytes: int | None) -> None:
+def transfer_done(eng: EngineState, req: SimRequest, transfer_ms: float | None, nbytes: int | None) -> None:
     if req.phase is not Phase.INFLIGHT:
         return
     if transfer_ms is not None:
@@ -59,7 +56,7 @@ def transfer_done(eng: SimEngine, req: SimRequest, transfer_ms: float | None, nb
     eng.finish_request(req, finish_length(0))  # SGLang's prefill: FINISH_LENGTH(length=0) once the KV is sent
 
 
-def transfer_failed(eng: SimEngine, req: SimRequest, message: str) -> None:
+def transfer_failed(eng: EngineState, req: SimRequest, message: str) -> None:
     if req.finished:
         return
     eng.metrics.num_transfer_failed_reqs.inc()
@@ -68,7 +65,7 @@ def transfer_failed(eng: SimEngine, req: SimRequest, message: str) -> None:
                      HTTPStatus.INTERNAL_SERVER_ERROR)
 
 
-def release_timed_out(eng: SimEngine, req: SimRequest) -> None:
+def release_timed_out(eng: EngineState, req: SimRequest) -> None:
     req.timer = None
     if req.phase is Phase.INFLIGHT:
         transfer_failed(eng, req, f"the decode side did not release the KV within "
@@ -76,7 +73,7 @@ def release_timed_out(eng: SimEngine, req: SimRequest) -> None:
 
 
 # -- decode-side KV pull -------------------------------------------------------------------------------
-async def pull(eng: SimEngine, req: SimRequest) -> None:
+async def pull(eng: EngineState, req: SimRequest) -> None:
     if req.kv_source is not None:
         await pull_migrated(eng, req)
         return
@@ -134,7 +131,7 @@ async def pull(eng: SimEngine, req: SimRequest) -> None:
 KV_EXPORT_PATH = "/poise_sim/kv_export"
 
 
-async def pull_migrated(eng: SimEngine, req: SimRequest) -> None:
+async def pull_migrated(eng: EngineState, req: SimRequest) -> None:
     """Copy a running request's KV from the decode engine it runs on, then join this engine's batch.
 
     Models ARES' asynchronous D→D copy: the source keeps decoding its other requests (and this one: the
