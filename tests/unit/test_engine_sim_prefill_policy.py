@@ -268,7 +268,8 @@ async def test_decode_policy_selects_and_observes_every_step(local_policies: Non
 
 # -- operator-level preemption ---------------------------------------------------------------------------------
 async def pd_pair_run(preemption: str, policy: str, *, time_scale: float = 0.2) -> dict[str, Any]:
-    """A 60K prompt, then 0.1 s later a 500-token one with a tight TTFT target, through an in-process PD pair."""
+    """A 60K prompt, then, once its prefill runs, a 500-token one with a tight TTFT target, through an in-process
+    PD pair."""
     prefill = make_engine(mode="prefill", bootstrap_port=0, time_scale=time_scale, prefill_policy=policy,
                           preemption=preemption, chunked_prefill_size=-1)
     decode = make_engine(mode="decode", time_scale=time_scale)
@@ -292,7 +293,7 @@ async def pd_pair_run(preemption: str, policy: str, *, time_scale: float = 0.2) 
             out[rid] = (prefill.submit(**kw), decode.submit(**kw))
 
         submit(60000, "long", 1, 30.0)
-        await asyncio.sleep(0.1)
+        await until(lambda: out["long"][0].phase is Phase.PREFILLING)
         submit(500, "short", 2, 0.2)
         for p, d in (out["long"], out["short"]):
             await finish(decode, d)
