@@ -20,6 +20,7 @@ import pytest
 from shared.latency import LatencyModel, load_profile
 from shared.policies import PREFILL_POLICIES
 from tests.integration.engine_procs import Engine, start_engine, stop, wait_healthy
+from tests.integration.waiting import until_equal
 
 TIME_SCALE = 0.5  # the 60K prompt's prefill takes ~1.9 s: far above HTTP and scheduling noise, still quick
 LONG, SHORT = 60000, 500
@@ -78,10 +79,16 @@ async def pd_generate(client: httpx.AsyncClient, prefill: Engine, decode: Engine
 async def long_then_short(prefill: Engine, decode: Engine) -> tuple[Outcome, Outcome]:
     async with httpx.AsyncClient(timeout=30) as client:
         long_task = asyncio.create_task(pd_generate(client, prefill, decode, LONG, 60.0, "long"))
-        await asyncio.sleep(0.3 * LONG_PREFILL_S)  # the long prompt's pass is well under way
+        await until_equal(lambda: prefilling(client, prefill), 1, timeout_s=10.0, poll_s=0.02)  # its pass runs
         short = await pd_generate(client, prefill, decode, SHORT, 0.3, "short")
         long = await long_task
     return long, short
+
+
+async def prefilling(client: httpx.AsyncClient, engine: Engine) -> int:
+    """The prompts the prefill engine is prefilling now (``num_running_reqs`` of its /v1/loads)."""
+    resp = await client.get(engine.url + "/v1/loads")
+    return int(resp.json()["loads"][0]["num_running_reqs"])
 
 
 async def preemptions(engine: Engine) -> tuple[float, float]:
