@@ -2,7 +2,9 @@
 
 Writes ``tests/bench/results/sim_speed.{md,json}`` with the command. Scaling runs replay the Azure
 conversation hour with the request rate multiplied by instances / 8, so every size sees the same load per
-instance.
+instance. The mix rows run Poise's controller beside the fixed 4P4D on the same trace and rate, at the
+trace's rate and at Azure conversation's sustained goodput point (20x), where a goodput search spends its time:
+the controller's cost is their ratio, the rest is the load.
 """
 
 from __future__ import annotations
@@ -24,16 +26,16 @@ from shared.latency import LatencyModel, load_profile
 OUT = Path("tests/bench/results")
 
 
-def _run(trace: str, instances: int, rate_scale: float) -> dict[str, Any]:
+def _run(trace: str, instances: int, rate_scale: float, policy: str = "static-minload") -> dict[str, Any]:
     workload = load_trace(trace)
-    result = simulate(workload, make_mix("static-minload", instances), LatencyModel(load_profile()), slo_for(trace),
+    result = simulate(workload, make_mix(policy, instances), LatencyModel(load_profile()), slo_for(trace),
                       rate_scale=rate_scale)
     c = result.config
-    row = {"trace": trace, "instances": instances, "rate_scale": rate_scale, "requests": c["requests"],
+    row = {"policy": policy, "trace": trace, "instances": instances, "rate_scale": rate_scale, "requests": c["requests"],
            "events": c["events"], "wall_s": c["sim_wall_s"], "simulated_s": result.wall_s,
            "sim_s_per_wall_s": c["sim_seconds_per_wall_second"], "events_per_s": c["events"] / c["sim_wall_s"],
            "attainment": result.summary.slo_attainment}
-    print(f"  {trace} x{rate_scale:g} on {instances}: {row['wall_s']:.1f}s wall, {row['events_per_s']:,.0f} events/s",
+    print(f"  {policy} {trace} x{rate_scale:g} on {instances}: {row['wall_s']:.1f}s wall, {row['events_per_s']:,.0f} events/s",
           file=sys.stderr)
     return row
 
@@ -42,9 +44,12 @@ def main() -> None:
     command = shlex.join([Path(sys.executable).name, "-m", "tests.bench.sim_speed", *sys.argv[1:]])
     rows = [_run("azure-conv", 8, 1.0), _run("azure-code", 8, 1.0), _run("mooncake-conv", 8, 1.0)]
     scaling = [_run("azure-conv", n, n / 8) for n in (8, 32, 128)]
+    mixes = [(_run(trace, 8, scale), _run(trace, 8, scale, "poise"))
+             for trace, scale in [("azure-conv", 1.0), ("azure-code", 1.0), ("mooncake-conv", 1.0), ("azure-conv", 20.0)]]
     OUT.mkdir(parents=True, exist_ok=True)
     doc = {"command": command, "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "cpus": os.cpu_count(),
-           "traces": rows, "scaling": scaling}
+           "traces": rows, "scaling": scaling,
+           "mixes": [{"static": a, "poise": b} for a, b in mixes]}
     (OUT / "sim_speed.json").write_text(json.dumps(doc, indent=2))
     lines = ["# Simulator speed", "", f"Command: `{command}`", "",
              f"{doc['when']}, {doc['cpus']} cores (the simulator is single-threaded). Policy mix static-minload, "
@@ -55,6 +60,12 @@ def main() -> None:
         lines.append(f"| {r['trace']} | {r['instances']} | {r['rate_scale']:g} | {r['requests']:,} | {r['events']:,} | "
                      f"{r['wall_s']:.1f} | {r['sim_s_per_wall_s']:.0f} | {r['events_per_s']:,.0f} | "
                      f"{r['attainment'] * 100:.1f}% |")
+    lines += ["", "Poise's controller beside the fixed 4P4D, same trace and rate (8 instances):", "",
+              "| trace | rate x | requests | 4P4D: simulated s per wall s | poise: simulated s per wall s | "
+              "poise wall / 4P4D wall |", "|---|---|---|---|---|---|"]
+    for a, b in mixes:
+        lines.append(f"| {a['trace']} | {a['rate_scale']:g} | {a['requests']:,} | {a['sim_s_per_wall_s']:.0f} | "
+                     f"{b['sim_s_per_wall_s']:.0f} | {b['wall_s'] / a['wall_s']:.2f}x |")
     (OUT / "sim_speed.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
