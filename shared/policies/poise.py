@@ -270,12 +270,12 @@ class PoisePools:
                 failing = tpot_p90_s >= self.params.tpot_exit_share * self.ctx.tpot_slo_s
             else:
                 failing = not co.feasible
-            split_carries = one_away()[0] <= 1.0
-            leave = failing and split_carries
-            # Its load, not its score: the step rule that makes the score infinite only gates the way in. A
-            # split that scores better but would not carry the load either is no reason to restart: under an
-            # overload the model ranks the modes worse than it carries them, and each restart takes an instance away.
-            wants = leave or (best.score < co.rho / self.params.decode_target * keep and split_carries)
+            # Its load, not its score: the step rule that makes the score infinite only gates the way in. Either
+            # reason to leave needs a split that carries the load: under an overload the model ranks the modes
+            # worse than they serve, and each restart takes an instance away.
+            wants = ((failing or best.score < co.rho / self.params.decode_target * keep)
+                     and one_away()[0] <= 1.0)
+            leave = wants and failing
         else:
             leave = False
             wants = (self.params.colocated and co.feasible and co.score < best.score * keep
