@@ -471,7 +471,8 @@ class EngineModel:
             elif step.decode:
                 step.time_s = self._decode_time(step.decode)
             return step
-        self._join_ready(now, step)
+        if self.ready:
+            self._join_ready(now, step)
         if self.grows:
             self._grow(now, step)
         step.decode = self._decode_batch(now)
@@ -483,7 +484,9 @@ class EngineModel:
         budget (colocated engines, and decode engines with prompts to prefill locally)."""
         batch = step.decode
         step.prefill = self._prefill_parts(max(0, self.mixed_chunk - len(batch)), self.admission_kv, now, step)
-        if not batch and not step.prefill:
+        if not step.prefill:  # a decode step (the common case: once per token), or nothing at all
+            if batch:
+                step.time_s = self._decode_time(batch)
             return
         if self.decode_policy.selects_all:
             context = self.running_context

@@ -141,7 +141,10 @@ class LatencyModel:
 
     def prefill_batch_time_s(self, parts: Iterable[tuple[int, int]]) -> float:
         """A forward pass over several (new_tokens, done_tokens) parts: one launch overhead, summed work."""
-        work = sum(self.prefill_work_s(n, d) for n, d in parts if n > 0)
+        work = 0.0  # added part by part in order (FlowPrefill's batching keeps the same running total)
+        for n, d in parts:
+            if n > 0:
+                work += self.prefill_work_s(n, d)
         if work == 0.0 and self.time_scale > 0:
             return 0.0
         return self.profile.prefill_overhead_s * self.time_scale + work

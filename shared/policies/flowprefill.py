@@ -86,27 +86,49 @@ def fewest_late(model: LatencyModel, queue: Sequence[T], now_s: float, batch_tok
     ``batch_tokens``), since batched prompts share one launch. When every feasible prompt fits, the order is
     S-EDF's unchanged.
     """
-    keyed = sorted(((sedf_key(model, r, now_s), r) for r in queue), key=lambda kr: kr[0])
-    ranked = [r for _, r in keyed]
-    feasible = [r for key, r in keyed if key[0] == 0]
+    # The simulator asks this on every arrival and completion of every engine, over queues of hundreds past
+    # capacity: each prompt's work is computed once and serves both its S-EDF key and its cost below (the same
+    # arithmetic as sedf_key and ttft_hat, so the order is theirs to the last bit).
     overhead = model.profile.prefill_overhead_s * model.time_scale
+    keyed: list[tuple[SortKey, T, float]] = []
+    for r in queue:
+        deadline = r.arrival_s + r.slo_ttft_s
+        if math.isinf(deadline):
+            keyed.append(((2, r.arrival_s, 0.0, r.rid), r, 0.0))
+            continue
+        n = r.input_tokens - r.prefilled
+        work = model.prefill_work_s(n, r.prefilled)
+        if deadline - now_s - (overhead + work if n > 0 else 0.0) >= 0:
+            keyed.append(((0, deadline, r.arrival_s, r.rid), r, work))
+        else:
+            keyed.append(((1, -deadline, r.arrival_s, r.rid), r, work))
+    keyed.sort(key=_first)
     finish = now_s
     taken: list[tuple[float, int]] = []  # (-time, index): a max-heap on prefill time
     given_up: set[int] = set()
-    for i, item in enumerate(feasible):
-        n = remaining(item)
-        cost = model.prefill_work_s(n, item.prefilled) + overhead * (min(1.0, n / batch_tokens) if batch_tokens > 0 else 1.0)
+    feasible = 0
+    for i, (key, item, work) in enumerate(keyed):
+        if key[0] != 0:
+            break
+        feasible = i + 1
+        n = item.input_tokens - item.prefilled
+        cost = work + overhead * (min(1.0, n / batch_tokens) if batch_tokens > 0 else 1.0)
         finish += cost
         heapq.heappush(taken, (-cost, i))
-        if finish > deadline_s(item):
+        if finish > key[1]:
             longest, j = heapq.heappop(taken)
             finish += longest
             given_up.add(j)
+    ranked = [r for _, r, _ in keyed]
     if not given_up:
         return ranked
-    kept = [r for i, r in enumerate(feasible) if i not in given_up]
-    late = [r for i, r in enumerate(feasible) if i in given_up]
-    return kept + late + [r for key, r in keyed if key[0] != 0]
+    kept = [r for i, r in enumerate(ranked[:feasible]) if i not in given_up]
+    late = [ranked[i] for i in sorted(given_up)]
+    return kept + late + ranked[feasible:]
+
+
+def _first(entry: tuple[SortKey, object, float]) -> SortKey:
+    return entry[0]
 
 
 def rank(model: LatencyModel, priority: Priority, queue: Sequence[T], now_s: float) -> list[T]:
@@ -171,24 +193,31 @@ class FlowPrefill:
         """Algorithm 1: H (``ranked[0]``) and the prompts batched with it, in priority order."""
         if not ranked:
             return []
+        model = self.model
         head = ranked[0]
         t_remain = deadline_s(head) - now_s
         chosen = [head]
-        parts = [(remaining(head), head.prefilled)]
         tokens = remaining(head)
+        # The pass's work summed as prefill_batch_time_s sums it (part by part, in this order), kept as a
+        # running total: the candidates are the whole queue.
+        work = model.prefill_work_s(tokens, head.prefilled) if tokens > 0 else 0.0
+        overhead = model.profile.prefill_overhead_s * model.time_scale
+        budget = self.params.batch_tokens
         for r in ranked[1:]:
-            n = tokens + remaining(r)
-            if n >= self.params.batch_tokens:
+            left = r.input_tokens - r.prefilled
+            n = tokens + left
+            if n >= budget:
                 continue
-            latency = self.model.prefill_batch_time_s([*parts, (remaining(r), r.prefilled)])
+            with_r = work + model.prefill_work_s(left, r.prefilled) if left > 0 else work
+            latency = 0.0 if with_r == 0.0 and model.time_scale > 0 else overhead + with_r
             if t_remain > latency:
                 chosen.append(r)
-                parts.append((remaining(r), r.prefilled))
+                work = with_r
                 tokens = n
         return chosen
 
     def plan(self, queue: Sequence[T], budget: int, now_s: float) -> PrefillPlan[T]:
-        waiting = [r for r in queue if remaining(r) > 0]
+        waiting = [r for r in queue if r.input_tokens > r.prefilled]
         if self.params.fewest_late:
             ranked = fewest_late(self.model, waiting, now_s, self.params.batch_tokens)
         else:
