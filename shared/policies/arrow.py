@@ -297,8 +297,13 @@ class ArrowPools(_ArrowModel):
         decode can spare an instance is :meth:`_to_prefill`'s check.)"""
         if len(decodes) <= 1 or not prefills:
             return None
-        isl = next((p.mean_input_tokens for p in reversed(snapshot.series) if p.completed), 1024.0)
-        best = min(self._prefill_delay(p) + self.predictor(p.info.instance_id).predict(isl) for p in prefills)
+        # The mean prompt as the prefill engines see it: its cached prefix (the monitor's moments of the engines'
+        # reported cached tokens) costs no prefill, as the queue's num_waiting_uncached_tokens already counts.
+        point = next((p for p in reversed(snapshot.series) if p.completed), None)
+        isl, cached, cached_sq = ((point.mean_input_tokens, point.mean_cached_input_tokens, point.mean_cached_input_tokens_sq)
+                                  if point is not None else (1024.0, 0.0, 0.0))
+        best = min(self._prefill_delay(p) + self.predictor(p.info.instance_id).predict_uncached(isl, cached, cached_sq)
+                   for p in prefills)
         threshold = self.params.d2p_ttft_frac * self.ctx.ttft_slo_s
         if best <= threshold:
             return None

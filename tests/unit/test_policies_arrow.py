@@ -133,6 +133,27 @@ def test_prefill_pressure_flips_a_decode_only_when_decode_load_is_low() -> None:
     assert ArrowPools(MODEL, CTX).decide(snap(*swamped, *calm_decode, draining), 0.0) is None
 
 
+def test_prefill_pressure_prices_the_mean_prompt_after_its_cached_prefix() -> None:
+    # Idle prefill engines, 40K-token prompts: alone one takes longer than half the 3 s SLO, so Arrow asks for
+    # a prefill instance. When the engines report that 90% of each prompt was a cached prefix (the monitor's
+    # moments of their cached tokens), what is left to prefill takes a fraction of that, and nothing flips.
+    idle = (inst("p0", "prefill"), inst("p1", "prefill"))
+    calm_decode = (inst("d0", "decode", running=10, running_tokens=20_000, tps=800.0),
+                   inst("d1", "decode", running=2, running_tokens=3000, tps=200.0))
+
+    def long_prompts(cached: float) -> ClusterSnapshot:
+        s = snap(*idle, *calm_decode)
+        point = msgspec.structs.replace(s.series[0], mean_input_tokens=40_000, mean_cached_input_tokens=cached,
+                                        mean_cached_input_tokens_sq=cached * cached)
+        return msgspec.structs.replace(s, series=[point])
+
+    q = QuadraticTtft.from_model(MODEL)
+    assert q.predict(40_000) > 0.5 * CTX.ttft_slo_s > q.predict_uncached(40_000, 36_000, 36_000**2)
+    decision = ArrowPools(MODEL, CTX).decide(long_prompts(0.0), 0.0)
+    assert decision is not None and decision.changes[0].new_role == "prefill"
+    assert ArrowPools(MODEL, CTX).decide(long_prompts(36_000.0), 0.0) is None
+
+
 def test_decode_out_of_kv_is_not_low_however_small_its_running_batch() -> None:
     # Long prompts: the running batches are small, but the KV is nearly full and requests wait for memory.
     # Taking a decode instance would leave the waiting requests less memory still (ours, on top of Alg. 1).
