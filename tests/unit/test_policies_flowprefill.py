@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -16,7 +17,7 @@ from shared.policies import (
     make_prefill_policy,
     preempts,
 )
-from shared.policies.flowprefill import fewest_late, rank, ttft_hat
+from shared.policies.flowprefill import fewest_late, rank, sedf_key, ttft_hat
 from tests.unit.prefill_items import Prompt
 
 MODEL = LatencyModel(load_profile())
@@ -69,6 +70,39 @@ def test_fewest_late_gives_up_the_long_prompt_that_would_make_two_short_ones_lat
     assert [p.rid for p in fewest_late(MODEL, queue, 0.0, 4096)] == ["b", "c", "a", "late", "free"]
     assert rids(FlowPrefill(MODEL), queue, 0.0) == ["a"]  # "b" would push the batch past G
     assert rids(make_prefill_policy("flowprefill-fewest-late", MODEL), queue, 0.0) == ["b", "c", "free"]
+
+
+def _fewest_late_as_specified(queue: list[Prompt], now_s: float, batch_tokens: int) -> list[Prompt]:
+    """Moore and Hodgson's rule over S-EDF written plainly from sedf_key and ttft_hat: what the optimised
+    fewest_late must return to the last element."""
+    ranked = sorted(queue, key=lambda r: sedf_key(MODEL, r, now_s))
+    feasible = [r for r in ranked if sedf_key(MODEL, r, now_s)[0] == 0]
+    overhead = MODEL.profile.prefill_overhead_s
+    finish, taken, given_up = now_s, [], set()
+    for i, r in enumerate(feasible):
+        n = r.input_tokens - r.prefilled
+        cost = MODEL.prefill_work_s(n, r.prefilled) + overhead * min(1.0, n / batch_tokens)
+        finish += cost
+        taken.append((cost, i))
+        if finish > r.arrival_s + r.slo_ttft_s:
+            longest = max(taken, key=lambda t: (t[0], -t[1]))  # the longest; of equals, the earliest
+            taken.remove(longest)
+            finish -= longest[0]
+            given_up.add(longest[1])
+    kept = [r for i, r in enumerate(feasible) if i not in given_up]
+    return kept + [feasible[i] for i in sorted(given_up)] + ranked[len(feasible):]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_fewest_late_is_moore_hodgson_over_sedf_on_random_queues(seed: int) -> None:
+    rng = random.Random(seed)
+    queue = [Prompt(f"r{i}", rng.uniform(0.0, 2.0), rng.choice([64, 500, 2000, 8000, 20_000]),
+                    rng.choice([0.5, 1.0, 2.0, 3.0, INF]), prefilled=0) for i in range(rng.randint(1, 60))]
+    for r in queue[::4]:
+        r.prefilled = r.input_tokens // 2
+    for now in (0.5, 2.0, 3.5):
+        assert [p.rid for p in fewest_late(MODEL, queue, now, 4096)] == [
+            p.rid for p in _fewest_late_as_specified(queue, now, 4096)]
 
 
 def test_fewest_late_keeps_the_deadline_order_when_everything_fits() -> None:
