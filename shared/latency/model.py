@@ -145,6 +145,11 @@ class LatencyModel:
         for n, d in parts:
             if n > 0:
                 work += self.prefill_work_s(n, d)
+        return self.prefill_pass_s(work)
+
+    def prefill_pass_s(self, work: float) -> float:
+        """A prefill pass whose parts' summed work (:meth:`prefill_work_s`) is ``work``: one launch overhead
+        on top, none for an empty pass."""
         if work == 0.0 and self.time_scale > 0:
             return 0.0
         return self.profile.prefill_overhead_s * self.time_scale + work

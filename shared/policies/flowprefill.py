@@ -43,13 +43,21 @@ def sedf_key(model: LatencyModel, item: PrefillItem, now_s: float) -> SortKey:
     feasible prompts (slack >= 0) first, earliest deadline first; infeasible ones after, *latest* deadline
     first (they miss anyway; the one with most time left may still be the least late); prompts without a
     target last, in arrival order."""
+    return _sedf_key_and_work(model, item, now_s)[0]
+
+
+def _sedf_key_and_work(model: LatencyModel, item: PrefillItem, now_s: float) -> tuple[SortKey, float]:
+    """:func:`sedf_key`, and the prompt's remaining prefill work it was computed from (0 without a target):
+    :func:`fewest_late` needs both, once per prompt per ranking."""
     deadline = deadline_s(item)
     if math.isinf(deadline):
-        return (2, item.arrival_s, 0.0, item.rid)
-    slack = deadline - now_s - ttft_hat(model, item)
-    if slack >= 0:
-        return (0, deadline, item.arrival_s, item.rid)
-    return (1, -deadline, item.arrival_s, item.rid)
+        return (2, item.arrival_s, 0.0, item.rid), 0.0
+    n = remaining(item)
+    work = model.prefill_work_s(n, item.prefilled)
+    ttft = model.prefill_pass_s(work) if n > 0 else 0.0  # ttft_hat: the prompt's pass run alone
+    if deadline - now_s - ttft >= 0:
+        return (0, deadline, item.arrival_s, item.rid), work
+    return (1, -deadline, item.arrival_s, item.rid), work
 
 
 def dedf_key(item: PrefillItem, now_s: float) -> SortKey:
@@ -87,21 +95,12 @@ def fewest_late(model: LatencyModel, queue: Sequence[T], now_s: float, batch_tok
     S-EDF's unchanged.
     """
     # The simulator asks this on every arrival and completion of every engine, over queues of hundreds past
-    # capacity: each prompt's work is computed once and serves both its S-EDF key and its cost below (the same
-    # arithmetic as sedf_key and ttft_hat, so the order is theirs to the last bit).
+    # capacity: each prompt's work is computed once and serves both its S-EDF key and its cost below.
     overhead = model.profile.prefill_overhead_s * model.time_scale
     keyed: list[tuple[SortKey, T, float]] = []
     for r in queue:
-        deadline = r.arrival_s + r.slo_ttft_s
-        if math.isinf(deadline):
-            keyed.append(((2, r.arrival_s, 0.0, r.rid), r, 0.0))
-            continue
-        n = r.input_tokens - r.prefilled
-        work = model.prefill_work_s(n, r.prefilled)
-        if deadline - now_s - (overhead + work if n > 0 else 0.0) >= 0:
-            keyed.append(((0, deadline, r.arrival_s, r.rid), r, work))
-        else:
-            keyed.append(((1, -deadline, r.arrival_s, r.rid), r, work))
+        key, work = _sedf_key_and_work(model, r, now_s)
+        keyed.append((key, r, work))
     keyed.sort(key=_first)
     finish = now_s
     taken: list[tuple[float, int]] = []  # (-time, index): a max-heap on prefill time
@@ -201,7 +200,6 @@ class FlowPrefill:
         # The pass's work summed as prefill_batch_time_s sums it (part by part, in this order), kept as a
         # running total: the candidates are the whole queue.
         work = model.prefill_work_s(tokens, head.prefilled) if tokens > 0 else 0.0
-        overhead = model.profile.prefill_overhead_s * model.time_scale
         budget = self.params.batch_tokens
         for r in ranked[1:]:
             left = r.input_tokens - r.prefilled
@@ -209,8 +207,7 @@ class FlowPrefill:
             if n >= budget:
                 continue
             with_r = work + model.prefill_work_s(left, r.prefilled) if left > 0 else work
-            latency = 0.0 if with_r == 0.0 and model.time_scale > 0 else overhead + with_r
-            if t_remain > latency:
+            if t_remain > model.prefill_pass_s(with_r):
                 chosen.append(r)
                 work = with_r
                 tokens = n

@@ -37,12 +37,11 @@ class QuadraticTtft:
     def predict(self, length: float) -> float:
         return self.a * length * length + self.b * length + self.c
 
-    def predict_uncached(self, length: float, cached: float = 0.0, cached_sq: float | None = None) -> float:
-        """A prompt of ``length`` tokens whose first ``cached`` a prefix cache holds: the quadratic's work past
-        the prefix (``a (L^2 - C^2) + b (L - C)``) plus the per-prompt constant. For a mean prompt pass
-        ``cached_sq``, the mean of C^2 (E[C]^2 understates it). No cache: exactly :meth:`predict`."""
-        c_sq = cached * cached if cached_sq is None else cached_sq
-        return self.a * (length * length - c_sq) + self.b * (length - cached) + self.c
+    def predict_uncached(self, length: float, cached: float, cached_sq: float) -> float:
+        """A mean prompt of ``length`` tokens whose first ``cached`` (mean; ``cached_sq`` the mean of C^2, which
+        E[C]^2 understates) a prefix cache holds: the quadratic's work past the prefix
+        (``a (L^2 - C^2) + b (L - C)``) plus the per-prompt constant. No cache: exactly :meth:`predict`."""
+        return self.a * (length * length - cached_sq) + self.b * (length - cached) + self.c
 
     def queue_delay(self, n: int, tokens: int, tokens_sq: int) -> float:
         """Predicted time to prefill ``n`` queued prompts of ``tokens`` total and ``tokens_sq`` squared total.
