@@ -63,10 +63,12 @@ class LiveSplit:
 
     samples: list[SplitSample]
     flips: list[FlipEvent]
+    # The planner's decision latency at the end of the run (services/planner/decider.py ``stats``), if it answered.
+    decision_latency: dict[str, Any] | None = None
 
     @classmethod
     def from_unix(cls, samples: Sequence[tuple[float, ...]], events: Sequence[dict[str, Any]],
-                  started_at: str) -> LiveSplit:
+                  started_at: str, decision_latency: dict[str, Any] | None = None) -> LiveSplit:
         """Samples ``(unix_s, prefill, decode, flipping[, colocated])`` and planner events (``PlannerEvent`` as dicts) on
         the replay's clock (``ReplayResult.started_at``, ISO 8601). Earlier samples clamp to 0: the split the
         replay started with."""
@@ -79,7 +81,7 @@ class LiveSplit:
                            from_role=e.get("from_role"), to_role=e.get("to_role"), source=e.get("source"),
                            reason=e.get("reason") or "")
                  for e in events if str(e.get("kind", "")).startswith("flip_")]
-        return cls(samples=out, flips=sorted(flips, key=lambda f: f.t_s))
+        return cls(samples=out, flips=sorted(flips, key=lambda f: f.t_s), decision_latency=decision_latency)
 
     def steps(self) -> list[SplitSample]:
         """The samples where the split changed (and the first one)."""
@@ -244,6 +246,8 @@ def comparison_markdown(live: ReplayResult, live_split: LiveSplit | None, sims: 
         if failed:
             flips += f"; {len(failed)} failed"
         lines.append(f"**Live** (this run): SLO attainment {attainment:.1%}; {begun}{flips}.")
+        if live_split.decision_latency is not None:
+            lines += ["", _decisions_line(live_split.decision_latency)]
     else:
         lines.append(f"**Live** (this run): SLO attainment {attainment:.1%}; the split was not recorded.")
     if sims:
@@ -257,6 +261,14 @@ def comparison_markdown(live: ReplayResult, live_split: LiveSplit | None, sims: 
                       f"and policies, not the stack): " + "; ".join(parts) + "."]
     lines += ["", f"![split over time, live and simulated]({png_name})", ""]
     return "\n".join(lines)
+
+
+def _decisions_line(lat: dict[str, Any]) -> str:
+    if not lat.get("window"):
+        return f"**Planner decisions**: {lat.get('decisions', 0)}, none timed."
+    return (f"**Planner decisions**: {lat['decisions']}; over the latest {lat['window']} p50 {lat['p50_ms']:.2f} ms, "
+            f"p99 {lat['p99_ms']:.2f} ms, max {lat['max_ms']:.2f} ms (wall time on the planner's decider thread; "
+            f"CPU p99 {lat['cpu_p99_ms']:.2f} ms).")
 
 
 def plot_split_comparison(live: ReplayResult, live_split: LiveSplit | None, sims: Sequence[SimRun], slo: SLO,
@@ -340,7 +352,8 @@ def split_document(live_split: LiveSplit | None, sims: Sequence[SimRun]) -> dict
     return {
         "live": None if live_split is None else {
             "samples": [dataclasses.asdict(s) for s in live_split.samples],
-            "flips": [dataclasses.asdict(f) for f in live_split.flips]},
+            "flips": [dataclasses.asdict(f) for f in live_split.flips],
+            "decision_latency": live_split.decision_latency},
         "simulated": [{"key": s.key, "label": s.label, "policy": s.result.config.get("policy"),
                        "description": s.result.config.get("description"), "summary": s.result.summary,
                        "lifecycle": s.result.config.get("lifecycle")} for s in sims],

@@ -82,7 +82,8 @@ def _comparison_hook(settings: MainJobSettings, watcher: SplitWatcher | None,
         if watcher is not None:
             watcher.stop()
             if watcher.samples:
-                live_split = LiveSplit.from_unix(watcher.samples, watcher.events, result.started_at)
+                live_split = LiveSplit.from_unix(watcher.samples, watcher.events, result.started_at,
+                                                 watcher.decision_latency)
             else:
                 print(f"warning: the live split was not recorded ({watcher.error or 'no snapshot answered'})",
                       file=sys.stderr)

@@ -2,8 +2,9 @@
 
 A background thread with its own event loop and NATS connection (as the stack's admin user, like
 ``poise admin``) asks the monitor for a cluster snapshot every ``interval_s`` (the registry's instances: role
-and status) and listens to the planner's events (flips requested, done, failed). It never touches the
-replay's event loop; a snapshot the monitor does not answer is skipped.
+and status) and listens to the planner's events (flips requested, done, failed); when it stops it asks the
+planner for its decision latency, so the report can hold the controller to its p99 target over the run. It
+never touches the replay's event loop; a snapshot the monitor does not answer is skipped.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import msgspec
 
 from shared.bus import Bus
 from shared.errors import BusTimeout
-from shared.protocol import PlannerEvent, SnapshotReply, SnapshotRequest, Subjects
+from shared.protocol import AdminCommand, AdminReply, PlannerEvent, SnapshotReply, SnapshotRequest, Subjects
 
 if TYPE_CHECKING:
     from services.cli.stack import Stack
@@ -54,6 +55,8 @@ class SplitWatcher:
         self.interval_s = interval_s
         self.samples: list[Sample] = []
         self.events: list[dict[str, Any]] = []
+        # The planner's ``decision_latency`` (services/planner/decider.py ``stats``) when the watcher stopped.
+        self.decision_latency: dict[str, Any] | None = None
         self.error: str | None = None
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -110,5 +113,19 @@ class SplitWatcher:
                 if reply is not None and reply.snapshot is not None:
                     self.samples.append((t, *count_split(reply.snapshot.instances)))
                 await asyncio.sleep(max(0.0, self.interval_s - (time.time() - t)))
+            self.decision_latency = await self._decision_latency(bus, subjects)
         finally:
             await bus.close()
+
+    @staticmethod
+    async def _decision_latency(bus: Bus, subjects: Subjects) -> dict[str, Any] | None:
+        try:
+            reply = await bus.request(subjects.admin("planner"), AdminCommand(verb="pools", args={}), AdminReply,
+                                      timeout_s=5.0)
+        except BusTimeout:
+            log.warning("the planner did not answer `pools`: no decision latency in the report")
+            return None
+        if reply.status is None:
+            return None
+        latency = reply.status.details.get("decision_latency")
+        return latency if isinstance(latency, dict) else None

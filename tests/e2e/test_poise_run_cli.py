@@ -32,10 +32,12 @@ def test_poise_run_replays_and_cleans_up(tmp_path: Path) -> None:
     split = json.loads((out / "split.json").read_text())
     assert split["live"]["samples"][0]["prefill"] == 2 and split["live"]["samples"][0]["decode"] == 2
     assert [s["key"] for s in split["simulated"]] == ["poise", "fixed", "static"]
+    assert split["live"]["decision_latency"]["decisions"] >= 1  # asked of the planner when the watcher stopped
     assert (out / "split.png").stat().st_size > 10_000
     report = (out / "report.md").read_text()
     assert "**Live** (this run): SLO attainment" in report and "**Simulated**" in report
     assert "**Live** (this run)" in proc.stdout and "(split.png)" in report
+    assert "**Planner decisions**" in report
     # Nothing of the stack is left running: every process logged to the run dir and is gone.
     leftovers = subprocess.run(["pgrep", "-f", str(tmp_path / "run")], capture_output=True, text=True).stdout
     assert leftovers.strip() == ""

@@ -115,13 +115,16 @@ def test_the_report_gets_the_figure_and_a_line_with_both_attainments(tmp_path: P
     live = _live()
     split = LiveSplit(samples=[SplitSample(0.0, 2, 2), SplitSample(12.0, 2, 1, 1), SplitSample(14.0, 3, 1)],
                       flips=[FlipEvent(12.0, "flip_requested", "d1", "decode", "prefill"),
-                             FlipEvent(14.0, "flip_done", "d1", "decode", "prefill")])
+                             FlipEvent(14.0, "flip_done", "d1", "decode", "prefill")],
+                      decision_latency={"decisions": 7, "window": 7, "p50_ms": 0.31, "p99_ms": 0.52, "max_ms": 0.55,
+                                        "last_ms": 0.3, "cpu_p50_ms": 0.3, "cpu_p99_ms": 0.5, "cpu_max_ms": 0.5})
     markdown = write_split_comparison(tmp_path, live, split, sims, SLO_, title="t", rate_scale=2.0)
     png = tmp_path / "split.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
     doc = msgspec.json.decode((tmp_path / "split.json").read_bytes())
     assert [s["key"] for s in doc["simulated"]] == ["poise", "fixed", "static"]
     assert doc["live"]["flips"][1]["kind"] == "flip_done"
+    assert doc["live"]["decision_latency"]["p99_ms"] == 0.52
     # One line for the live run, one for the simulated ones, each with its attainment; labelled as such.
     live_line = next(line for line in markdown.splitlines() if line.startswith("**Live**"))
     assert f"{live.summary.slo_attainment:.1%}" in live_line and "d1 decode -> prefill at 14 s" in live_line
@@ -129,6 +132,8 @@ def test_the_report_gets_the_figure_and_a_line_with_both_attainments(tmp_path: P
     for s in sims:
         assert f"{s.result.summary.slo_attainment:.1%}" in sim_line
     assert "![" in markdown and "(split.png)" in markdown
+    # The controller's decision time over the run, against its p99 target.
+    assert "**Planner decisions**: 7; over the latest 7 p50 0.31 ms, p99 0.52 ms" in markdown
     # write_report puts it right after the table.
     files = write_report(live, tmp_path, title="run", slo=SLO_, extra_markdown=markdown)
     text = files.md.read_text()
