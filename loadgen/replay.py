@@ -56,6 +56,18 @@ class ReplayResult(msgspec.Struct):
     started_at: str
     config: dict[str, Any] = {}
 
+    def counted(self) -> tuple[list[RequestRecord], float]:
+        """The records the summary counts and the span it spreads them over (see :func:`after_warmup`)."""
+        return after_warmup(self.records, self.wall_s, float(self.config.get("warmup_s") or 0.0))
+
+
+def after_warmup(records: list[RequestRecord], wall_s: float, warmup_s: float) -> tuple[list[RequestRecord], float]:
+    """Requests arriving in the first ``warmup_s`` seconds are served but not counted (the simulator's warm-up,
+    docs/evaluation.md); the rates are over the rest of the run."""
+    if warmup_s <= 0:
+        return records, wall_s
+    return [r for r in records if r.arrival_s >= warmup_s], wall_s - min(warmup_s, wall_s)
+
 
 def endpoint_url(base_url: str, endpoint: Endpoint) -> str:
     """Full URL of the endpoint; ``base_url`` may or may not already end in ``/v1``."""

@@ -234,7 +234,7 @@ def write_report(
     """Write ``report.json``, ``report.md`` and ``report.png`` into ``out_dir`` (created).
 
     With ``slo`` or ``classes`` given the summary is recomputed against them
-    (same records), so one run can be judged under another workload's targets
+    (the same records it counted: a simulated warm-up stays out), so one run can be judged under another workload's targets
     or another class set; otherwise the run's own summary is used. ``classes``
     judges each record by its ``slo_class`` and adds the per-class table (and
     the classes, under ``slo_classes``, to the JSON). ``command`` (a string or
@@ -248,7 +248,8 @@ def write_report(
         slo = SLO(ttft_s=summary.slo_ttft_s, tpot_s=summary.slo_tpot_s)
     else:
         slo = slo or SLO(ttft_s=result.summary.slo_ttft_s, tpot_s=result.summary.slo_tpot_s)
-        summary = summarize(result.records, slo, result.wall_s, classes)
+        counted, span = result.counted()
+        summary = summarize(counted, slo, span, classes)
     command_text = _command_text(command)
     files = ReportFiles(json=out / "report.json", md=out / "report.md", png=out / "report.png")
     document: dict[str, Any] = {

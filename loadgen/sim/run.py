@@ -12,7 +12,7 @@ import msgspec
 from loadgen.metrics import summarize
 from loadgen.rate_scaling import RateMode, scale_load
 from loadgen.records import RequestRecord
-from loadgen.replay import ReplayResult
+from loadgen.replay import ReplayResult, after_warmup
 from loadgen.sim.baselines import PolicyMix
 from loadgen.sim.cluster import SimCluster, SimCosts, lifecycle_json
 from loadgen.sim.control import ControlLoop, ControlParams
@@ -108,8 +108,7 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
         "decode_balance": loop.balance.summary() if loop is not None else None,
         "engine_forecast_isl": [list(x) for x in loop.relayed_isl] if loop is not None else [],
     }
-    counted = [r for r in records if r.arrival_s >= warmup_s] if warmup_s > 0 else records
-    span = makespan - min(warmup_s, makespan)
+    counted, span = after_warmup(records, makespan, warmup_s)
     return ReplayResult(records=records, summary=summarize(counted, slo, span, slo_classes), wall_s=makespan,
                         started_at=datetime.now(UTC).isoformat(), config=config)
 

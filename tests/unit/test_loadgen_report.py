@@ -73,6 +73,19 @@ def test_write_report_with_other_slo_and_no_records(tmp_path: Path) -> None:
     assert files.png.stat().st_size > 0
 
 
+def test_a_summary_judged_against_another_slo_leaves_the_warm_up_out_as_the_run_did(tmp_path: Path) -> None:
+    # A simulated run with a 1-s warm-up counts requests 10-39 only; the report, which poise sim writes with
+    # the trace's SLO, must say what the terminal table (the run's own summary) says.
+    result = _result()
+    slo = SLO(ttft_s=0.3, tpot_s=0.05)
+    result.config["warmup_s"] = 1.0
+    result.summary = summarize([r for r in result.records if r.arrival_s >= 1.0], slo, wall_s=3.5)
+    files = write_report(result, tmp_path, title="t", slo=slo)
+    doc = msgspec.json.decode(files.json.read_bytes())
+    assert doc["summary"] == msgspec.to_builtins(result.summary)
+    assert doc["summary"]["requests_total"] == 30 and len(doc["records"]) == 40  # every record is still kept
+
+
 def test_format_table() -> None:
     result = _result()
     table = format_table(result.summary, SLO(0.3, 0.05))
