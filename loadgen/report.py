@@ -234,10 +234,11 @@ def write_report(
     """Write ``report.json``, ``report.md`` and ``report.png`` into ``out_dir`` (created).
 
     With ``slo`` or ``classes`` given the summary is recomputed against them
-    (the same records it counted: a simulated warm-up stays out), so one run can be judged under another workload's targets
-    or another class set; otherwise the run's own summary is used. ``classes``
-    judges each record by its ``slo_class`` and adds the per-class table (and
-    the classes, under ``slo_classes``, to the JSON). ``command`` (a string or
+    (over the records it counted: a simulated warm-up stays out), so one run can
+    be judged under another workload's targets or another class set; otherwise
+    the run's own summary is used. ``classes`` judges each record by its
+    ``slo_class`` and adds the per-class table (and the classes, under
+    ``slo_classes``, to the JSON). ``command`` (a string or
     argv list) is recorded so the run can be reproduced. ``extra_markdown`` goes into ``report.md`` right
     after the table (``poise run``'s split over time, `loadgen.split_compare`).
     """
