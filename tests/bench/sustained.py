@@ -185,6 +185,16 @@ def run_workload(workload: str, pool: ProcessPoolExecutor, out: Path, command: s
     def ratio(a: float, b: float) -> float | None:
         return a / b if b > 0 else None
 
+    # A goodput is known to 1/16 of the octave its search bracketed: the true one lies below the first scale
+    # that failed. So Poise's ratio to the better stock baseline lies between its goodput over the baseline's
+    # first failure and its first failure over the baseline's goodput.
+    stock = [best, results["colocated"]]
+    stock_fail = [f for f in map(_first_failing, stock) if f is not None]
+    poise_fail = _first_failing(poise)
+    bounds = None
+    if poise_fail is not None and len(stock_fail) == len(stock):
+        bounds = [ratio(poise.goodput_scale, max(stock_fail)), ratio(poise_fail, max(r.goodput_scale for r in stock))]
+
     return {
         "workload": workload, "set": "tune" if workload in TUNE else "seen" if workload in SEEN else "held-out", "requests": len(w),
         "duration_s": w.duration_s, "rate_rps": w.mean_rate_rps,
@@ -193,6 +203,7 @@ def run_workload(workload: str, pool: ProcessPoolExecutor, out: Path, command: s
         "static_best_split": best.policy.removeprefix("static-"),
         "poise_vs_static_best": ratio(poise.goodput_scale, best.goodput_scale),
         "poise_vs_colocated": ratio(poise.goodput_scale, results["colocated"].goodput_scale),
+        "poise_vs_better_stock_bounds": bounds,
         "static_best_poise_engines": results[best_on_ours].goodput_scale,
         "poise_vs_best_on_poise_engines": ratio(
             poise.goodput_scale, max(results[best_on_ours].goodput_scale, results[COLOCATED_POISE_ENGINES].goodput_scale)),
@@ -201,11 +212,18 @@ def run_workload(workload: str, pool: ProcessPoolExecutor, out: Path, command: s
     }
 
 
+def _first_failing(r: GoodputResult) -> float | None:
+    """The lowest scale above the goodput that missed the target (None: the search never failed above it)."""
+    return min((p.rate_scale for p in r.points if p.rate_scale > r.goodput_scale and p.attainment < TARGET),
+               default=None)
+
+
 def summary_table(rows: list[dict[str, object]]) -> str:
     lines = ["| workload | set | start 4P4D | static-best (split) | its split, Poise's engines | colocated | colocated, "
-             "Poise's engines | poise | poise / static-best | poise / colocated | poise / best of them on its engines "
+             "Poise's engines | poise | poise / static-best | poise / colocated | poise / better of them, bounds "
+             "| poise / best of them on its engines "
              "| below start where it holds | TTFT P99 > 10x SLO | max flips / instance / 5 min | sim speed at goodput "
-             "(sim s / wall s) |", "|---" * 15 + "|"]
+             "(sim s / wall s) |", "|---" * 16 + "|"]
     for r in rows:
         g: dict[str, float] = r["goodput"]  # type: ignore[assignment]
         c: dict[str, object] = r["checks"]  # type: ignore[assignment]
@@ -214,13 +232,15 @@ def summary_table(rows: list[dict[str, object]]) -> str:
         def fmt(x: object) -> str:
             return f"{x:.2f}x" if isinstance(x, float) else "-"
 
+        bounds = r.get("poise_vs_better_stock_bounds")
+        span = f"{bounds[0]:.2f}-{bounds[1]:.2f}" if isinstance(bounds, list) else "-"
         below = c["below_start_where_it_holds"]
         ttft = c["ttft_p99_over_10x_slo"]
         lines.append(
             f"| {r['workload']} | {r['set']} | {g[f'static-{START}']:.2f}x | {best:.2f}x ({r['static_best_split']}) | "
             f"{fmt(r.get('static_best_poise_engines'))} | {g['colocated']:.2f}x | "
             f"{fmt(g.get(COLOCATED_POISE_ENGINES))} | {g['poise']:.2f}x | "
-            f"{fmt(r['poise_vs_static_best'])} | {fmt(r['poise_vs_colocated'])} | "
+            f"{fmt(r['poise_vs_static_best'])} | {fmt(r['poise_vs_colocated'])} | {span} | "
             f"{fmt(r.get('poise_vs_best_on_poise_engines'))} | "
             f"{below if below else 'none'} | {ttft if ttft else 'none'} | "
             f"{c['max_flips_per_instance_5min']} | {fmt(c['sim_speed_at_goodput']).rstrip('x')} |")
@@ -286,6 +306,9 @@ def _write_summary_md(out: Path, rows: list[dict[str, object]]) -> None:
         "own in sustained.json): " + ", ".join(f"`{c}`" for c in commands) + "\n\n"
         f"Yardstick: {Yardstick().describe()}; goodput at {TARGET:.0%} attainment, 8 instances, "
         f"{BISECTIONS} bisections. Tuned on: {', '.join(TUNE)}; seen: {', '.join(SEEN)}; held out: {', '.join(w for w in HELD_OUT if w not in SEEN)}.\n\n"
+        f"A goodput is known to 1/{2 ** BISECTIONS} of the octave its search bracketed: the true one lies below the "
+        "first scale that failed. The bounds column is therefore Poise's goodput over the better stock baseline's "
+        "first failure, and Poise's first failure over that baseline's goodput.\n\n"
         + ("KV model: whole outputs reserved at admission (an oracle that knows each output's length), not "
            "SGLang's growth per token with retraction (the simulator's default).\n\n"
            if out.name == "sustained-whole" else
