@@ -260,9 +260,13 @@ class PlannerService(ElectedService):
             raise ValueError(f"role must be one of {', '.join(_ADMIN_ROLES)}")
         drain = float(args["drain_timeout_s"]) if args.get("drain_timeout_s") else None
         from_role: Role | None = None
-        with contextlib.suppress(*ETCD_ERRORS):  # only for the event; the sidecar knows its role anyway
-            info = await self.registry.get_instance(instance)
-            from_role = info.role if info is not None else None
+        with contextlib.suppress(*ETCD_ERRORS):  # etcd down: send anyway, the sidecar knows its role
+            registered, _ = await self.registry.list_instances()
+            if instance not in registered:  # a typo, or an instance gone: say so rather than wait on its subject
+                known = ", ".join(sorted(registered)) or "none"
+                return AdminReply(ok=False, message=f"no instance {instance!r} is registered (registered: {known}); "
+                                                    "nothing was sent", status=self.service_status())
+            from_role = registered[instance].role
         change = RoleChange(instance_id=instance, new_role=role, reason=args.get("reason") or default_reason)
         task = self.apply(change, source="admin", from_role=from_role, drain_timeout_s=drain)
         if task is None:

@@ -13,6 +13,7 @@ import time
 import uuid
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from services.monitor.config import MonitorSettings
@@ -25,7 +26,7 @@ from shared.bus import Bus
 from shared.devservers import EtcdServer, NatsServer
 from shared.policies import PoolDecision
 from shared.protocol import AdminCommand, AdminReply, ClusterSnapshot, Keys, PlannerEvent, Subjects
-from shared.registry import Registry
+from shared.registry import InstanceRegistration, Registry
 from shared.settings import load_settings
 from tests.integration.waiting import until
 
@@ -159,13 +160,23 @@ async def test_pause_resume_pools_flip_and_events(nats_server: NatsServer, etcd_
             assert done.duration_s is not None and 0 < done.duration_s < 30 and requested.duration_s is None
             assert done.ts_unix_s >= requested.ts_unix_s
 
-            # A flip the sidecar cannot do is reported as flip_failed.
+            # A flip of an id nobody registered is refused at once, naming the ids that are, and sends nothing.
             before = len(events)
-            reply = await ask("flip", timeout_s=60, instance="ghost", role="prefill")
+            reply = await ask("flip", instance="ghost", role="prefill")
+            assert not reply.ok and "no instance 'ghost' is registered (registered: p0)" in reply.message
+            # One that is registered but whose sidecar does not answer is reported as flip_failed.
+            p0 = await registry.get_instance("p0")
+            assert p0 is not None
+            ghost = InstanceRegistration(registry, ttl_s=5)
+            await ghost.register(msgspec.structs.replace(p0, instance_id="ghost"))
+            try:
+                reply = await ask("flip", timeout_s=60, instance="ghost", role="prefill")
+            finally:
+                await ghost.deregister()
             assert not reply.ok
             await _until(lambda: len(events) >= before + 2)
             assert [e.kind for e in events[before:before + 2]] == ["flip_requested", "flip_failed"]
-            assert events[before + 1].from_role is None and "no answer" in events[before + 1].message
+            assert events[before + 1].from_role == "decode" and "no answer" in events[before + 1].message
 
             # resume: decisions again, and one resumed event.
             reply = await ask("resume")
@@ -228,5 +239,9 @@ async def test_admin_cli_pools_flip_pause_and_events(nats_server: NatsServer, et
             assert code == 0 and "resumed" in out
             code, out, err = await _admin("flip", "d0", "--to", "colocated", nats_url=url, ns=ns)
             assert code == 2 and "invalid choice" in err  # argparse refuses before anything is sent
+            # An id nobody registered: refused at once, with the ids that are, and no flip event.
+            code, out, err = await _admin("flip", "d9", "--to", "prefill", nats_url=url, ns=ns)
+            assert code == 1 and "no instance 'd9' is registered (registered: d0)" in out + err, (out, err)
+            assert all(r["instance"] != "d9" for r in planner.recent)
     finally:
         await worker.stop()
