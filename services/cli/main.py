@@ -174,10 +174,12 @@ def cmd_up(argv: list[str]) -> int:
 
 def cmd_run(argv: list[str]) -> int:
     # The main job's defaults (a slice whose load shifts) and its split-over-time comparison: services/cli/run_job.py.
+    from services.cli.replay_job import select_workload
     from services.cli.run_job import MainJobSettings, run_main_job
 
     settings = parse_settings(MainJobSettings, argv, prog="poise run")
     check_slo_classes(settings)
+    select_workload(settings)  # a bad trace or slice is refused before the stack comes up
     try:
         stack = start_stack(settings)
     except KeyboardInterrupt:
@@ -214,8 +216,8 @@ def cmd_bench(argv: list[str]) -> int:
 class _SimFields(TraceSliceSettings):
     """The fields `SimSettings` and `GoodputSettings` share."""
 
-    duration_s: float | None = Field(None, description="Length of the slice in trace seconds (unset = the whole trace).")
-    rate_scale: float = Field(1.0, description="Request-rate multiplier; how it raises the load is --rate-mode's (default natural: this many times the trace's rate curve at the trace's clock).")
+    duration_s: float | None = Field(None, gt=0.0, description="Length of the slice in trace seconds (unset = the whole trace).")
+    rate_scale: float = Field(1.0, gt=0.0, description="Request-rate multiplier; how it raises the load is --rate-mode's (default natural: this many times the trace's rate curve at the trace's clock).")
     policy: str = Field("static-minload", description="Policy mix (loadgen/sim/baselines.py MIXES): poise, colocated, static-minload, static-rr, static-cache-aware, static-arrow, arrow, dopd, dopd-ratio, dynamo-load or dynamo-sla.")
     instances: int = Field(8, description="Number of instances (the GPU budget of the scaling mixes).")
     split: str | None = Field(None, description="P:D split of the disaggregated mixes, like 4P4D (default: even); the scaling mixes start from it.")
@@ -291,7 +293,7 @@ class GoodputSettings(_SimFields):
 
     model_config = settings_config("POISE_GOODPUT_")
 
-    duration_s: float | None = Field(None, description="Length of the slice in trace seconds (unset = the whole trace, the yardstick; Arrow used 10 minutes of Mooncake).")
+    duration_s: float | None = Field(None, gt=0.0, description="Length of the slice in trace seconds (unset = the whole trace, the yardstick; Arrow used 10 minutes of Mooncake).")
     bisections: int = Field(5, ge=0, description="Bisections between the last passing and the first failing scale (each halves the bracket).")
     probe_above: int = Field(1, ge=0, description="Scales tried past the first failure (x1.25 apart): a pass there flags the curve non-monotone.")
     policies: list[str] = Field(default_factory=lambda: ["colocated", "static-rr", "static-minload", "static-best",

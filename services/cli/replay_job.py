@@ -18,6 +18,7 @@ from loadgen.slo import SLO, SLOClasses, slo_for
 from loadgen.traces import load_trace
 from loadgen.workload import Workload
 from services.cli.stack import current_api_key
+from shared.errors import PoiseError
 from shared.settings import ServiceSettings
 
 
@@ -26,10 +27,10 @@ class TraceSliceSettings(ServiceSettings):
     simulator share."""
 
     trace: str = Field("azure-conv", description="Trace: azure-code, azure-conv, mooncake-conv, mooncake-synthetic, a stress-set workload (stress-step, stress-ramp, stress-bursts, stress-mix-shift, stress-diurnal; held out for evaluation, see loadgen/stress.py), or a path to an Azure CSV / Mooncake JSONL file.")
-    start_s: float = Field(0.0, description="Where the slice starts in the trace, in seconds.")
-    duration_s: float | None = Field(180.0, description="Length of the slice in trace seconds (unset = to the end).")
-    max_requests: int | None = Field(None, description="Stop the slice after this many requests.")
-    rate_scale: float = Field(1.0, description="Request-rate multiplier: timestamps are divided by it (Arrow's method).")
+    start_s: float = Field(0.0, ge=0.0, description="Where the slice starts in the trace, in seconds.")
+    duration_s: float | None = Field(180.0, gt=0.0, description="Length of the slice in trace seconds (unset = to the end).")
+    max_requests: int | None = Field(None, ge=1, description="Stop the slice after this many requests.")
+    rate_scale: float = Field(1.0, gt=0.0, description="Request-rate multiplier: timestamps are divided by it (Arrow's method).")
     out_dir: Path | None = Field(None, description="Report directory (default .poise/results/<run>-<timestamp>).")
 
 
@@ -42,7 +43,10 @@ class ReplaySettings(TraceSliceSettings):
 
 
 def select_workload(settings: TraceSliceSettings) -> Workload:
-    workload = load_trace(settings.trace)
+    try:
+        workload = load_trace(settings.trace)
+    except (FileNotFoundError, ValueError) as exc:  # an unknown name, or a file that is not a trace
+        raise PoiseError(str(exc)) from None
     if settings.start_s == 0 and settings.duration_s is None and settings.max_requests is None:
         # The whole trace as the benchmarks load it: a slice re-bases on its first request, which would shift
         # every arrival of a trace that does not start at 0 (the stress set) and so the natural rate mode's draws.

@@ -44,9 +44,9 @@ class MainJobSettings(RunSettings):
     what the simulator says a fixed split would have done), and shut down."""
 
     trace: str = Field(MAIN_JOB_TRACE, description="Trace: a stress-set workload (stress-mix-shift, the default: prompts grow from Azure conversation's to Azure code's at a constant rate, so the best P:D split moves; stress-step, stress-ramp, stress-bursts, stress-diurnal; loadgen/stress.py), azure-code, azure-conv, mooncake-conv, mooncake-synthetic, or a path to an Azure CSV / Mooncake JSONL file. Without --trace the slice is the main job's (--start-s 720 --duration-s 1080 --rate-scale 6); with it, the defaults below.")
-    start_s: float = Field(0.0, description="Where the slice starts in the trace, in trace seconds (without --trace: 720).")
-    duration_s: float | None = Field(180.0, description="Length of the slice in trace seconds (unset = to the end; without --trace: 1080).")
-    rate_scale: float = Field(1.0, description="Request-rate multiplier of this live replay (without --trace: 6): timestamps are divided by it (Arrow's method; the slice's trace seconds pass this many times faster, so a length mix shifts faster too). This is `poise sim --rate-mode compress`, not its natural mode; the report's simulated comparison uses compress to match.")
+    start_s: float = Field(0.0, ge=0.0, description="Where the slice starts in the trace, in trace seconds (without --trace: 720).")
+    duration_s: float | None = Field(180.0, gt=0.0, description="Length of the slice in trace seconds (unset = to the end; without --trace: 1080).")
+    rate_scale: float = Field(1.0, gt=0.0, description="Request-rate multiplier of this live replay (without --trace: 6): timestamps are divided by it (Arrow's method; the slice's trace seconds pass this many times faster, so a length mix shifts faster too). This is `poise sim --rate-mode compress`, not its natural mode; the report's simulated comparison uses compress to match.")
     compare: bool = Field(True, description="Record the live P:D split during the replay and simulate the same slice (the poise mix, that mix at the fixed starting split, static-minload at it) for the report's split.png and its comparison line; --no-compare skips both.")
 
     @model_validator(mode="before")
