@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from services.cli.admin_planner import ask_planner
 from shared.bus import Bus
-from shared.errors import BusTimeout
-from shared.protocol import AdminCommand, AdminReply, PlannerEvent, SnapshotReply, SnapshotRequest, Subjects
+from shared.errors import BusTimeout, PoiseError
+from shared.protocol import PlannerEvent, SnapshotReply, SnapshotRequest, Subjects
 
 if TYPE_CHECKING:
     from services.cli.stack import Stack
@@ -120,10 +121,9 @@ class SplitWatcher:
     @staticmethod
     async def _decision_latency(bus: Bus, subjects: Subjects) -> dict[str, Any] | None:
         try:
-            reply = await bus.request(subjects.admin("planner"), AdminCommand(verb="pools", args={}), AdminReply,
-                                      timeout_s=5.0)
-        except BusTimeout:
-            log.warning("the planner did not answer `pools`: no decision latency in the report")
+            reply = await ask_planner(bus, subjects, "pools", {}, timeout_s=5.0)
+        except PoiseError as exc:
+            log.warning("no decision latency in the report: %s", exc)
             return None
         if reply.status is None:
             return None
