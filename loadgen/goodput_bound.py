@@ -20,18 +20,20 @@ relaxes everything a real cluster must respect except the work itself and the de
   runs on one instance).
 - **Capacity.** ``instances`` GPUs give ``instances`` GPU-seconds per second. Cut the counted part of the
   run into windows: requests arriving in ``[a, a + w]``, with a horizon ``h = a + w + TTFT + slack``; the
-  next window opens at the first arrival at or after ``h``, so no two windows share GPU time. Of the requests arriving in a window, those that
-  meet their SLO must have their prompt done by ``h``, and all their work where their last-token deadline is
-  before ``h``; all of it runs after ``a`` (they had not arrived before). Where that due work exceeds
+  next window opens at the first arrival at or after ``h``, so no two windows share GPU time. Of the
+  requests arriving in a window, those that meet their SLO must have their prompt done by ``h``, and all
+  their work where their last-token deadline is before ``h``; all of it runs after ``a`` (they had not
+  arrived before). Where that due work exceeds
   ``instances * (h - a)``, at least the fewest requests whose due work covers the excess miss. The windows'
   misses add up; a window of the whole run is the average-load bound. Each cut gives a valid lower bound on
   the misses, so the largest over several window lengths and slacks is one too.
 
 ``1 - misses / counted`` bounds the attainment at a rate scale, and the largest scale whose bound reaches the
 target, with every lower scale tried, bounds the goodput (the same search and warm-up as the simulator's
-goodput, ``loadgen.sim.goodput``). Not a bound for engines with a prefix cache (a cached prefix costs no
-compute), nor for KV transfers, scheduling gaps, queueing or the KV capacity, which it leaves out: real
-policies land below it, and how far below is the bench's subject (``tests/bench/goodput_bound.py``).
+goodput, ``loadgen.sim.goodput``). It holds for engines without a prefix cache (a cached prefix costs no
+compute). What it leaves out, KV transfers, scheduling gaps, queueing within the TTFT target, the KV pool's
+limit on what runs at once, only costs a real cluster more: policies land below it, and how far below is
+the bench's subject (``tests/bench/goodput_bound.py``).
 """
 
 from __future__ import annotations
