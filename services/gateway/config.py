@@ -42,7 +42,8 @@ class GatewaySettings(SloPlanSettings, ControlPlaneSettings):
     slo_priority_class: list[str] = Field(default_factory=list, description="PRIORITY=CLASS: the class of a request whose integer 'priority' is PRIORITY (comma-separated pairs or repeated).")
     slo_model_class: list[str] = Field(default_factory=list, description="MODEL=CLASS: the default class of a model's requests.")
     slo_route_class: list[str] = Field(default_factory=list, description="ROUTE=CLASS: the default class of a route, completions (/v1/completions) or chat (/v1/chat/completions).")
-    slo_default_class: str | None = Field(None, description="The class of requests no other rule classifies; unset = no targets.")
+    slo_default_class: str | None = Field(None, description="The class of requests no other rule classifies; unset = slo_fallback decides.")
+    slo_fallback: bool = Field(True, description="Requests no rule classifies get the gateway's slo_ttft_s / slo_tpot_s (the SLO its dispatch plans for), so the engines order their prompts by deadline; false = no targets (best effort).")
     # -- DOPD's local prefill (shared/policies/local_prefill.py) -------------------------------------------
     local_prefill_max_tokens: int = Field(0, ge=0, description="Prompts up to this many tokens are prefilled on their decode engine, with no prefill engine or KV transfer (DOPD's ultra-short requests; the spec's L_us is 512). Only engine_sim decode engines can do it: requests for SGLang decode engines always take a prefill engine. 0 = off.")
     local_prefill_max_queue: int | None = Field(None, ge=1, description="Also prefill locally when the chosen prefill engine has this many requests queued or in flight (Dynamo's conditional-disaggregation queue rule; its default is 2). Unset = length rule only.")

@@ -9,7 +9,10 @@ from the class the later rules pick):
 3. ``priority`` (SGLang's integer field) through the gateway's priority -> class map;
 4. the model's default class, then the route's (``completions`` = /v1/completions, ``chat`` =
    /v1/chat/completions), then the gateway's default class;
-5. none: the request has no targets.
+5. the gateway's own SLO (``slo_ttft_s`` / ``slo_tpot_s``, what its dispatch and the planner plan for), with
+   no class name (``slo_fallback``, on by default): the engines then order every prompt by its deadline, as
+   the dispatcher placed it and as the simulator serves it. With ``slo_fallback`` off the request has no
+   targets (best effort: after every prompt with a deadline, in arrival order).
 
 ``slo`` and ``slo_class`` are removed from the body before it is forwarded (the gateway sends what it resolved
 as ``poise_slo``, see shared/protocol/request_slo.py); ``priority`` is forwarded unchanged to every engine.
@@ -59,7 +62,7 @@ class ResolvedSlo(msgspec.Struct, frozen=True, kw_only=True):
     slo_class: str | None = None
     ttft_s: float | None = None
     tpot_s: float | None = None
-    source: str = "none"  # slo | slo_class | priority | model | route | default: which rule picked the class
+    source: str = "none"  # slo | slo_class | priority | model | route | default | gateway: which rule picked it
 
     def request_slo(self, waited_s: float) -> RequestSlo:
         return RequestSlo(slo_class=self.slo_class, ttft_s=self.ttft_s, tpot_s=self.tpot_s,
@@ -95,6 +98,7 @@ class SloTable:
     by_model: dict[str, str] = field(default_factory=dict)
     by_route: dict[str, str] = field(default_factory=dict)  # "completions" | "chat"
     default_class: str | None = None
+    fallback: Targets = _NO_TARGETS  # rule 5: the targets of a request no other rule classifies
 
     def __post_init__(self) -> None:
         for what, mapping in (("priority", self.by_priority), ("model", self.by_model), ("route", self.by_route)):
@@ -110,7 +114,7 @@ class SloTable:
     @classmethod
     def build(cls, *, specs: Iterable[str] = (), preset: str | None = None, default_slo: Targets = _NO_TARGETS,
               priority: Iterable[str] = (), model: Iterable[str] = (), route: Iterable[str] = (),
-              default_class: str | None = None) -> SloTable:
+              default_class: str | None = None, fallback: bool = False) -> SloTable:
         """From the gateway's settings; ValueError with a readable message on bad input."""
         classes: dict[str, Targets] = {}
         if preset:
@@ -136,14 +140,16 @@ class SloTable:
                                  "chat (/v1/chat/completions)")
             by_route[ROUTES[key]] = name
         return cls(classes=classes, by_priority=by_priority, by_model=dict(_pairs(model, "SLO model class")),
-                   by_route=by_route, default_class=default_class or None)
+                   by_route=by_route, default_class=default_class or None,
+                   fallback=default_slo if fallback else _NO_TARGETS)
 
     @classmethod
     def from_settings(cls, settings: Any) -> SloTable:
         return cls.build(specs=settings.slo_class, preset=settings.slo_preset,
                          default_slo=Targets(settings.slo_ttft_s, settings.slo_tpot_s),
                          priority=settings.slo_priority_class, model=settings.slo_model_class,
-                         route=settings.slo_route_class, default_class=settings.slo_default_class)
+                         route=settings.slo_route_class, default_class=settings.slo_default_class,
+                         fallback=settings.slo_fallback)
 
     # -- per request -------------------------------------------------------------------------------
     def resolve(self, body: dict[str, Any], *, model: str, endpoint: str, priority: int | None) -> ResolvedSlo | None:
@@ -171,7 +177,9 @@ class SloTable:
             base, source = self.by_route[endpoint], "route"
         elif self.default_class is not None:
             base, source = self.default_class, "default"
-        targets = self.classes[base] if base is not None else _NO_TARGETS
+        targets = self.classes[base] if base is not None else self.fallback
+        if base is None and targets != _NO_TARGETS:
+            source = "gateway"
         if explicit is not None:
             source = "slo"
         resolved = ResolvedSlo(slo_class=label or base, ttft_s=targets.ttft_s if ttft is None else ttft,

@@ -55,6 +55,21 @@ def test_no_rule_means_no_targets_and_a_label_alone_is_kept() -> None:
         ResolvedSlo(slo_class="gold", ttft_s=1.0, source="slo")
 
 
+def test_an_unclassified_request_gets_the_gateways_own_slo_unless_the_fallback_is_off() -> None:
+    on = SloTable.build(default_slo=Targets(2.0, 0.15), fallback=True)
+    assert resolve({}, table=on) == ResolvedSlo(ttft_s=2.0, tpot_s=0.15, source="gateway")
+    assert resolve({"slo": {"ttft_s": 0.5}}, table=on) == ResolvedSlo(ttft_s=0.5, tpot_s=0.15, source="slo")
+    off = SloTable.build(default_slo=Targets(2.0, 0.15), fallback=False)
+    assert resolve({}, table=off) is None
+    # A configured default class still comes first.
+    assert resolve({}) == ResolvedSlo(slo_class="plain", ttft_s=2.0, tpot_s=0.15, source="default")
+    # From the settings: on by default, with the SLO the gateway plans for.
+    table = SloTable.from_settings(parse_settings(GatewaySettings, ["--slo-ttft-s", "3", "--slo-tpot-s", "0.1"]))
+    assert resolve({}, table=table) == ResolvedSlo(ttft_s=3.0, tpot_s=0.1, source="gateway")
+    no = SloTable.from_settings(parse_settings(GatewaySettings, ["--no-slo-fallback"]))
+    assert resolve({}, table=no) is None
+
+
 def test_extension_fields_are_stripped_and_priority_kept() -> None:
     body = {"slo": {"ttft_s": 1.0}, "slo_class": "batch", "priority": 2, "other": 1}
     resolve(body)
