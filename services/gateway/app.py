@@ -109,8 +109,9 @@ def create_app(service: GatewayService) -> GatewayApp:
                 raise APIError(503, "no engine is registered yet", type_="service_unavailable", code="no_capacity")
             raise model_not_found(parsed.model, served)
         if parsed.slo is not None:
-            known = parsed.slo.slo_class in service.slo_table.classes
-            service.metrics.slo_requests.labels(parsed.slo.slo_class if known else "(custom)", parsed.slo.source).inc()
+            name = parsed.slo.slo_class
+            label = name if name in service.slo_table.classes else "(none)" if name is None else "(custom)"
+            service.metrics.slo_requests.labels(label, parsed.slo.source).inc()
         flow = service.new_flow(parsed)
         service.metrics.inflight.inc()
         # Until a streaming response takes over (Starlette watches the connection then), a client that hangs

@@ -116,6 +116,11 @@ async def test_edf_lets_an_urgent_request_overtake_held_ones(registry, engines, 
         assert await held_gauge(client, url) == 0
         text = (await client.get(url + "/metrics")).text
         assert re.search(r"^poise_gateway_late_binding_wait_seconds_count 5\.0$", text, re.MULTILINE), text
+        # The long prompt named no SLO: it got the gateway's own, without a class; the others their own
+        # targets, three without a name and one with a name the gateway does not know.
+        by_rule = r'^poise_gateway_slo_class_requests_total\{slo_class="(.*)",source="(.*)"\} (\S+)$'
+        counts = {(c, src): float(n) for c, src, n in re.findall(by_rule, text, re.MULTILINE)}
+        assert counts == {("(none)", "gateway"): 1.0, ("(none)", "slo"): 3.0, ("(custom)", "slo"): 1.0}, counts
     for reg in regs:
         await reg.deregister()
 
