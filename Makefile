@@ -42,7 +42,7 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -q -m "not e2e" $(ARGS)
 
-## Benchmarks: gateway overhead and throughput, start-up time, simulator speed and fidelity, sustained goodput
+## Benchmarks: gateway overhead and throughput, start-up time, simulator speed and fidelity (also past capacity), sustained goodput
 ## of Poise against every fixed split and colocated (whole traces at natural time, the stress set) and against the
 ## work bound, the cost of a Poise decision, goodput of every mix on the papers' compressed slices, DOPD vs Dynamo, forecast latency, flips under traffic, FlowPrefill/late binding, Kairos, the ARES length
 ## predictor on SmolLM2 (CPU), ARES rescheduling in the simulator, the latency model against the committed H100
@@ -57,6 +57,7 @@ bench: setup predictor-setup
 	$(PY) -m tests.bench.planner_decision
 	$(PY) -m tests.bench.sim_goodput
 	$(PY) -m tests.bench.sim_fidelity
+	$(PY) -m tests.bench.knee_fidelity
 	$(PY) -m tests.bench.dopd_vs_dynamo
 	$(PY) -m tests.bench.forecast_latency
 	$(PY) -m tests.bench.flip_latency --policy-s 150 --flip-s 90
