@@ -3,9 +3,10 @@ engines and with Poise's.
 
 ``tests/bench/sim_fidelity.py`` compares latencies where both sides meet every SLO. Goodput is decided near
 the knee, where attainment falls: this replays Azure code 780-960 s at 2x (its 840-900 s burst outruns two
-prefill engines) through the dev stack (2P2D engine_sim, fixed roles, least-load dispatch) twice, with the
-engines' stock order (FCFS, chunked) and with Poise's (FlowPrefill's fewest-late order, operator-level
-preemption, whole prompts), and simulates each the same way (static-minload 2P2D with those engines). The
+prefill engines) through the dev stack (2P2D engine_sim) three times: fixed roles and least-load dispatch with
+the engines' stock order (FCFS, chunked), the same with Poise's (FlowPrefill's fewest-late order,
+operator-level preemption, whole prompts), and the whole Poise mix (its controller flips an instance during
+the burst); and simulates each the same way. The
 requests name no SLO class: the gateway gives them its own SLO (``slo_fallback``), as the simulator does.
 The bar is sim_fidelity's: attainment within 3 points, TTFT and TPOT percentiles within 10%.
 Writes ``tests/bench/results/knee_fidelity.{md,json}``.
@@ -32,12 +33,14 @@ from shared.policies import POISE_PREFILL_POLICY
 from tests.bench.sim_fidelity import METRICS, OUT, _cell, compare, misses
 
 TRACE, START_S, DURATION_S, RATE = "azure-code", 780.0, 180.0, 2.0
-#: (label, the stack's engine flags, the simulator's engine overrides)
-ENGINES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
-    ("stock (FCFS, chunked)", {}, {}),
-    ("Poise's (fewest-late, operator preemption)",
-     {"prefill_policy": POISE_PREFILL_POLICY, "preemption": "operator", "chunked_prefill_size": -1},
-     {"prefill_policy": POISE_PREFILL_POLICY, "preemption": "operator", "chunk_tokens": 0}),
+#: (label, the stack's settings, the simulated mix and its overrides)
+SETUPS: list[tuple[str, dict[str, Any], tuple[str, dict[str, Any]]]] = [
+    ("stock engines (FCFS, chunked), fixed roles, least-load", {"planner_policy": "static"}, ("static-minload", {})),
+    ("Poise's engines (fewest-late, operator preemption), fixed roles, least-load",
+     {"planner_policy": "static", "prefill_policy": POISE_PREFILL_POLICY, "preemption": "operator",
+      "chunked_prefill_size": -1},
+     ("static-minload", {"prefill_policy": POISE_PREFILL_POLICY, "preemption": "operator", "chunk_tokens": 0})),
+    ("the Poise mix (its controller, Arrow's dispatch, its engines)", {"planner_policy": "poise"}, ("poise", {})),
 ]
 
 
@@ -46,12 +49,12 @@ def main() -> None:
     model = LatencyModel(load_profile())
     workload, slo = load_trace(TRACE).slice(START_S, DURATION_S), slo_for(TRACE)
     rows: list[dict[str, Any]] = []
-    for label, flags, sim_engine in ENGINES:
+    for label, flags, (mix, overrides) in SETUPS:
         print(f"{label}: {len(workload.requests)} requests of {TRACE} {START_S:g}-{START_S + DURATION_S:g} s "
               f"at {RATE:g}x", file=sys.stderr)
         run = Path(".poise/bench") / f"knee-{time.strftime('%H%M%S')}"
-        stack = Stack(StackSettings(gateway_port=0, monitor_port=0, planner_policy="static", run_dir=run,
-                                    state_dir=run, slo_ttft_s=slo.ttft_s, slo_tpot_s=slo.tpot_s, **flags),
+        stack = Stack(StackSettings(gateway_port=0, monitor_port=0, run_dir=run, state_dir=run,
+                                    slo_ttft_s=slo.ttft_s, slo_tpot_s=slo.tpot_s, **flags),
                       progress=lambda line: print(line, file=sys.stderr))
         stack.start()
         try:
@@ -59,8 +62,8 @@ def main() -> None:
                                       rate_scale=RATE, api_key=stack.api_key))
         finally:
             stack.stop()
-        sim = simulate(workload, make_mix("static-minload", 4, "2P2D", **sim_engine), model, slo, rate_scale=RATE)
-        row = {"engines": label, "requests": live.summary.requests_total, "live_failed": live.summary.requests_failed,
+        sim = simulate(workload, make_mix(mix, 4, "2P2D", **overrides), model, slo, rate_scale=RATE)
+        row = {"setup": label, "requests": live.summary.requests_total, "live_failed": live.summary.requests_failed,
                **compare(live.summary, sim.summary)}
         row["outside_bar"] = misses(row)
         rows.append(row)
@@ -70,14 +73,14 @@ def main() -> None:
                                                          "rate_scale": RATE, "rows": rows}, indent=2))
     lines = ["# Simulator fidelity past capacity: one burst, live and simulated", "", f"Command: `{command}`", "",
              f"{TRACE} {START_S:g}-{START_S + DURATION_S:g} s at {RATE:g}x (timestamps divided), 2P2D engine_sim "
-             "(llama-3.1-8b-h100), fixed roles, least-load dispatch, against `poise sim` static-minload 2P2D with "
-             f"the same engines; SLO TTFT {slo.ttft_s:g} s, TPOT {slo.tpot_s:g} s. Error = (sim - live) / live; the "
+             "(llama-3.1-8b-h100) through the dev stack, against `poise sim` of the same mix from 2P2D (static-minload "
+             f"with the same engines, or poise); SLO TTFT {slo.ttft_s:g} s, TPOT {slo.tpot_s:g} s. Error = (sim - live) / live; the "
              "bar: 10% on each percentile, 3 points of attainment.", "",
-             "| engines | requests | attainment live / sim | TTFT p50 live/sim ms (err) | TTFT p90 | TPOT p50 | "
+             "| setup | requests | attainment live / sim | TTFT p50 live/sim ms (err) | TTFT p90 | TPOT p50 | "
              "TPOT p90 | outside the bar |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         a = r["attainment"]
-        lines.append(f"| {r['engines']} | {r['requests']} | {a['live'] * 100:.1f}% / {a['sim'] * 100:.1f}% | "
+        lines.append(f"| {r['setup']} | {r['requests']} | {a['live'] * 100:.1f}% / {a['sim'] * 100:.1f}% | "
                      + " | ".join(_cell(r[m]) for m in METRICS)
                      + f" | {'; '.join(r['outside_bar']) or 'nothing'} |")
     (OUT / "knee_fidelity.md").write_text("\n".join(lines) + "\n")
