@@ -14,7 +14,6 @@ Writes ``tests/bench/results/knee_fidelity.{md,json}``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shlex
 import sys
@@ -22,7 +21,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from loadgen.replay import replay
 from loadgen.sim.baselines import make_mix
 from loadgen.sim.run import simulate
 from loadgen.slo import slo_for
@@ -30,7 +28,7 @@ from loadgen.traces import load_trace
 from services.cli.stack import Stack, StackSettings
 from shared.latency import LatencyModel, load_profile
 from shared.policies import POISE_PREFILL_POLICY
-from tests.bench.sim_fidelity import METRICS, OUT, _cell, compare, misses
+from tests.bench.sim_fidelity import METRICS, OUT, compare, error_cell, misses, replay_through
 
 TRACE, START_S, DURATION_S, RATE = "azure-code", 780.0, 180.0, 2.0
 #: (label, the stack's settings, the simulated mix and its overrides)
@@ -58,8 +56,7 @@ def main() -> None:
                       progress=lambda line: print(line, file=sys.stderr))
         stack.start()
         try:
-            live = asyncio.run(replay(workload, stack.gateway_url, model=stack.settings.model, slo=slo,
-                                      rate_scale=RATE, api_key=stack.api_key))
+            live = replay_through(stack, workload, slo, RATE)
         finally:
             stack.stop()
         sim = simulate(workload, make_mix(mix, 4, "2P2D", **overrides), model, slo, rate_scale=RATE)
@@ -81,7 +78,7 @@ def main() -> None:
     for r in rows:
         a = r["attainment"]
         lines.append(f"| {r['setup']} | {r['requests']} | {a['live'] * 100:.1f}% / {a['sim'] * 100:.1f}% | "
-                     + " | ".join(_cell(r[m]) for m in METRICS)
+                     + " | ".join(error_cell(r[m]) for m in METRICS)
                      + f" | {'; '.join(r['outside_bar']) or 'nothing'} |")
     (OUT / "knee_fidelity.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -136,7 +136,8 @@ def flush_caches(stack: Stack) -> None:
                 print(f"flush_cache on {instance_id}: {r.status_code} {r.text[:100]}", file=sys.stderr)
 
 
-def _replay(stack: Stack, workload: Workload, slo: SLO, rate: float = 1.0) -> ReplayResult:
+def replay_through(stack: Stack, workload: Workload, slo: SLO, rate: float = 1.0) -> ReplayResult:
+    """Replay ``workload`` through ``stack``'s gateway at ``rate`` times its rate (timestamps divided)."""
     return asyncio.run(replay(workload, stack.gateway_url, model=stack.settings.model, slo=slo, rate_scale=rate,
                               api_key=stack.api_key))
 
@@ -144,13 +145,13 @@ def _replay(stack: Stack, workload: Workload, slo: SLO, rate: float = 1.0) -> Re
 def calibrate(stack: Stack, model: LatencyModel) -> None:
     """``--calibrate``: live minus bare-model TTFT per request on the calibration slice (what overhead.py holds)."""
     workload, slo = load_trace("azure-conv").slice(0.0, 120.0), slo_for("azure-conv")
-    deltas = first_token_deltas(_replay(stack, workload, slo).records,
+    deltas = first_token_deltas(replay_through(stack, workload, slo).records,
                                 simulate_mix(workload, model, slo, delay=HANDSHAKE_ONLY).records)
     p10, p50, p90 = (percentile(deltas, q) * 1e3 for q in (10, 50, 90))
     print(f"first-token delay over {len(deltas)} requests: p10 {p10:.1f} ms, p50 {p50:.1f} ms, p90 {p90:.1f} ms")
 
 
-def _cell(c: dict[str, Any]) -> str:
+def error_cell(c: dict[str, Any]) -> str:
     return f"{c['live_ms']:.1f} / {c['sim_ms']:.1f} ({c['error_pct']:+.1f}%)"
 
 
@@ -191,7 +192,7 @@ def main() -> None:
             print(f"{trace} {start:g}-{start + duration:g}s: {len(workload.requests)} requests", file=sys.stderr)
             flush_caches(stack)
             before = prefill_cache_counters(stack)
-            live = _replay(stack, workload, slo, rate)
+            live = replay_through(stack, workload, slo, rate)
             after = prefill_cache_counters(stack)
             live_prompt, live_cached = after[0] - before[0], after[1] - before[1]
             load.append(os.getloadavg()[0])
@@ -230,7 +231,7 @@ def main() -> None:
     for r in rows:
         a = r["attainment"]
         lines.append(f"| {r['trace']} | {r['slice_s'][0]:g}-{r['slice_s'][1]:g} | {r['rate_scale']:g} | {r['role']} | "
-                     f"{r['requests']} | " + " | ".join(_cell(r[m]) for m in METRICS)
+                     f"{r['requests']} | " + " | ".join(error_cell(r[m]) for m in METRICS)
                      + f" | {a['live'] * 100:.1f}% / {a['sim'] * 100:.1f}% | {'yes' if r['within_bar'] else 'no'} "
                      f"| {r['loadavg_1m']:.1f} | {r['prefix_hit_rate']['live']:.1%} / {r['prefix_hit_rate']['sim']:.1%} |")
     lines += ["", f"The same, with the first-token delay measured on this run's calibration slice (median "
@@ -240,7 +241,7 @@ def main() -> None:
     for r in rows:
         h = r["host_delay"]
         lines.append(f"| {r['trace']} | {r['slice_s'][0]:g}-{r['slice_s'][1]:g} | {r['rate_scale']:g} | "
-                     f"{_cell(h['ttft_p50_s'])} | {_cell(h['ttft_p90_s'])} | {'yes' if h['within_bar'] else 'no'} |")
+                     f"{error_cell(h['ttft_p50_s'])} | {error_cell(h['ttft_p90_s'])} | {'yes' if h['within_bar'] else 'no'} |")
     (OUT / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
