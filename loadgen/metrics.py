@@ -105,7 +105,7 @@ class Summary(msgspec.Struct, frozen=True):
     per_class: dict[str, ClassSummary] = {}
 
 
-def _hits(records: Sequence[RequestRecord], slo_of: Callable[[RequestRecord], SLO]) -> tuple[int, int, int]:
+def slo_hits(records: Sequence[RequestRecord], slo_of: Callable[[RequestRecord], SLO]) -> tuple[int, int, int]:
     """(TTFT hits, TPOT hits, both) among successful ``records``, each judged against ``slo_of(record)``."""
     ttft_hits = tpot_hits = both_hits = 0
     for r in records:
@@ -125,7 +125,7 @@ def _class_summary(records: Sequence[RequestRecord], slo: SLO) -> ClassSummary:
     ok = [r for r in records if r.ok]
     ttfts = [t for t in (r.ttft_s for r in ok) if t is not None]
     tpots = [r.tpot_s for r in ok]
-    ttft_hits, tpot_hits, both_hits = _hits(records, lambda _: slo)
+    ttft_hits, tpot_hits, both_hits = slo_hits(records, lambda _: slo)
     total = len(records)
     return ClassSummary(
         requests=total,
@@ -174,10 +174,10 @@ def summarize(
     tpots = [r.tpot_s for r in ok]
     e2es = [r.e2e_s for r in ok]
     if classes is None:
-        ttft_hits, tpot_hits, both_hits = _hits(records, lambda _: slo)
+        ttft_hits, tpot_hits, both_hits = slo_hits(records, lambda _: slo)
     else:
         class_slos = {c.name: c.slo for c in classes.classes}
-        ttft_hits, tpot_hits, both_hits = _hits(
+        ttft_hits, tpot_hits, both_hits = slo_hits(
             records, lambda r: slo if r.slo_class is None else class_slos[r.slo_class]
         )
     output_tokens = sum(r.output_tokens_received for r in ok)

@@ -41,12 +41,12 @@ import json
 import shlex
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
-from loadgen.sim.baselines import POISE_ENGINE, make_mix
+from loadgen.sim.baselines import POISE_ENGINE, PolicyMix, make_mix
 from loadgen.sim.goodput import CurvePoint, GoodputResult, Yardstick, curve_point, search_goodput
 from loadgen.sim.goodput_report import write_goodput_report
 from loadgen.slo import SLO, slo_for
@@ -79,22 +79,26 @@ COLOCATED_POISE_ENGINES = "colocated" + ON_POISE_ENGINES
 BEST_ON_POISE_ENGINES = "static-best" + ON_POISE_ENGINES  # for --policies: whichever split was best
 
 
-def _task(workload: str, policy: str, decode_kv: str | None = None) -> GoodputResult:
-    """One goodput search: ``static-<split>`` or ``colocated``, either on Poise's engines with
-    ``+poise-engines``, or ``poise`` (starting at 4P4D)."""
-    w = load_trace(workload)
-    slo = slo_for(workload)
+def mix_builder(policy: str, decode_kv: str | None = None) -> Callable[[], PolicyMix]:
+    """The mix this bench names ``policy``: ``static-<split>`` (least-load dispatch) or ``colocated``, either
+    on Poise's engines with ``+poise-engines``, or ``poise`` (starting at 4P4D)."""
     base, on_poise_engines = policy.removesuffix(ON_POISE_ENGINES), policy.endswith(ON_POISE_ENGINES)
     engines = functools.partial(make_mix, decode_kv=decode_kv)
     if on_poise_engines:
         engines = functools.partial(engines, prefill_policy=POISE_ENGINE.prefill_policy,
                                     preemption=POISE_ENGINE.preemption, chunk_tokens=POISE_ENGINE.chunk_tokens)
     if base.startswith("static-"):
-        build = functools.partial(engines, "static-minload", INSTANCES, base.removeprefix("static-"))
-    elif base == "colocated":
-        build = functools.partial(engines, "colocated", INSTANCES)
-    else:
-        build = functools.partial(make_mix, policy, INSTANCES, START, decode_kv=decode_kv)
+        return functools.partial(engines, "static-minload", INSTANCES, base.removeprefix("static-"))
+    if base == "colocated":
+        return functools.partial(engines, "colocated", INSTANCES)
+    return functools.partial(make_mix, policy, INSTANCES, START, decode_kv=decode_kv)
+
+
+def _task(workload: str, policy: str, decode_kv: str | None = None) -> GoodputResult:
+    """One goodput search of :func:`mix_builder`'s ``policy``."""
+    w = load_trace(workload)
+    slo = slo_for(workload)
+    build = mix_builder(policy, decode_kv)
     t0 = time.monotonic()
     result = search_goodput(w, build, MODEL, slo, target=TARGET, bisections=BISECTIONS, probe_above=1)
     result.policy = policy
