@@ -13,7 +13,12 @@ Poise runs at the same rates, so its attainment sits beside the oracle's. The ya
 bench's (whole trace, natural time, first 120 s not counted, 90% target, 8 instances); the rates come from
 ``tests/bench/results/sustained/sustained.json``, so run that bench first.
 
-Writes ``tests/bench/results/switching_oracle.{md,json,png}``. ``--workloads a,b`` runs some workloads and
+The configurations are the sustained bench's baselines on Poise's engines (least-load dispatch); with
+``--data-plane`` they run the rest of Poise's data plane too (Arrow's dispatch and DOPD's local prefill), so
+the oracle chooses among exactly what Poise's controller chooses among.
+
+Writes ``tests/bench/results/switching_oracle.{md,json,png}`` (``switching_oracle_data_plane.*`` with
+``--data-plane``). ``--workloads a,b`` runs some workloads and
 replaces their rows (each row keeps its command); ``--jobs N`` runs N simulations at once; ``--summarize``
 rebuilds the table and plot from the JSON.
 """
@@ -21,6 +26,7 @@ rebuilds the table and plot from the JSON.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shlex
 import sys
@@ -29,14 +35,18 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
+from loadgen.sim.baselines import PolicyMix, make_mix
 from loadgen.sim.goodput import Yardstick
 from loadgen.sim.run import simulate
 from loadgen.slo import slo_for
 from loadgen.switching_oracle import WindowCount, grid_goodput, rate_grid, switching_oracle, window_hits
 from loadgen.traces import load_trace
+from shared.policies.arrow import ArrowDispatch
+from shared.protocol.messages import Role
 from tests.bench.sustained import (
     COLOCATED_POISE_ENGINES,
     HELD_OUT,
+    INSTANCES,
     MODEL,
     ON_POISE_ENGINES,
     SEEN,
@@ -49,10 +59,29 @@ from tests.bench.sustained import (
 OUT = Path("tests/bench/results")
 SUSTAINED = OUT / "sustained" / "sustained.json"
 CONFIGS = [f"static-{s}{ON_POISE_ENGINES}" for s in SPLITS] + [COLOCATED_POISE_ENGINES]
+# The same configurations with the rest of Poise's data plane too (--data-plane): Arrow's dispatch and DOPD's
+# local prefill, which the sustained bench's baselines on Poise's engines leave at least-load.
+DATA_PLANE = "+poise-data-plane"
+DATA_PLANE_CONFIGS = [f"static-{s}{DATA_PLANE}" for s in SPLITS] + [f"colocated{DATA_PLANE}"]
 GOAL = 1.3
 FINE_S = 60.0  # the windows are kept at this grain; the 300-s oracle adds five of them up
 WINDOWS_S = (300.0, 60.0)
 POINTS = 3
+
+
+def data_plane_mix(config: str) -> PolicyMix:
+    """Poise's data plane at one fixed configuration (``static-<split>`` or ``colocated``, with the
+    :data:`DATA_PLANE` suffix): its engines, Arrow's SLO-aware dispatch and DOPD's local prefill, as the
+    ``poise`` mix runs them, without the controller."""
+    base = config.removesuffix(DATA_PLANE)
+    poise = make_mix("poise", INSTANCES, None if base == "colocated" else base.removeprefix("static-"))
+    roles: list[Role] = ["null"] * INSTANCES if base == "colocated" else poise.roles
+    return dataclasses.replace(poise, name=config, roles=roles, description=f"{base}, Poise's data plane, no controller",
+                               bind=lambda model, ctx: {"dispatch": ArrowDispatch(model, ctx)})
+
+
+def _mix(policy: str) -> PolicyMix:
+    return data_plane_mix(policy) if policy.endswith(DATA_PLANE) else mix_builder(policy)()
 
 
 def _run(workload: str, policy: str, scale: float) -> tuple[str, str, float, list[WindowCount], float, float]:
@@ -62,7 +91,7 @@ def _run(workload: str, policy: str, scale: float) -> tuple[str, str, float, lis
     y = Yardstick()
     warmup = y.warmup_for(w, scale)
     t0 = time.monotonic()
-    result = simulate(w, mix_builder(policy)(), MODEL, slo, rate_scale=scale, rate_mode=y.rate_mode,
+    result = simulate(w, _mix(policy), MODEL, slo, rate_scale=scale, rate_mode=y.rate_mode,
                       warmup_s=warmup, seed=y.seed)
     counts = window_hits(result.records, slo, warmup, FINE_S)
     return workload, policy, scale, counts, result.summary.slo_attainment, time.monotonic() - t0
@@ -91,7 +120,7 @@ def analyse(row: dict[str, Any]) -> dict[str, Any]:
     per_rate = []
     curves: dict[str, dict[float, float]] = {"poise": {}, "best fixed": {}}
     for scale in sorted(runs, key=float):
-        configs = {c: runs[scale][c] for c in CONFIGS}
+        configs = {c: runs[scale][c] for c in row.get("configs", CONFIGS)}
         entry: dict[str, Any] = {"rate_scale": float(scale), "poise": attain[scale]["poise"]}
         for window in WINDOWS_S:
             oracle = switching_oracle({c: _coarsen(v, int(window // FINE_S)) for c, v in configs.items()})
@@ -100,7 +129,7 @@ def analyse(row: dict[str, Any]) -> dict[str, Any]:
             curves.setdefault(f"oracle, {window:g}-s windows", {})[float(scale)] = oracle.attainment
             if window == WINDOWS_S[0]:
                 entry["schedule_300s"] = oracle.schedule
-                entry["best_fixed"] = oracle.best_fixed.removesuffix(ON_POISE_ENGINES)
+                entry["best_fixed"] = oracle.best_fixed.removesuffix(ON_POISE_ENGINES).removesuffix(DATA_PLANE)
                 entry["best_fixed_attainment"] = oracle.best_fixed_attainment
                 curves["best fixed"][float(scale)] = oracle.best_fixed_attainment
         curves["poise"][float(scale)] = attain[scale]["poise"]
@@ -112,13 +141,13 @@ def analyse(row: dict[str, Any]) -> dict[str, Any]:
                                                                        for k, v in curves.items()}}
 
 
-def run_workloads(workloads: list[str], jobs: int) -> dict[str, dict[str, Any]]:
+def run_workloads(workloads: list[str], jobs: int, configs: list[str]) -> dict[str, dict[str, Any]]:
     plans: dict[str, dict[str, Any]] = {}
     for workload in workloads:
         poise, stock, goal = _targets(workload)
         plans[workload] = {"poise_goodput": poise, "better_stock_goodput": stock, "goal_scale": goal,
                            "scales": rate_grid(poise, goal, POINTS)}
-    tasks = [(w, p, s) for w, plan in plans.items() for s in plan["scales"] for p in [*CONFIGS, "poise"]]
+    tasks = [(w, p, s) for w, plan in plans.items() for s in plan["scales"] for p in [*configs, "poise"]]
     runs: dict[str, dict[str, dict[str, list[WindowCount]]]] = {w: {} for w in workloads}
     attain: dict[str, dict[str, dict[str, float]]] = {w: {} for w in workloads}
     t0 = time.monotonic()
@@ -133,7 +162,8 @@ def run_workloads(workloads: list[str], jobs: int) -> dict[str, dict[str, Any]]:
     command = "python -m " + " ".join(["tests.bench.switching_oracle", *map(shlex.quote, sys.argv[1:])])
     rows = {}
     for workload, plan in plans.items():
-        row = {"workload": workload, **plan, "runs": runs[workload], "attainment": attain[workload], "command": command}
+        row = {"workload": workload, **plan, "configs": configs, "runs": runs[workload], "attainment": attain[workload],
+               "command": command}
         rows[workload] = {**row, **analyse(row)}
     return rows
 
@@ -142,15 +172,17 @@ def _pct(x: float) -> str:
     return f"{x:.1%}"
 
 
-def write_report(rows: dict[str, dict[str, Any]]) -> None:
+def write_report(rows: dict[str, dict[str, Any]], stem: str, data_plane: bool) -> None:
     order = [w for w in [*TUNE, *HELD_OUT] if w in rows]
+    where = ("Poise's data plane (its engines, Arrow's dispatch, DOPD's local prefill)" if data_plane
+             else "Poise's engines (least-load dispatch, as the sustained bench's baselines)")
     commands = sorted({str(rows[w]["command"]) for w in order})
     lines = [
         "# The switching oracle: what a P:D controller could reach with hindsight",
         "",
         "Commands (each row's own is in switching_oracle.json): " + ", ".join(f"`{c}`" for c in commands),
         "",
-        "Every fixed split and colocated serving, all on Poise's engines, simulated at the same rates as Poise "
+        f"Every fixed split and colocated serving, all on {where}, simulated at the same rates as Poise "
         "on the sustained yardstick (whole trace, natural time, first 120 s not counted, 90% target, 8 "
         "instances); the switching oracle takes, in each window of the run, the configuration that met the most "
         "SLOs there (loadgen/switching_oracle.py: free switches, hindsight, each configuration's window as it "
@@ -158,7 +190,7 @@ def write_report(rows: dict[str, dict[str, Any]]) -> None:
         "Poise's sustained goodput to 1.3x the better stock baseline's (the issue's goal), evenly on a log "
         "scale; a goodput here is the highest of these rates at which the curve and every lower one hold 90%.",
         "",
-        "| workload | set | better stock baseline | 1.3x of it | rate | poise | best fixed on Poise's engines | "
+        "| workload | set | better stock baseline | 1.3x of it | rate | poise | best fixed | "
         "oracle, 300-s windows (switches) | oracle, 60-s windows (switches) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -172,7 +204,7 @@ def write_report(rows: dict[str, dict[str, Any]]) -> None:
                          f"({e['best_fixed']}) | {_pct(e['oracle_300s'])} ({e['switches_300s']}) | "
                          f"{_pct(e['oracle_60s'])} ({e['switches_60s']}) |")
     lines += ["", "Goodput on each row's rates (highest rate where it and every lower one hold 90%; 0 = none):", "",
-              "| workload | poise | best fixed on Poise's engines | oracle, 300-s windows | oracle, 60-s windows | "
+              "| workload | poise | best fixed | oracle, 300-s windows | oracle, 60-s windows | "
               "1.3x the better stock baseline | oracle reaches it | oracle's attainment over Poise's, most at any "
               "rate (300 s / 60 s) |", "|---|---|---|---|---|---|---|---|"]
     for w in order:
@@ -187,13 +219,13 @@ def write_report(rows: dict[str, dict[str, Any]]) -> None:
               "failure between two of them (the natural-time draws differ by rate, so attainment moves by about a "
               "point from one rate to the next). Compare the curves rate by rate. The oracle's 300-s schedule at "
               "each rate is in the JSON (`per_rate[].schedule_300s`).", ""]
-    (OUT / "switching_oracle.md").write_text("\n".join(lines))
+    (OUT / f"{stem}.md").write_text("\n".join(lines))
     panels = [(w, {name: {float(s): a for s, a in curve.items()} for name, curve in rows[w]["curves"].items()},
                float(rows[w]["goal_scale"])) for w in order]
-    _plot(OUT / "switching_oracle.png", panels)
+    _plot(OUT / f"{stem}.png", panels, where)
 
 
-def _plot(path: Path, panels: list[tuple[str, dict[str, dict[float, float]], float]]) -> None:
+def _plot(path: Path, panels: list[tuple[str, dict[str, dict[float, float]], float]], where: str) -> None:
     """Attainment against rate per workload: Poise, the best fixed configuration and the oracles."""
     import matplotlib
 
@@ -219,8 +251,8 @@ def _plot(path: Path, panels: list[tuple[str, dict[str, dict[float, float]], flo
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=8)
-    fig.suptitle("Could a controller switching among fixed configurations (Poise's engines) reach 1.3x?", fontsize=10)
-    fig.tight_layout()
+    fig.suptitle(f"Could a controller switching among fixed configurations reach 1.3x?\n{where}", fontsize=10)
+    fig.tight_layout(rect=(0.0, 0.0, 1.0, 0.97))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -230,18 +262,21 @@ def main() -> None:
     parser.add_argument("--workloads", default=",".join(TUNE + ["stress-step", "stress-diurnal"]),
                         help="comma-separated; default: the tune set and the two held-out workloads")
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--data-plane", action="store_true",
+                        help="configurations with Poise's dispatch and local prefill too (-> switching_oracle_data_plane.*)")
     parser.add_argument("--summarize", action="store_true", help="rebuild the table and plot from the JSON")
     args = parser.parse_args()
-    path = OUT / "switching_oracle.json"
+    stem = "switching_oracle_data_plane" if args.data_plane else "switching_oracle"
+    path = OUT / f"{stem}.json"
     rows: dict[str, dict[str, Any]] = json.loads(path.read_text()) if path.exists() else {}
     if not args.summarize:
         workloads = [w for w in args.workloads.split(",") if w]
-        rows.update(run_workloads(workloads, args.jobs))
-        path.write_text(json.dumps(rows, indent=1))
+        rows.update(run_workloads(workloads, args.jobs, DATA_PLANE_CONFIGS if args.data_plane else CONFIGS))
+        path.write_text(json.dumps(rows))  # compact: per-minute counts of every run
     else:
         rows = {w: {**row, **analyse(row)} for w, row in rows.items()}
-    write_report(rows)
-    print((OUT / "switching_oracle.md").read_text())
+    write_report(rows, stem, args.data_plane)
+    print((OUT / f"{stem}.md").read_text())
 
 
 if __name__ == "__main__":
