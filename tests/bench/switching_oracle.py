@@ -268,6 +268,8 @@ def main() -> None:
     args = parser.parse_args()
     stem = "switching_oracle_data_plane" if args.data_plane else "switching_oracle"
     path = OUT / f"{stem}.json"
+    if args.summarize and not path.exists():
+        raise SystemExit(f"{path} does not exist: run the bench first (without --summarize)")
     rows: dict[str, dict[str, Any]] = json.loads(path.read_text()) if path.exists() else {}
     if not args.summarize:
         workloads = [w for w in args.workloads.split(",") if w]
