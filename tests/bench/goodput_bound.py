@@ -26,14 +26,11 @@ from pathlib import Path
 from loadgen.goodput_bound import goodput_bound, throughput_bound
 from loadgen.slo import slo_for
 from loadgen.traces import load_trace
-from tests.bench.sustained import BISECTIONS, INSTANCES, MODEL, OUT, SPLITS
-
-SUSTAINED = OUT / "sustained" / "sustained.json"
-GOAL = 1.3
+from tests.bench.sustained import BISECTIONS, GOAL, INSTANCES, MODEL, OUT, SUMMARY, better_stock_goodput
 
 
 def main() -> None:
-    rows_in = json.loads(SUSTAINED.read_text())["rows"]
+    rows_in = json.loads(SUMMARY.read_text())["rows"]
     command = shlex.join(["python", "-m", "tests.bench.goodput_bound", *sys.argv[1:]])
     rows = []
     t0 = time.monotonic()
@@ -43,8 +40,7 @@ def main() -> None:
         w = load_trace(workload)
         slo = slo_for(workload)
         g = r["goodput"]
-        best = max(g[f"static-{s}"] for s in SPLITS)
-        stock = max(best, g["colocated"])
+        stock = better_stock_goodput(g)
         found = goodput_bound(w, MODEL, slo, INSTANCES, bisections=BISECTIONS)
         rows.append({
             "workload": workload, "set": r["set"], "poise": g["poise"], "better_stock": stock,
@@ -63,7 +59,7 @@ def main() -> None:
 def _table(rows: list[dict[str, object]], command: str) -> str:
     lines = [
         "# How far from the ceiling: Poise's sustained goodput against the work bound", "",
-        f"Command: `{command}` (goodputs from `{SUSTAINED}`, its own commands). Bounds from "
+        f"Command: `{command}` (goodputs from `{SUMMARY}`, its own commands). Bounds from "
         "`loadgen/goodput_bound.py`: the throughput bound is the scale past which 8 GPUs cannot do every "
         "request's work on the latency model, SLOs aside; the goodput bound the scale past which no policy can "
         "meet the SLOs of 90% of the requests, giving up the costliest first and packing the rest perfectly. "

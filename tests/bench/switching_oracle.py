@@ -45,25 +45,26 @@ from shared.policies.arrow import ArrowDispatch
 from shared.protocol.messages import Role
 from tests.bench.sustained import (
     COLOCATED_POISE_ENGINES,
+    GOAL,
     HELD_OUT,
     INSTANCES,
     MODEL,
     ON_POISE_ENGINES,
+    OUT,
     SEEN,
     SPLITS,
+    SUMMARY,
     TARGET,
     TUNE,
+    better_stock_goodput,
     mix_builder,
 )
 
-OUT = Path("tests/bench/results")
-SUSTAINED = OUT / "sustained" / "sustained.json"
 CONFIGS = [f"static-{s}{ON_POISE_ENGINES}" for s in SPLITS] + [COLOCATED_POISE_ENGINES]
 # The same configurations with the rest of Poise's data plane too (--data-plane): Arrow's dispatch and DOPD's
 # local prefill, which the sustained bench's baselines on Poise's engines leave at least-load.
 DATA_PLANE = "+poise-data-plane"
 DATA_PLANE_CONFIGS = [f"static-{s}{DATA_PLANE}" for s in SPLITS] + [f"colocated{DATA_PLANE}"]
-GOAL = 1.3
 FINE_S = 60.0  # the windows are kept at this grain; the 300-s oracle adds five of them up
 WINDOWS_S = (300.0, 60.0)
 POINTS = 3
@@ -103,13 +104,12 @@ def _coarsen(counts: list[WindowCount], k: int) -> list[WindowCount]:
 
 def _targets(workload: str) -> tuple[float, float, float]:
     """(Poise's goodput, the better stock baseline's, the rate 1.3x above it) from the sustained summary."""
-    rows = {r["workload"]: r for r in json.loads(SUSTAINED.read_text())["rows"]}
+    rows = {r["workload"]: r for r in json.loads(SUMMARY.read_text())["rows"]}
     if workload not in rows:
-        raise SystemExit(f"{workload}: no row in {SUSTAINED}; run `python -m tests.bench.sustained --workloads "
+        raise SystemExit(f"{workload}: no row in {SUMMARY}; run `python -m tests.bench.sustained --workloads "
                          f"{workload}` first")
     goodput = rows[workload]["goodput"]
-    stock = max(max(v for k, v in goodput.items() if k.startswith("static-") and ON_POISE_ENGINES not in k),
-                goodput["colocated"])
+    stock = better_stock_goodput(goodput)
     return goodput["poise"], stock, GOAL * stock
 
 
