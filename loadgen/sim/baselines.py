@@ -46,6 +46,7 @@ from shared.policies import (
     make_length_predictor,
     make_migration_policy,
 )
+from shared.policies.admission import EarlyRejectionParams
 from shared.policies.cache_aware import CacheAware
 from shared.policies.local_prefill import LocalPrefillParams
 from shared.policies.migration_cost import DEFAULT_MECHANISM, MIGRATION_MECHANISMS, make_migration_mechanism
@@ -68,6 +69,8 @@ class PolicyMix:
     max_instances: int | None = None  # the GPU budget; None = len(roles)
     # DOPD's local prefill of ultra-short prompts on the decode instances (shared.policies.local_prefill)
     local_prefill: LocalPrefillParams | None = None
+    # Refuse requests the decode side cannot start within their TTFT target (shared.policies.admission)
+    early_rejection: EarlyRejectionParams | None = None
     # SLO-aware policies need the engines' latency model and the SLO, which the simulator knows: it calls
     # ``bind(model, ctx)`` and replaces the fields it returns (e.g. ``{"dispatch": ArrowDispatch(...)}``).
     bind: Callable[[LatencyModel, PolicyContext], dict[str, Any]] | None = None
@@ -184,7 +187,9 @@ def _poise(instances: int, split: str | None) -> PolicyMix:
                      f"flips one at a time towards a clearly better split or restarts the cluster into colocated "
                      f"serving; Arrow's SLO-aware dispatch; "
                      f"prompts <= {DOPD_LOCAL_PREFILL.max_local_prefill_tokens} tokens prefilled on decode; "
+                     f"early rejection when the decode side cannot start a request in time; "
                      f"engines: {POISE_ENGINE.describe()}", engine=POISE_ENGINE, local_prefill=DOPD_LOCAL_PREFILL,
+                     early_rejection=EarlyRejectionParams(),
                      bind=lambda model, ctx: {"dispatch": ArrowDispatch(model, ctx), "pools": PoisePools(model, ctx)})
 
 
@@ -225,13 +230,15 @@ def make_mix(name: str, instances: int, split: str | None = None, *, prefill_pol
              late_binding: str | None = None, late_binding_depth: int = 2, migration: str | None = None,
              length_predictor: str | None = None, migration_mechanism: str | None = None,
              kv_report: str | None = None, local_prefill_tokens: int | None = None,
-             decode_kv: str | None = None, prefix_cache: bool | None = None) -> PolicyMix:
+             decode_kv: str | None = None, prefix_cache: bool | None = None,
+             early_rejection: bool | None = None) -> PolicyMix:
     """Build the mix ``name``; the keyword arguments replace one policy of it by its registry name
     (``late_binding``: a prefill policy name for the gateway's queue, or ``"none"``; ``kv_report``: what decode
     engines report as KV use, ``reserved`` or ``current``, and ``decode_kv`` how they admit it, ``whole`` or
     ``grow`` (with retraction), see ``loadgen.sim.instance``;
     ``local_prefill_tokens``: prompts up to this long are prefilled on their decode instance, 0 = never;
-    ``prefix_cache``: prefill and colocated engines keep SGLang's radix cache, see ``loadgen.sim.instance``)."""
+    ``prefix_cache``: prefill and colocated engines keep SGLang's radix cache, see ``loadgen.sim.instance``;
+    ``early_rejection``: refuse requests the decode side cannot start in time, ``shared.policies.admission``)."""
     if instances < 1:
         raise ValueError("--instances must be at least 1")
     try:
@@ -297,6 +304,9 @@ def make_mix(name: str, instances: int, split: str | None = None, *, prefill_pol
                                     if local_prefill_tokens > 0 else None)
         notes.append(f"local prefill up to {local_prefill_tokens} tokens" if local_prefill_tokens > 0
                      else "no local prefill")
+    if early_rejection is not None and early_rejection != (mix.early_rejection is not None):
+        changes["early_rejection"] = EarlyRejectionParams() if early_rejection else None
+        notes.append("early rejection" if early_rejection else "no early rejection")
     for key in ("migration", "length"):
         if key in changes:
             notes.append(f"{key} {getattr(changes[key], 'name', 'none')}")

@@ -50,6 +50,7 @@ from loadgen.sim.events import PRIORITY_STEP_END, PRIORITY_TRANSFER_DONE, EventQ
 from shared.engine.chunking import role_chunk_tokens
 from shared.engine.model import EngineModel, EngineRequest, Phase, Step
 from shared.engine.prefix_cache import PrefixCache
+from shared.event_rate import EventRate
 from shared.latency import LatencyModel
 from shared.policies import DecodeBatchPolicy, EngineView, Preemption, PrefillPolicy
 from shared.protocol.messages import Role
@@ -158,6 +159,7 @@ class SimInstance:
         self.sending = 0  # prefill: prompts computed, their KV not at the decode side yet (SGLang's inflight queue)
         self.unwritten_kv = 0  # decode: reserved KV of output tokens not generated yet (used_kv - current use)
         self.step_ewma_s: float | None = None  # decode/null: recent decode step time (the token interval)
+        self.finishes = EventRate()  # decode/null: requests that finished here, as the dispatcher counts them
         self.on_prefill_step: Callable[[SimInstance, list[tuple[SimRequest, int]], float], None] | None = None
         self.steps = 0
         self._step: Step | None = None  # the step in progress
@@ -275,6 +277,8 @@ class SimInstance:
             load_age_s=0.0, inflight_reqs=self.assigned,
             inflight_tokens=self.pending_prompt_tokens if current else self.pending_tokens,
             inflight_tokens_sq=self.pending_sq, token_interval_s=self.step_ewma_s if core.running else None,
+            finish_rate_rps=self.finishes.rate(self.queue.now_s) if core.role != "prefill" else None,
+            kv_waiting_reqs=len(core.prealloc) + len(core.retracted),
             local_prefill=core.role == "decode",
         )
 
@@ -553,4 +557,5 @@ class SimInstance:
     def _finish(self, req: SimRequest) -> None:
         req.finished_s = self.queue.now_s
         self.assigned -= 1
+        self.finishes.record(req.finished_s)
         self.on_finish(req)  # the freed KV is claimed again at the next step boundary (_begin_step)

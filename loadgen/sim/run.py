@@ -23,6 +23,7 @@ from loadgen.slo import SLO, SLOClasses
 from loadgen.workload import Workload
 from shared.latency import LatencyModel
 from shared.policies import PolicyContext, make_prefill_policy
+from shared.policies.admission import EarlyRejection
 from shared.policies.late_binding import LateBinding
 from shared.policies.local_prefill import LocalPrefill
 from shared.policies.migration_cost import make_migration_mechanism
@@ -49,6 +50,8 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
     mix = mix.bound(model, PolicyContext(ttft_slo_s=slo.ttft_s, tpot_slo_s=slo.tpot_s, max_instances=budget))
     if mix.local_prefill is not None:
         mix = dataclasses.replace(mix, dispatch=LocalPrefill(mix.dispatch, mix.local_prefill))
+    if mix.early_rejection is not None:
+        mix = dataclasses.replace(mix, dispatch=EarlyRejection(mix.dispatch, slo.ttft_s, mix.early_rejection))
     late = None
     if mix.late_binding is not None:
         late = LateBinding(make_prefill_policy(mix.late_binding[0], model), depth=mix.late_binding[1])
@@ -97,6 +100,7 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
         # decode requests parked for lack of KV (EngineSpec.decode_kv "grow"; always 0 with "whole")
         "retractions": sum(i.retractions for i in cluster.instances.values()),
         "local_prefills": getattr(mix.dispatch, "local", 0),
+        "early_rejections": getattr(mix.dispatch, "rejected", 0),
         "prefix_cache": _cache_summary(requests) if mix.engine.prefix_cache else None,
         "first_token_delay_ms": {"median": first_token_delay.median_s * 1e3, "p90": first_token_delay.p90_s * 1e3,
                                  "handshake": first_token_delay.handshake_s * 1e3},

@@ -29,10 +29,13 @@ class Placement(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Rejection(msgspec.Struct, frozen=True, kw_only=True):
-    """No engine can take the request. ``retryable``: overload (429) vs nothing to route to (503)."""
+    """No engine can take the request. ``retryable``: overload (429) vs nothing to route to (503). ``code``
+    names a retryable refusal's cause (the OpenAI-style error code and the gateway's rejection metric label):
+    ``overloaded`` (every engine at its queue limit) or ``slo_unreachable`` (shared/policies/admission.py)."""
 
     reason: str
     retryable: bool
+    code: str = "overloaded"
 
 
 class DispatchPolicy(Protocol):

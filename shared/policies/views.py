@@ -25,12 +25,16 @@ class EngineView(msgspec.Struct, frozen=True, kw_only=True):
     waiting_reqs: int = 0
     used_tokens: int = 0
     queue_reqs: int = 0  # disaggregation queues: prefill bootstrap/inflight or decode prealloc/transfer
+    kv_waiting_reqs: int = 0  # decode: of those, the requests waiting for KV (SGLang's prealloc and retracted queues)
     load_age_s: float | None = None  # None = no report yet
     # From the dispatcher's own bookkeeping (fresh, unlike the reports):
     inflight_reqs: int = 0  # requests this dispatcher sent and that have not finished on this engine
     inflight_tokens: int = 0  # their prompt tokens (prefill) or prompt + max_tokens (decode)
     inflight_tokens_sq: int = 0  # prefill: sum of squared prompt lengths (a quadratic TTFT model sums exactly)
     token_interval_s: float | None = None  # decode: recent mean time between tokens; None = unknown
+    # decode/null: requests this dispatcher saw leave the engine per second over a recent window (its service
+    # rate while it has a queue); None = too few left to tell (shared/event_rate.py)
+    finish_rate_rps: float | None = None
     # decode: the engine can also prefill a request itself (engine_sim, the simulator; SGLang's PD decode
     # mode cannot), so DOPD's local prefill of ultra-short prompts may send requests here alone
     local_prefill: bool = False
