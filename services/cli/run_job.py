@@ -96,7 +96,7 @@ def _comparison_hook(settings: MainJobSettings, watcher: SplitWatcher | None,
                 chunk = settings.chunked_prefill_size
                 engine = {"prefill_policy": settings.prefill_policy, "preemption": settings.preemption,
                           "chunk_tokens": None if chunk is None else max(chunk, 0),
-                          "decode_policy": settings.decode_policy}
+                          "decode_policy": settings.decode_policy, "early_rejection": settings.early_rejection}
                 if settings.migration_policy != "none":
                     engine |= {"migration": settings.migration_policy,
                                "migration_mechanism": settings.migration_mechanism}

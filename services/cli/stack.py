@@ -94,6 +94,7 @@ class StackSettings(ServiceSettings):
     late_binding_policy: str = Field("edf", description="Late binding: the prefill policy that orders held requests.")
     late_binding_depth: int = Field(2, ge=1, description="Late binding: prompts a prefill engine may hold unprefilled.")
     local_prefill_max_tokens: int | None = Field(None, ge=0, description="DOPD's local prefill: the gateway sends prompts up to this many tokens to an engine_sim decode engine alone, which prefills them itself (no KV transfer); 0 = off; unset = 512 (the spec's threshold) with the DOPD-based planner policies (dopd, poise), as the simulator's mixes, else off. SGLang decode engines never get them.")
+    early_rejection: bool | None = Field(None, description="The gateway refuses (429) requests whose decode engine's queue would keep them from starting within their TTFT target (shared/policies/admission.py); unset = on with --planner-policy poise, as the simulator's poise mix, else off.")
     gateway_slo_class: list[str] = Field(default_factory=list, description="An SLO class NAME=TTFT_S:TPOT_S requests may name (body field slo_class); repeatable; passed to the gateway as --slo-class.")
     gateway_slo_preset: str | None = Field(None, description="The gateway's SLO classes from a preset (tasks-flowprefill: FlowPrefill Table 2; interactive-batch), built on the planning SLO.")
     # -- security (docs/security.md) -------------------------------------------------------------------
@@ -208,7 +209,8 @@ class StackSettings(ServiceSettings):
         return DEFAULT_MAX_LOCAL_PREFILL_TOKENS if self.planner_policy in ("dopd", "poise") else 0
 
     def gateway_policy_args(self) -> list[str]:
-        """Gateway flags for late binding, local prefill, SLO classes and moving non-streaming requests."""
+        """Gateway flags for late binding, local prefill, early rejection, SLO classes and moving non-streaming
+        requests."""
         args: list[str] = []
         if self.migration_policy != "none":  # the migrator may pick any running request, streamed or not
             args += ["--move-non-streaming"]
@@ -218,6 +220,8 @@ class StackSettings(ServiceSettings):
         local = self.local_prefill_tokens()
         if local > 0:
             args += ["--local-prefill-max-tokens", str(local)]
+        if self.early_rejection if self.early_rejection is not None else self.planner_policy == "poise":
+            args += ["--early-rejection"]
         for spec in self.gateway_slo_class:
             args += [f"--slo-class={spec}"]
         if self.gateway_slo_preset:

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from shared.event_rate import EventRate
 from shared.policies import EngineView
 from shared.protocol import InstanceInfo, LoadReport
 
@@ -27,6 +28,9 @@ class ClusterView:
         self.instances: dict[str, InstanceInfo] = {}
         self._loads: dict[str, tuple[LoadReport, float]] = {}
         self._inflight: dict[str, _Inflight] = {}
+        # Requests that left each engine (finished, failed or moved): a decode engine's service rate, which
+        # early rejection divides its queue by (shared/policies/admission.py).
+        self._departures: dict[str, EventRate] = {}
         self.on_release: Callable[[], None] | None = None  # called after every release (the late-binding queue)
 
     # -- inputs ------------------------------------------------------------------------------------
@@ -34,6 +38,8 @@ class ClusterView:
         self.instances = instances
         for gone in set(self._loads) - set(instances):
             del self._loads[gone]
+        for gone in set(self._departures) - set(instances):
+            del self._departures[gone]
 
     async def on_load(self, report: LoadReport, subject: str) -> None:
         self._loads[report.instance_id] = (report, time.monotonic())
@@ -50,6 +56,7 @@ class ClusterView:
             slot.reqs = max(0, slot.reqs - 1)
             slot.tokens = max(0, slot.tokens - tokens)
             slot.tokens_sq = max(0, slot.tokens_sq - tokens * tokens)
+        self._departures.setdefault(instance_id, EventRate()).record(time.monotonic())
         if self.on_release is not None:
             self.on_release()
 
@@ -79,10 +86,20 @@ class ClusterView:
                 kv_capacity_tokens=info.kv_capacity_tokens, max_running_requests=info.max_running_requests,
                 running_reqs=load.num_running_reqs, waiting_reqs=load.num_waiting_reqs, used_tokens=load.num_used_tokens,
                 queue_reqs=load.prefill_queue_reqs + load.decode_queue_reqs, load_age_s=now - received,
+                kv_waiting_reqs=load.decode_kv_waiting_reqs,
                 inflight_reqs=slot.reqs, inflight_tokens=slot.tokens, inflight_tokens_sq=slot.tokens_sq,
-                token_interval_s=_token_interval(load), local_prefill=_prefills_locally(info),
+                token_interval_s=_token_interval(load), finish_rate_rps=self._finish_rate(info, now),
+                local_prefill=_prefills_locally(info),
             ))
         return views
+
+    def _finish_rate(self, info: InstanceInfo, now: float) -> float | None:
+        """Requests per second that left a decode or colocated engine lately (None: a prefill engine, or too
+        few to tell)."""
+        departures = self._departures.get(info.instance_id)
+        if info.role == "prefill" or departures is None:
+            return None
+        return departures.rate(now)
 
     def servable_models(self) -> list[str]:
         """Models with a ready prefill + decode pair or a ready colocated engine: what a request can get now."""

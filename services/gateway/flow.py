@@ -154,9 +154,9 @@ class RequestFlow:
         decision = self.policy.place(request, self.cluster.engines(p.model), time.monotonic(), exclude)
         if isinstance(decision, Placement):
             return decision
-        self.metrics.rejections.labels("overloaded" if decision.retryable else "no_capacity").inc()
+        self.metrics.rejections.labels(decision.code if decision.retryable else "no_capacity").inc()
         if decision.retryable:
-            raise APIError(429, decision.reason, type_="rate_limit_error", code="overloaded", headers={"retry-after": "1"})
+            raise APIError(429, decision.reason, type_="rate_limit_error", code=decision.code, headers={"retry-after": "1"})
         raise APIError(503, decision.reason, type_="service_unavailable", code="no_capacity")
 
     def _place_and_hold(self, exclude: frozenset[str]) -> Placement:

@@ -25,6 +25,7 @@ from shared.bus import Bus, bus_from_settings
 from shared.engine_client import engine_auth_headers
 from shared.http1 import Http1Pool
 from shared.policies import DispatchParams, DispatchPolicy, make_dispatch_policy, make_prefill_policy
+from shared.policies.admission import EarlyRejection, EarlyRejectionParams
 from shared.policies.late_binding import LateBinding
 from shared.policies.local_prefill import LocalPrefill, LocalPrefillParams
 from shared.protocol import (
@@ -61,6 +62,9 @@ class GatewayService:
             self.policy = LocalPrefill(self.policy, LocalPrefillParams(
                 max_local_prefill_tokens=settings.local_prefill_max_tokens,
                 max_prefill_queue=settings.local_prefill_max_queue))
+        if settings.early_rejection:
+            self.policy = EarlyRejection(self.policy, settings.policy_context().ttft_slo_s,
+                                         EarlyRejectionParams(factor=settings.early_rejection_factor))
         self.counter: TokenCounter = make_counter(settings.tokenizer)
         self.slo_table = SloTable.from_settings(settings)
         self.late_binding: LateBindingQueue | None = None

@@ -110,6 +110,7 @@ def load_report(instance_id: str, role: Role, status: InstanceStatus, loads: Eng
         gen_throughput_tps=loads.gen_throughput_tps, prefill_queue_reqs=loads.prefill_queue_reqs,
         prefill_bootstrap_reqs=loads.prefill_bootstrap_queue_reqs,
         decode_queue_reqs=loads.decode_queue_reqs,
+        decode_kv_waiting_reqs=loads.decode_prealloc_queue_reqs + loads.decode_retracted_queue_reqs,
         prefill_samples=[(tokens, seconds) for seq, tokens, seconds in loads.prefill_samples if seq > after_seq],
     )
 

@@ -63,6 +63,8 @@ class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
     # SGLang counts them in num_waiting_reqs too (not in num_waiting_uncached_tokens).
     prefill_bootstrap_reqs: int = 0
     decode_queue_reqs: int = 0  # decode prealloc + transfer queues (decode role)
+    # Of those, the requests waiting for KV: the prealloc and retracted queues (what early rejection reads).
+    decode_kv_waiting_reqs: int = 0
     # Prompts prefilled alone since the previous report, (tokens, seconds): what Arrow's TTFT predictor refits
     # from. Only engine_sim reports them; empty for SGLang.
     prefill_samples: list[tuple[int, float]] = msgspec.field(default_factory=list)

@@ -22,10 +22,12 @@ import pytest_asyncio
 
 from services.gateway.legs import Attempt
 from services.gateway.service import GatewayService
+from shared.bus import Bus
 from shared.devservers import EtcdServer, NatsServer, wait_for_port
-from shared.protocol import Keys
+from shared.protocol import Keys, LoadReport, Subjects
 from shared.registry import Registry
 from tests.integration.gateway_harness import SimEngine, engine_info, register, run_gateway
+from tests.integration.waiting import until
 
 MODEL = "test-model"
 pytestmark = pytest.mark.asyncio
@@ -170,6 +172,46 @@ async def test_full_engines_get_429_with_retry_after(cluster, engines, nats_serv
         assert codes.count(200) >= 2 and 429 in codes, codes
         rejected = next(r for r in results if r.status_code == 429)
         assert rejected.headers["retry-after"] == "1" and rejected.json()["error"]["type"] == "rate_limit_error"
+
+
+async def test_a_request_the_decode_backlog_would_make_late_is_refused_early(cluster, engines, nats_server,  # type: ignore[no-untyped-def]
+                                                                             etcd_server) -> None:
+    """Early rejection live: once the gateway has seen requests leave the decode engine (its rate) and the
+    engine's load reports have shown for a second a queue waiting for KV that would keep a request from
+    starting within the TTFT target, the next request is a 429 slo_unreachable at once; when the queue is gone,
+    requests are served again. The load reports are published on NATS as the engine's sidecar would."""
+    registry, ns = cluster
+    await register(registry, engines["prefill"].info("p0"), engines["decode"].info("d0"))
+    bus = Bus(nats_server.url, name="test-sidecar")
+    await bus.connect()
+
+    async def report(waiting: int) -> None:
+        await bus.publish(Subjects(ns).load("d0"), LoadReport(
+            instance_id="d0", role="decode", status="ready", ts_unix_s=time.time(), num_waiting_reqs=waiting,
+            decode_queue_reqs=waiting, decode_kv_waiting_reqs=waiting))
+        await until(lambda: any(e.instance_id == "d0" and e.kv_waiting_reqs == waiting
+                                for e in service.cluster.engines(MODEL)), 5)
+
+    try:
+        async with gateway(nats_server, etcd_server, ns, early_rejection=True, slo_ttft_s=2.0) as (url, service), \
+                httpx.AsyncClient(timeout=60) as client:
+            await wait_instances(service, 2)
+            await report(40)  # before the gateway has a rate: nothing to judge on, requests go through
+            queued = time.monotonic()
+            for _ in range(8):  # 8 requests leave d0: a rate of 8 per 30 s
+                assert (await client.post(url + "/v1/completions", json=BODY)).status_code == 200
+            # The rule is time-based: a queue is judged once it has lasted a second (the first request saw it).
+            await until(lambda: time.monotonic() - queued > 1.1, 5)
+            r = await client.post(url + "/v1/completions", json=BODY)  # 40 waiting at ~0.27/s: ~150 s
+            assert r.status_code == 429 and r.headers["retry-after"] == "1", r.text
+            error = r.json()["error"]
+            assert error["type"] == "rate_limit_error" and error["code"] == "slo_unreachable"
+            assert "early rejection" in error["message"] and "d0" in error["message"]
+            assert service.metrics.rejections.labels("slo_unreachable")._value.get() == 1  # type: ignore[attr-defined]
+            await report(0)
+            assert (await client.post(url + "/v1/completions", json=BODY)).status_code == 200
+    finally:
+        await bus.close()
 
 
 async def test_api_keys_are_enforced(cluster, engines, nats_server, etcd_server) -> None:  # type: ignore[no-untyped-def]

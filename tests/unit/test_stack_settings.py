@@ -27,7 +27,7 @@ def test_the_poise_planner_is_the_default_and_brings_its_mix() -> None:
                                    "--chunked-prefill-size", "-1"]
         assert POISE_ENGINE.prefill_policy == "flowprefill-fewest-late" and POISE_ENGINE.chunk_tokens == 0
         args = s.gateway_policy_args()
-        assert args[args.index("--local-prefill-max-tokens") + 1] == "512"
+        assert args[args.index("--local-prefill-max-tokens") + 1] == "512" and "--early-rejection" in args
     # --planner-policy static is the old stack: fixed roles, least-load, stock engines, no local prefill.
     static = parse_settings(StackSettings, ["--planner-policy", "static"])
     assert (static.planner_policy, static.dispatch_policy) == ("static", "least-load")
@@ -80,6 +80,15 @@ def test_local_prefill_follows_the_dopd_based_planners_unless_set() -> None:
     assert "--local-prefill-max-tokens" not in off.gateway_policy_args()
     on = parse_settings(RunSettings, ["--planner-policy", "static", "--local-prefill-max-tokens", "256"]).gateway_policy_args()
     assert on[on.index("--local-prefill-max-tokens") + 1] == "256"
+
+
+def test_early_rejection_follows_the_poise_planner_unless_set() -> None:
+    # The gateway refuses requests the decode backlog would make late with the poise planner (its simulated
+    # mix does), not with the others; a flag wins either way.
+    assert "--early-rejection" not in parse_settings(RunSettings, ["--planner-policy", "dopd"]).gateway_policy_args()
+    assert "--early-rejection" not in parse_settings(RunSettings, ["--no-early-rejection"]).gateway_policy_args()
+    on = parse_settings(RunSettings, ["--planner-policy", "static", "--early-rejection"])
+    assert "--early-rejection" in on.gateway_policy_args()
 
 
 def test_a_migration_policy_makes_the_gateway_stream_non_streaming_legs() -> None:

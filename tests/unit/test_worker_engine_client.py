@@ -7,6 +7,7 @@ import json
 import httpx
 import pytest
 
+from services.worker.sidecar import load_report
 from shared.engine_client import EngineClient, parse_loads, parse_server_info
 from shared.errors import EngineError, EngineTimeout
 
@@ -41,6 +42,9 @@ def test_parse_loads_sums_dp_ranks() -> None:
     assert loads.token_usage == pytest.approx(0.2)
     assert loads.mode == "decode" and loads.decode_queue_reqs == 4 and loads.prefill_queue_reqs == 0
     assert not loads.idle
+    # What the sidecar reports as waiting for KV (early rejection's queue): prealloc and retracted, not transfer.
+    report = load_report("d0", "decode", "ready", loads, 0.0)
+    assert (report.decode_queue_reqs, report.decode_kv_waiting_reqs) == (4, 3)
 
 
 def test_parse_loads_idle_and_without_disagg_section() -> None:
