@@ -386,6 +386,9 @@ def cmd_sim(argv: list[str]) -> int:
         print(f"prefix cache: {pc['hit_rate']:.1%} of {pc['prompt_tokens']:,} prompt tokens served from it")
     if c["retractions"]:
         print(f"decode KV ran out: {c['retractions']} retractions (requests parked until their KV fit again)")
+    if c["early_rejections"]:
+        print(f"early rejection: {c['early_rejections']} requests refused with a 429 (a decode backlog would "
+              f"have made them late; counted as misses)")
     if mix.controlled:
         lc = c["lifecycle"]
         print(f"control: {lc['flips']} flips, {lc['starts']} starts, {lc['stops']} stops, {lc['migrations']} migrations; "

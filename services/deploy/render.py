@@ -186,8 +186,10 @@ def build_plan(inv: Inventory, source: str = "inventory") -> Plan:
         host = "0.0.0.0" if cp.gateway_replicas == 1 else "127.0.0.1"
         poise_service[name] = (GatewaySettings, flags({**common, **plan_fields, "dispatch_policy": cp.dispatch_policy,
                                                        "host": host, "port": port,
-                                                       # as poise up: a migrator may move non-streaming requests too
-                                                       "move_non_streaming": cp.migration_policy != "none" or None})
+                                                       # as poise up: a migrator may move non-streaming requests too,
+                                                       # and the poise planner brings early rejection
+                                                       "move_non_streaming": cp.migration_policy != "none" or None,
+                                                       "early_rejection": cp.planner_policy == "poise" or None})
                                + cp.gateway_args, (("HTTP API + metrics", port),))
     control: list[Container] = [_nats(inv, worker_ids), _etcd(inv, ctrl), _etcd_auth(inv, worker_ids)]
     for name, (cls, argv, ports) in poise_service.items():
