@@ -6,8 +6,10 @@ Why a disaggregated cluster needs it: SGLang's decode engine reserves a request'
 start (the prealloc queue), first come first served. Past the decode side's capacity that queue grows without
 bound and every request waits behind all of it, so the cluster goes from serving everything in time to
 serving almost nothing within a few percent more load: a fixed 5P3D on the Mooncake conversation trace holds
-100% of requests in time at 2x its rate and 5% at 2.125x, its prealloc queues near 500 requests each
-(tests/bench/results/early_rejection.md). Refusing the requests that would wait past their target keeps the
+100% of requests in time at 2x its rate and 5% at 2.125x, its prealloc queues near 500 requests each by the
+end of the hour (`poise sim --trace mooncake-conv --policy static-minload --split 5P3D --prefill-policy
+flowprefill-fewest-late --preemption operator --chunk 0 --rate-scale 2.125 --warmup-s 120`; the curves with
+and without the rule: tests/bench/results/early_rejection.md). Refusing the requests that would wait past their target keeps the
 queue at what the engines serve in time, and the rest of the requests in time.
 
 The estimate is measured, not modelled: a decode engine's queue of requests waiting for KV
