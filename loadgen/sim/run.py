@@ -22,10 +22,8 @@ from loadgen.sim.overhead import LIVE_STACK_DELAY, FirstTokenDelay
 from loadgen.slo import SLO, SLOClasses
 from loadgen.workload import Workload
 from shared.latency import LatencyModel
-from shared.policies import PolicyContext, make_prefill_policy
-from shared.policies.admission import EarlyRejection
+from shared.policies import PolicyContext, make_prefill_policy, with_gateway_rules
 from shared.policies.late_binding import LateBinding
-from shared.policies.local_prefill import LocalPrefill
 from shared.policies.migration_cost import make_migration_mechanism
 
 
@@ -48,10 +46,8 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
     queue = EventQueue()
     budget = mix.max_instances or len(mix.roles)
     mix = mix.bound(model, PolicyContext(ttft_slo_s=slo.ttft_s, tpot_slo_s=slo.tpot_s, max_instances=budget))
-    if mix.local_prefill is not None:
-        mix = dataclasses.replace(mix, dispatch=LocalPrefill(mix.dispatch, mix.local_prefill))
-    if mix.early_rejection is not None:
-        mix = dataclasses.replace(mix, dispatch=EarlyRejection(mix.dispatch, slo.ttft_s, mix.early_rejection))
+    mix = dataclasses.replace(mix, dispatch=with_gateway_rules(mix.dispatch, slo.ttft_s, mix.local_prefill,
+                                                               mix.early_rejection))
     late = None
     if mix.late_binding is not None:
         late = LateBinding(make_prefill_policy(mix.late_binding[0], model), depth=mix.late_binding[1])

@@ -24,10 +24,16 @@ from services.gateway.slo import SloTable
 from shared.bus import Bus, bus_from_settings
 from shared.engine_client import engine_auth_headers
 from shared.http1 import Http1Pool
-from shared.policies import DispatchParams, DispatchPolicy, make_dispatch_policy, make_prefill_policy
-from shared.policies.admission import EarlyRejection, EarlyRejectionParams
+from shared.policies import (
+    DispatchParams,
+    DispatchPolicy,
+    make_dispatch_policy,
+    make_prefill_policy,
+    with_gateway_rules,
+)
+from shared.policies.admission import EarlyRejectionParams
 from shared.policies.late_binding import LateBinding
-from shared.policies.local_prefill import LocalPrefill, LocalPrefillParams
+from shared.policies.local_prefill import LocalPrefillParams
 from shared.protocol import (
     DecodeRequestInfo,
     InstanceInfo,
@@ -58,13 +64,12 @@ class GatewayService:
         self.policy: DispatchPolicy = make_dispatch_policy(
             settings.dispatch_policy, settings.latency_model(), settings.policy_context(),
             DispatchParams(max_pending_per_engine=settings.max_pending_per_engine))
-        if settings.local_prefill_max_tokens > 0:
-            self.policy = LocalPrefill(self.policy, LocalPrefillParams(
-                max_local_prefill_tokens=settings.local_prefill_max_tokens,
-                max_prefill_queue=settings.local_prefill_max_queue))
-        if settings.early_rejection:
-            self.policy = EarlyRejection(self.policy, settings.policy_context().ttft_slo_s,
-                                         EarlyRejectionParams(factor=settings.early_rejection_factor))
+        self.policy = with_gateway_rules(
+            self.policy, settings.policy_context().ttft_slo_s,
+            LocalPrefillParams(max_local_prefill_tokens=settings.local_prefill_max_tokens,
+                               max_prefill_queue=settings.local_prefill_max_queue)
+            if settings.local_prefill_max_tokens > 0 else None,
+            EarlyRejectionParams(factor=settings.early_rejection_factor) if settings.early_rejection else None)
         self.counter: TokenCounter = make_counter(settings.tokenizer)
         self.slo_table = SloTable.from_settings(settings)
         self.late_binding: LateBindingQueue | None = None

@@ -66,6 +66,7 @@ from shared.policies.registry import (
     make_pool_policy,
     make_prefill_policy,
     make_scaling_policy,
+    with_gateway_rules,
 )
 from shared.policies.scaling import (
     DynamoLoad,
@@ -149,4 +150,5 @@ __all__ = [
     "make_pool_policy",
     "make_prefill_policy",
     "make_scaling_policy",
+    "with_gateway_rules",
 ]

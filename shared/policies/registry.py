@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from shared.latency import LatencyModel
+from shared.policies.admission import EarlyRejection, EarlyRejectionParams
 from shared.policies.arrow import ArrowDispatch, ArrowPools
 from shared.policies.cache_aware import CacheAware
 from shared.policies.context import PolicyContext, lookup
@@ -18,6 +19,7 @@ from shared.policies.dopd import DopdPools, DopdScaling
 from shared.policies.flowprefill import DEdf, FlowPrefill, FlowPrefillParams, Sedf
 from shared.policies.kairos import KairosLiteralPrefill, KairosPrefill, KairosSlack, KairosSlackParams
 from shared.policies.length_batching import LengthBatching
+from shared.policies.local_prefill import LocalPrefill, LocalPrefillParams
 from shared.policies.poise import PoisePools
 from shared.policies.pools import PoolPolicy, StaticPools
 from shared.policies.prefill_order import Edf, Fcfs, PrefillPolicy
@@ -56,6 +58,17 @@ def make_scaling_policy(name: str, model: LatencyModel, ctx: PolicyContext) -> S
 def make_dispatch_policy(name: str, model: LatencyModel, ctx: PolicyContext,
                          params: DispatchParams | None = None) -> DispatchPolicy:
     return lookup(DISPATCH_POLICIES, name, "dispatch policy")(model, ctx, params)
+
+
+def with_gateway_rules(policy: DispatchPolicy, ttft_slo_s: float, local_prefill: LocalPrefillParams | None = None,
+                       early_rejection: EarlyRejectionParams | None = None) -> DispatchPolicy:
+    """``policy`` with the gateway's rules around it, as the gateway and the simulator both run it: DOPD's local
+    prefill of short prompts, then early rejection (which judges the decode engine the rest chose)."""
+    if local_prefill is not None:
+        policy = LocalPrefill(policy, local_prefill)
+    if early_rejection is not None:
+        policy = EarlyRejection(policy, ttft_slo_s, early_rejection)
+    return policy
 
 
 def make_pool_policy(name: str, model: LatencyModel, ctx: PolicyContext) -> PoolPolicy:
