@@ -42,8 +42,9 @@ class EarlyRejectionParams(msgspec.Struct, frozen=True, kw_only=True):
     # Refuse when the decode wait passes this many times the request's TTFT target: 1 refuses only requests
     # the wait alone makes late, and lets a passing burst queue up to the whole target.
     factor: float = 1.0
-    # ... and this many times once the queue is standing: it rose past standing_factor x the target and has
-    # not drained (below min_queue) for standing_s. A standing queue sits at the refusal line, so every
+    # ... and this many times once the queue is standing: it rose past standing_factor x the default target
+    # (the policy's ttft_slo_s; requests with targets of their own share one queue) and has not drained (below
+    # min_queue) for standing_s. A standing queue sits at the refusal line, so every
     # request taken waits about that long; half the target leaves the other half for its prefill, its KV
     # copy and the estimate's error. (CoDel's split between a good queue, which drains within an interval,
     # and a bad one, which does not.)
