@@ -70,6 +70,7 @@ bench: setup predictor-setup
 	$(PY) -m tests.bench.predictor
 	$(PY) -m tests.bench.ares
 	$(PY) -m tests.bench.gpu_latency_check
+	$(PY) -m tests.bench.gpu_latency_check --gpu h200
 
 ## GPU nodes from one inventory (deploy/README.md): `make deploy INVENTORY=my.yaml DRY_RUN=1` prints the plan and
 ## writes the files (.poise/deploy/<name>/, or DEPLOY_OUT) without applying; without DRY_RUN it applies over ssh.

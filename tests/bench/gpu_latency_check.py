@@ -1,15 +1,19 @@
-"""The latency model against an H100: fit it to tests/bench/gpu/llama_forward.py's timings and compare.
+"""The latency model against an H100 or H200: fit it to tests/bench/gpu/llama_forward.py's timings and compare.
 
-The shipped profile (shared/latency/profiles/llama-3.1-8b-h100.json) was derived from the datasheet. This
-reads what the GPU script measured on a Llama-3.1-8B-shaped forward pass, fits the latency model's prefill
-and decode shapes with the profiler's own least squares (services/profiler/fit.py), writes the fitted
-profile as ``llama-3.1-8b-h100-torch`` and a report that puts the shipped profile's predictions next to the
-measurements: prefill, decode steps, packing short prompts into one pass (DOPD's length-aware batching),
+The shipped profile (shared/latency/profiles/llama-3.1-8b-h100.json) comes from the H100's datasheet.
+This reads what the GPU script measured on a Llama-3.1-8B-shaped forward pass, fits the latency model's
+prefill and decode shapes with the profiler's own least squares (services/profiler/fit.py), writes the
+fitted profile as ``llama-3.1-8b-<gpu>-torch`` and a report that puts the shipped profile's predictions next
+to the measurements: prefill, decode steps, packing short prompts into one pass (DOPD's length-aware batching),
 chunked prefill, the length of one operator and the blocking of an operator-level preemption (FlowPrefill),
 and (from ``llama_forward.py --sections mixed``) a colocated engine's mixed step against ``mixed_step_time_s``.
 
     python tests/bench/gpu/llama_forward.py --out tests/bench/results/gpu/llama_forward_h100.json   # on the GPU
     python -m tests.bench.gpu_latency_check                                                       # here
+
+``--gpu h200`` reads ``llama_forward_h200.json`` and ``mixed_h200.json`` instead and writes
+``llama-3.1-8b-h200-torch`` and ``latency_check_h200.{md,png}``. There is no H200 datasheet profile, so that
+report compares against the H100's: its errors are the H200's speed-up and the model's shape together.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +35,39 @@ from shared.latency import LatencyModel, LatencyProfile, load_profile, save_prof
 from shared.latency.model import PROFILES_DIR
 
 RESULTS = Path(__file__).with_name("results") / "gpu"
-RAW = RESULTS / "llama_forward_h100.json"
-ARES_RAW = RESULTS / "ares_overhead_h100.json"  # tests/bench/gpu/ares_overhead.py
-SERVING_RAW = RESULTS / "serving_overhead_h100.json"  # tests/bench/gpu/serving_overhead.py
-MIXED_RAW = RESULTS / "mixed_h100.json"  # tests/bench/gpu/llama_forward.py --sections mixed
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """A card the GPU scripts ran on: where its raw timings lie and what the report says about it."""
+
+    key: str
+    label: str
+    bandwidth: str  # HBM bandwidth, what a short pass's floor (one read of the 16 GB of weights) comes from
+    weight_read: str  # 16 GB at that bandwidth
+
+    def raw(self, script: str) -> Path:
+        """``llama_forward``, ``mixed`` (llama_forward.py --sections mixed), ``ares_overhead`` or
+        ``serving_overhead``: what that script in tests/bench/gpu/ wrote on this card."""
+        return RESULTS / f"{script}_{self.key}.json"
+
+    @property
+    def fitted_name(self) -> str:
+        return f"llama-3.1-8b-{self.key}-torch"
+
+    @property
+    def report_stem(self) -> str:
+        # the H100 report keeps the name the docs link to
+        return "latency_check" if self.key == "h100" else f"latency_check_{self.key}"
+
+
+GPUS = {g.key: g for g in (Gpu("h100", "H100", "3.35 TB/s", "~5 ms"), Gpu("h200", "H200", "4.8 TB/s", "~3.3 ms"))}
+H100 = GPUS["h100"]
+# the card the shipped datasheet profile describes: on any other, its errors include the cards' difference
+SHIPPED_GPU = H100
+RAW = H100.raw("llama_forward")
 # the command of a mixed JSON that records none (the committed mixed_h100.json has no `argv` field)
 MIXED_ARGV = ["--sections", "mixed", "--parts", "mixed_parts.jsonl", "--out", "mixed_h100.json"]
-FITTED_NAME = "llama-3.1-8b-h100-torch"
 OPERATORS = ("qkv_proj", "attn", "o_proj", "gate_up_proj", "down_proj")
 GRAPH_UP_TO = 8192  # prompts this short are read from the CUDA-graph replays (no Python launch gaps)
 
@@ -54,21 +85,25 @@ def decode_samples(raw: dict[str, Any]) -> list[DecodeSample]:
                          step_s=r["graph_step_s"], steps=30, context_source="estimate") for r in raw["decode"]]
 
 
-def fitted_profile(base: LatencyProfile, prefill: PrefillFit, decode: DecodeFit, raw: dict[str, Any]) -> LatencyProfile:
+def fitted_profile(base: LatencyProfile, prefill: PrefillFit, decode: DecodeFit, raw: dict[str, Any],
+                   gpu: Gpu = H100) -> LatencyProfile:
+    copied = f"Every other field is copied from {base.name} (KV capacity, transfer, role switch)."
+    if gpu != SHIPPED_GPU:
+        copied += f" They are the {SHIPPED_GPU.label}'s: an {gpu.label}'s larger memory holds more KV than this says."
     return msgspec.structs.replace(
-        base, name=FITTED_NAME, gpu=raw["device"],
+        base, name=gpu.fitted_name, gpu=raw["device"],
         prefill_overhead_s=prefill.overhead_s, prefill_s_per_token=prefill.s_per_token,
         prefill_s_per_token2=prefill.s_per_token2, decode_overhead_s=decode.overhead_s,
         decode_s_per_seq=decode.s_per_seq, decode_s_per_context_token=decode.s_per_context_token,
         provenance=[
-            f"Fitted by tests/bench/gpu_latency_check.py to tests/bench/results/gpu/llama_forward_h100.json: a "
+            f"Fitted by tests/bench/gpu_latency_check.py to tests/bench/results/gpu/llama_forward_{gpu.key}.json: a "
             f"Llama-3.1-8B-shaped forward pass with random bf16 weights in eager torch {raw['torch']} on one "
             f"{raw['device']} (attention: torch SDPA, {raw['sdpa_path']}; dense KV cache).",
             f"Prefill: one prompt alone, CUDA-graph replays up to {GRAPH_UP_TO} tokens (the GPU's time without "
             "Python's launch gaps), eager passes above; the intercept is the memory-bound floor of a short "
             "pass (reading 16 GB of weights), not a scheduler's overhead, which this measurement has none of.",
             "Decode: one step over B sequences of C context tokens each, replayed from a CUDA graph.",
-            f"Every other field is copied from {base.name} (KV capacity, transfer, role switch).",
+            copied,
             "SGLang's kernels (FlashInfer/FA3, fused norms, paged KV) and scheduler differ: this is a measured "
             "reference for the model's shapes, not a profile of an SGLang server (use `poise profile` for that).",
         ],
@@ -84,22 +119,29 @@ def pct(measured: float, predicted: float) -> str:
 
 
 def report(raw: dict[str, Any], shipped: LatencyProfile, fitted: LatencyProfile, pf: PrefillFit,
-           df: DecodeFit, command: str) -> str:
+           df: DecodeFit, command: str, gpu: Gpu = H100) -> str:
     ship, fit = LatencyModel(shipped), LatencyModel(fitted)
     lines = [
-        "# The latency model against an H100",
+        f"# The latency model against an {gpu.label}",
         "",
         f"Command: `{command}` (timings: `python tests/bench/gpu/llama_forward.py`, on one {raw['device']}, "
-        f"torch {raw['torch']}, attention {raw['sdpa_path']}; raw numbers in `gpu/llama_forward_h100.json`).",
+        f"torch {raw['torch']}, attention {raw['sdpa_path']}; raw numbers in `gpu/llama_forward_{gpu.key}.json`).",
         "",
         "A Llama-3.1-8B-shaped forward pass with random bf16 weights in eager torch, not an SGLang server: "
         "SGLang's fused kernels and FlashInfer/FA3 attention are faster in places, and its scheduler adds "
         "host time that this has none of. It checks the shapes and magnitudes the simulator and engine_sim "
         "rely on.",
         "",
+    ]
+    if gpu != SHIPPED_GPU:
+        lines += [f"The shipped profile is `{shipped.name}`, derived from the {SHIPPED_GPU.label}'s datasheet; there "
+                  f"is none for the {gpu.label}. Every comparison with it below is against that {SHIPPED_GPU.label} "
+                  f"profile, so its errors and ratios show how much faster the {gpu.label} is as well as the "
+                  "model's shape errors.", ""]
+    lines += [
         "## Coefficients",
         "",
-        "| field | shipped (datasheet) | fitted to the H100 | fitted / shipped |",
+        f"| field | shipped (datasheet) | fitted to the {gpu.label} | fitted / shipped |",
         "|---|---|---|---|",
     ]
     for f in ("prefill_overhead_s", "prefill_s_per_token", "prefill_s_per_token2", "decode_overhead_s",
@@ -183,6 +225,29 @@ def report(raw: dict[str, Any], shipped: LatencyProfile, fitted: LatencyProfile,
     return "\n".join(lines) + "\n"
 
 
+def versus_section(raw: dict[str, Any], other_raw: dict[str, Any], gpu: Gpu, other: Gpu) -> str:
+    """The same prefill and decode shapes timed on another card: the cards' difference, apart from the model's."""
+    mine = {s.tokens: min(s.seconds) for s in prefill_samples(raw)}
+    theirs = {s.tokens: min(s.seconds) for s in prefill_samples(other_raw)}
+    tokens = sorted(mine.keys() & theirs.keys())
+    steps = {(r["batch"], r["context"]): r["graph_step_s"] for r in other_raw["decode"]}
+    decode = [(r, steps[(r["batch"], r["context"])]) for r in raw["decode"] if (r["batch"], r["context"]) in steps]
+    ratios = [r["graph_step_s"] / o for r, o in decode]
+    lines = ["", f"## Against the {other.label} measurement", "",
+             f"The same shapes timed on one {other_raw['device']} (torch {other_raw['torch']}, raw numbers in "
+             f"`gpu/llama_forward_{other.key}.json`): {gpu.label} / {other.label} is "
+             f"{min(mine[n] / theirs[n] for n in tokens):.2f} to {max(mine[n] / theirs[n] for n in tokens):.2f} "
+             f"for prefill and {min(ratios):.2f} to {max(ratios):.2f} (median {statistics.median(ratios):.2f}) for "
+             "decode steps.", "",
+             f"| tokens | {other.label} ms | {gpu.label} ms | {gpu.label} / {other.label} |", "|---|---|---|---|"]
+    lines += [f"| {n} | {ms(theirs[n])} | {ms(mine[n])} | {mine[n] / theirs[n]:.3f} |" for n in tokens]
+    lines += ["", f"| batch | context each | {other.label} step ms | {gpu.label} step ms | "
+              f"{gpu.label} / {other.label} |", "|---|---|---|---|---|"]
+    lines += [f"| {r['batch']} | {r['context']} | {ms(o)} | {ms(r['graph_step_s'])} | {r['graph_step_s'] / o:.3f} |"
+              for r, o in decode]
+    return "\n".join(lines) + "\n"
+
+
 def ares_section(ares: dict[str, Any], raw: dict[str, Any]) -> str:
     """ARES' predictor next to the decode step it rides on: its share of decode time at k = 1 and 20."""
     lines = ["", "## ARES' length predictor next to a decode step", "",
@@ -226,7 +291,7 @@ def serving_section(serving: dict[str, Any]) -> str:
 
 
 def mixed_section(mixed: dict[str, Any], raw: dict[str, Any], shipped: LatencyProfile,
-                  fitted: LatencyProfile | None = None) -> str:
+                  fitted: LatencyProfile | None = None, gpu: Gpu = H100) -> str:
     """A colocated engine's mixed step against the latency model's ``mixed_step_time_s`` (the decode step plus
     the chunk's prefill work, its launch overhead paid once), and against the decode step and the chunk alone."""
     model = LatencyModel(shipped)
@@ -260,15 +325,22 @@ def mixed_section(mixed: dict[str, Any], raw: dict[str, Any], shipped: LatencyPr
     short = [r for r in rows if r["k"] <= 512]
     longest = max(r["k"] for r in rows)
     big = [r for r in rows if r["k"] == longest and r["b"] >= 32]
+    under = [r for r in rows if r["fitted"] < 1]
+    where = ""
+    if under and all(r["d"] > 0 for r in under):
+        long_ones = sum(r["k"] >= 2048 for r in under) >= 0.9 * len(under)
+        where = (", the long chunks after a prefix" if long_ones else
+                 f", chunks of {min(r['k'] for r in under)} to {max(r['k'] for r in under)} tokens after a prefix")
     lines = ["", "## Mixed steps (colocated)", "",
              f"`python3 tests/bench/gpu/llama_forward.py {' '.join(argv)}` on one {mixed['device']} (torch "
              f"{mixed['torch']}, attention {mixed['sdpa_path']}, chunks after a prefix {mixed['chunk_path']}; "
-             "raw numbers in `gpu/mixed_h100.json`, the run's output in `gpu/mixed_h100.log`). A mixed step is SGLang's "
-             "mixed chunk: one forward pass carrying a decode batch of B sequences of C context tokens each and a "
-             "prefill chunk of K new tokens after D already prefilled; the B + K rows go through the matrix products "
-             "together, attention runs per part (the decode rows over their own KV, the chunk's rows causal over "
-             "D + K). The mixed pass, the decode step alone and the chunk alone are replayed from CUDA graphs in "
-             f"interleaved rounds (medians of {len(mixed['mixed'][0]['mixed_s'])} replays each: the GPU's time). "
+             f"raw numbers in `gpu/mixed_{gpu.key}.json`, the run's output in `gpu/mixed_{gpu.key}.log`). A mixed "
+             "step is SGLang's mixed chunk: one forward pass carrying a decode batch of B sequences of C context "
+             "tokens each and a prefill chunk of K new tokens after D already prefilled; the B + K rows go through "
+             "the matrix products together, attention runs per part (the decode rows over their own KV, the chunk's "
+             "rows causal over D + K). The mixed pass, the decode step alone and the chunk alone are replayed from "
+             f"CUDA graphs in interleaved rounds (medians of {len(mixed['mixed'][0]['mixed_s'])} replays each: the "
+             "GPU's time). "
              "The mixed pass is also timed eagerly: SGLang runs mixed steps without a graph, but this eager torch "
              "pays Python launch gaps that SGLang's fused kernels mostly do not, so that column is an upper bound, "
              "not SGLang's eager cost. Model: the shipped profile's `mixed_step_time_s(B, B*C, [(K, D)])`, the "
@@ -287,8 +359,8 @@ def mixed_section(mixed: dict[str, Any], raw: dict[str, Any], shipped: LatencyPr
         f"{span([r['model_decode'] / r['decode'] for r in rows])}x.",
         "- **A mixed pass costs less than the decode step and the chunk apart while the chunk is short**: mixed / "
         f"(decode + chunk) is {span([r['vs_sum'] for r in short])} for K <= 512, "
-        f"{ms_span(short, 'saving')} ms saved, about what reading the 16 GB of weights once takes (~5 ms at the "
-        "H100's 3.35 TB/s) plus the pass's small kernels. The saving fades as the chunk grows: at "
+        f"{ms_span(short, 'saving')} ms saved, about what reading the 16 GB of weights once takes ({gpu.weight_read} "
+        f"at the {gpu.label}'s {gpu.bandwidth}) plus the pass's small kernels. The saving fades as the chunk grows: at "
         f"K = {longest} with B >= 32 the mixed pass costs {span([r['vs_sum'] for r in big])}x the two apart "
         f"(decode + chunk - mixed: {ms_span(big, 'saving')} ms). The chunk's rows already make the matrix products "
         "compute-bound, so the decode rows add their compute and their attention, and the decode step's floor "
@@ -298,14 +370,14 @@ def mixed_section(mixed: dict[str, Any], raw: dict[str, Any], shipped: LatencyPr
         f"so the composition alone prices a step up to {max(overhead_ms - r['saving'] * 1e3 for r in rows):.1f} ms "
         "too cheap (a 4K chunk next to a large batch); the over-priced prefill coefficients more than make up for "
         "it on the shipped profile."
-        + (f" On the profile fitted to the H100 above (`{fitted.name}`, whose prefill line is close and whose "
+        + (f" On the profile fitted to the {gpu.label} above (`{fitted.name}`, whose prefill line is close and whose "
            f"launch overhead is {fitted.prefill_overhead_s * 1e3:.1f} ms), model / measured is "
-           f"{span([r['fitted'] for r in rows])}, under 1 for {sum(r['fitted'] < 1 for r in rows)} of {len(rows)} "
-           "shapes, the long chunks after a prefix." if fitted is not None else ""),
+           f"{span([r['fitted'] for r in rows])}, under 1 for {len(under)} of {len(rows)} shapes{where}."
+           if fitted is not None else ""),
     ]
     if same:
-        lines.append(f"- The decode step alone in this run matches the decode table above (another session, the "
-                     f"same card model) within {span([x * 100 for x in same], '{:+.1f}')}% at the shapes both timed.")
+        lines.append(f"- The decode step alone in this run matches the decode table above (another run, the same "
+                     f"card model) within {span([x * 100 for x in same], '{:+.1f}')}% at the shapes both timed.")
     lines += ["", "By chunk, over the batches and contexts:", "",
               "| K | D | model / measured | mixed / (decode + chunk) | decode + chunk - mixed ms | chunk alone: model / "
               "measured | fitted profile: model / measured |", "|---|---|---|---|---|---|---|"]
@@ -327,32 +399,44 @@ def mixed_section(mixed: dict[str, Any], raw: dict[str, Any], shipped: LatencyPr
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--raw", type=Path, default=RAW)
-    ap.add_argument("--ares-raw", type=Path, default=ARES_RAW)
-    ap.add_argument("--serving-raw", type=Path, default=SERVING_RAW)
-    ap.add_argument("--mixed-raw", type=Path, default=MIXED_RAW)
+    ap.add_argument("--gpu", choices=sorted(GPUS), default=H100.key,
+                    help="the card whose raw timings to read; picks the defaults of the paths below")
+    ap.add_argument("--raw", type=Path)
+    ap.add_argument("--ares-raw", type=Path)
+    ap.add_argument("--serving-raw", type=Path)
+    ap.add_argument("--mixed-raw", type=Path)
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder for the report (.md, .png)")
-    ap.add_argument("--profile-out", type=Path, default=PROFILES_DIR / f"{FITTED_NAME}.json")
+    ap.add_argument("--profile-out", type=Path)
     args = ap.parse_args(argv)
-    raw = json.loads(args.raw.read_text())
+    gpu = GPUS[args.gpu]
+    raw = json.loads((args.raw or gpu.raw("llama_forward")).read_text())
+    profile_out = args.profile_out or PROFILES_DIR / f"{gpu.fitted_name}.json"
     shipped = load_profile()
     ps, ds = prefill_samples(raw), decode_samples(raw)
     pf, df = fit_prefill(ps), fit_decode(ds)
-    fitted = fitted_profile(shipped, pf, df, raw)
-    save_profile(fitted, args.profile_out)
+    fitted = fitted_profile(shipped, pf, df, raw, gpu)
+    save_profile(fitted, profile_out)
     args.out.mkdir(parents=True, exist_ok=True)
     command = "python -m tests.bench.gpu_latency_check " + " ".join(argv)
-    text = report(raw, shipped, fitted, pf, df, command.strip())
-    if args.ares_raw.is_file():
-        text += ares_section(json.loads(args.ares_raw.read_text()), raw)
-    if args.serving_raw.is_file():
-        text += serving_section(json.loads(args.serving_raw.read_text()))
-    if args.mixed_raw.is_file():
-        text += mixed_section(json.loads(args.mixed_raw.read_text()), raw, shipped, fitted)
-    (args.out / "latency_check.md").write_text(text)
-    write_plot(args.out / "latency_check.png", title=f"Llama-3.1-8B shapes on one {raw['device']} (eager torch)",
+    text = report(raw, shipped, fitted, pf, df, command.strip(), gpu)
+    if gpu != SHIPPED_GPU and SHIPPED_GPU.raw("llama_forward").is_file():
+        text += versus_section(raw, json.loads(SHIPPED_GPU.raw("llama_forward").read_text()), gpu, SHIPPED_GPU)
+    # the overhead runs exist for some cards only; a section without its raw file is left out
+    ares_raw = args.ares_raw or gpu.raw("ares_overhead")
+    serving_raw = args.serving_raw or gpu.raw("serving_overhead")
+    mixed_raw = args.mixed_raw or gpu.raw("mixed")
+    if ares_raw.is_file():
+        text += ares_section(json.loads(ares_raw.read_text()), raw)
+    if serving_raw.is_file():
+        text += serving_section(json.loads(serving_raw.read_text()))
+    if mixed_raw.is_file():
+        text += mixed_section(json.loads(mixed_raw.read_text()), raw, shipped, fitted, gpu)
+    missing = [p.name for p in (ares_raw, serving_raw, mixed_raw) if not p.is_file()]
+    md, png = args.out / f"{gpu.report_stem}.md", args.out / f"{gpu.report_stem}.png"
+    md.write_text(text)
+    write_plot(png, title=f"Llama-3.1-8B shapes on one {raw['device']} (eager torch)",
                prefill_samples=ps, prefill_fit=pf, chunk=None, decode_samples=ds, decode_fit=df)
-    print(f"wrote {args.profile_out}, {args.out / 'latency_check.md'} and .png")
+    print(f"wrote {profile_out}, {md} and .png" + (f" (no {', '.join(missing)}: left out)" if missing else ""))
     return 0
 
 

@@ -132,9 +132,43 @@ def test_latency_check_fits_the_committed_h100_run(tmp_path: Path) -> None:
         assert abs(fitted.decode_step_time_s(r["batch"], r["batch"] * r["context"]) / r["graph_step_s"] - 1) < 0.1
     assert fit_decode(check.decode_samples(raw)).stats.r2 > 0.99
     report = (tmp_path / "latency_check.md").read_text()
-    assert "## Packing" in report
+    assert "## Packing" in report and "## ARES' length predictor served" in report
+    assert "## Against" not in report  # the shipped profile is this card's own
     assert "## Mixed steps (colocated)" in report and report.count("\n| 128 | 2048 | 4096 | 4096 |") == 1
     assert (tmp_path / "latency_check.png").stat().st_size > 10_000
+
+
+def test_latency_check_fits_the_committed_h200_run(tmp_path: Path) -> None:
+    from shared.latency import LatencyModel, available_profiles, load_profile
+    from tests.bench import gpu_latency_check as check
+
+    h200 = check.GPUS["h200"]
+    profile_path = tmp_path / "fitted.json"
+    assert check.main(["--gpu", "h200", "--out", str(tmp_path), "--profile-out", str(profile_path)]) == 0
+    profile = load_profile(profile_path)
+    assert (profile.name, profile.gpu) == ("llama-3.1-8b-h200-torch", "NVIDIA H200")
+    fitted = LatencyModel(profile)
+    raw = json.loads(h200.raw("llama_forward").read_text())
+    for r in raw["decode"]:
+        assert abs(fitted.decode_step_time_s(r["batch"], r["batch"] * r["context"]) / r["graph_step_s"] - 1) < 0.1
+    for s in check.prefill_samples(raw):
+        if s.tokens >= 2048:  # shorter passes sit on the weight-read floor, which the fitted line undercuts
+            assert abs(fitted.prefill_time_s(s.tokens) / min(s.seconds) - 1) < 0.03
+    # the committed profile is the fit to the committed raw timings, and loads by name
+    assert h200.fitted_name in available_profiles()
+    committed = load_profile(h200.fitted_name)
+    for f in ("prefill_overhead_s", "prefill_s_per_token", "prefill_s_per_token2", "decode_overhead_s",
+              "decode_s_per_seq", "decode_s_per_context_token"):
+        assert getattr(committed, f) == pytest.approx(getattr(profile, f), rel=1e-9)
+    assert committed.decode_overhead_s < load_profile(check.H100.fitted_name).decode_overhead_s
+    report = (tmp_path / "latency_check_h200.md").read_text()
+    assert report.startswith("# The latency model against an H200\n")
+    assert "derived from the H100's datasheet" in report and "## Against the H100 measurement" in report
+    assert "4.8 TB/s" in report and "H100's 3.35" not in report
+    assert "## ARES" not in report  # no overhead runs on this card: their sections are left out
+    assert "## Mixed steps (colocated)" in report and report.count("\n| 128 | 2048 | 4096 | 4096 |") == 1
+    assert not (tmp_path / "latency_check.md").exists()
+    assert (tmp_path / "latency_check_h200.png").stat().st_size > 10_000
 
 
 def test_ares_overhead_script_runs(tmp_path: Path) -> None:
