@@ -49,7 +49,7 @@ from shared.policies import (
 from shared.policies.admission import EarlyRejectionParams
 from shared.policies.cache_aware import CacheAware
 from shared.policies.local_prefill import LocalPrefillParams
-from shared.policies.migration_cost import DEFAULT_MECHANISM, MIGRATION_MECHANISMS, make_migration_mechanism
+from shared.policies.migration_cost import DEFAULT_MECHANISM, MIGRATION_MECHANISMS, Recompute, make_migration_mechanism
 from shared.protocol.messages import Role
 
 
@@ -71,6 +71,9 @@ class PolicyMix:
     local_prefill: LocalPrefillParams | None = None
     # Refuse requests the decode side cannot start within their TTFT target (shared.policies.admission)
     early_rejection: EarlyRejectionParams | None = None
+    # A decode instance draining for a flip has its requests moved away by ``migration_mechanism``
+    # (shared.policies.evacuation; live: the planner's ``drain_by_migration``), the controller told so
+    drain_by_migration: bool = False
     # SLO-aware policies need the engines' latency model and the SLO, which the simulator knows: it calls
     # ``bind(model, ctx)`` and replaces the fields it returns (e.g. ``{"dispatch": ArrowDispatch(...)}``).
     bind: Callable[[LatencyModel, PolicyContext], dict[str, Any]] | None = None
@@ -188,8 +191,10 @@ def _poise(instances: int, split: str | None) -> PolicyMix:
                      f"serving; Arrow's SLO-aware dispatch; "
                      f"prompts <= {DOPD_LOCAL_PREFILL.max_local_prefill_tokens} tokens prefilled on decode; "
                      f"early rejection when the decode side cannot start a request in time; "
+                     f"decode drains by migration (recompute); "
                      f"engines: {POISE_ENGINE.describe()}", engine=POISE_ENGINE, local_prefill=DOPD_LOCAL_PREFILL,
-                     early_rejection=EarlyRejectionParams(),
+                     early_rejection=EarlyRejectionParams(), drain_by_migration=True,
+                     migration_mechanism=Recompute.name,
                      bind=lambda model, ctx: {"dispatch": ArrowDispatch(model, ctx), "pools": PoisePools(model, ctx)})
 
 

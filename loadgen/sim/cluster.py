@@ -11,7 +11,11 @@ Costs of those operations (see :class:`SimCosts`):
   a **stop** drains first. GPU-seconds count from the start decision to the moment the instance stopped;
 - a **migration** pauses the request for the migration mechanism's time for its context (a KV copy at
   25 Gbps by default, or a recompute; ``shared.policies.migration_cost``); a move the target has no room
-  for is refused and the request stays where it is.
+  for is refused and the request stays where it is;
+- with ``drain_by_migration`` a decode instance draining for a flip is emptied as the live planner
+  and migrator empty it (``shared.policies.evacuation``): from ``EVACUATE_AFTER_S`` after the flip, rounds
+  every ``EVACUATE_EVERY_S`` move its running requests to the other decode instances where their KV fits
+  (a request once refused staying put), until it is empty or its drain deadline passes.
 
 With ``late_binding`` the cluster stands in for the gateway's late-binding prefill queue
 (``shared.policies.late_binding``): arrivals are held and released, in the prefill policy's order, to prefill
@@ -33,6 +37,7 @@ from loadgen.sim.instance import EngineSpec, SimInstance, SimRequest
 from loadgen.sim.prediction import PredictionCadence
 from shared.latency import LatencyModel
 from shared.policies import DispatchPolicy, EngineView, MigrationDecision, Placement, RequestView
+from shared.policies.evacuation import EVACUATE_AFTER_S, EVACUATE_EVERY_S, evacuation_done, evacuation_moves
 from shared.policies.late_binding import LateBinding
 from shared.policies.migration_cost import KvTransfer, MigrationMechanism
 from shared.policies.scaling import pick_retiree
@@ -79,8 +84,11 @@ class SimCluster:
                  first_token_delay: Callable[[int], float] = lambda i: 0.0, *,
                  engine: EngineSpec | None = None, late_binding: LateBinding | None = None,
                  costs: SimCosts | None = None, max_instances: int | None = None, handshake_s: float = 0.0,
-                 mechanism: MigrationMechanism | None = None) -> None:
+                 mechanism: MigrationMechanism | None = None, drain_by_migration: bool = False) -> None:
         self.queue = queue
+        # A decode instance draining for a flip has its running requests moved to the other decode instances
+        # by ``mechanism`` (live: the planner's ``drain_by_migration`` with a migrator running).
+        self.drain_by_migration = drain_by_migration
         self.mechanism = mechanism or KvTransfer(model)
         self.model = model
         self.policy = policy
@@ -293,7 +301,26 @@ class SimCluster:
             self._drain_started[inst.instance_id] = started
             self.queue.at(started + self.costs.drain_timeout_s, PRIORITY_STEP_END,
                           lambda: self._drain_deadline(inst, started))
+            if self.drain_by_migration and inst.role == "decode":
+                refused: set[str] = set()
+                self.queue.at(started + EVACUATE_AFTER_S, PRIORITY_STEP_END,
+                              lambda: self._evacuate(inst, started, refused))
         return True
+
+    def _evacuate(self, inst: SimInstance, started_s: float, refused: set[str]) -> None:
+        """One round of the migrator's evacuation of a draining decode instance (the same policy,
+        ``evacuation_moves``), and the next one ``EVACUATE_EVERY_S`` later while requests are left to move."""
+        if inst.status != "draining" or self._drain_started.get(inst.instance_id) != started_s:
+            return  # drained, called off, or a later drain with its own rounds
+        snapshot = ClusterSnapshot(ts_unix_s=self.queue.now_s, instances=self.instance_loads(""), series=[],
+                                   decode_requests=self.decode_requests(None))
+        moves = evacuation_moves(snapshot, inst.instance_id, skip=frozenset(refused))
+        for move in moves:
+            if not self.migrate(move):
+                refused.add(move.rid)
+        if not evacuation_done(snapshot, inst.instance_id, moves, skip=frozenset(refused)):
+            self.queue.at(self.queue.now_s + EVACUATE_EVERY_S, PRIORITY_STEP_END,
+                          lambda: self._evacuate(inst, started_s, refused))
 
     def _drain_deadline(self, inst: SimInstance, started_s: float) -> None:
         """Call off a flip whose drain outlived the deadline: the instance serves on in its old role."""
@@ -407,9 +434,9 @@ class SimCluster:
                 out.append(InstanceLoad(info=info, load=load, load_age_s=0.0))
         return out
 
-    def decode_requests(self, cadence: PredictionCadence) -> list[DecodeRequestInfo]:
-        """Running decode requests with their predicted remaining tokens; a migrating one is listed once, on
-        its target, marked ``migrating``."""
+    def decode_requests(self, cadence: PredictionCadence | None) -> list[DecodeRequestInfo]:
+        """Running decode requests with their predicted remaining tokens (none without a ``cadence``); a
+        migrating one is listed once, on its target, marked ``migrating``."""
         out = []
         for inst in self.live:
             if inst.role != "decode":
@@ -421,13 +448,14 @@ class SimCluster:
                 out.append(self._request_info(req, inst, cadence))
         return out
 
-    def _request_info(self, req: SimRequest, inst: SimInstance, cadence: PredictionCadence) -> DecodeRequestInfo:
+    def _request_info(self, req: SimRequest, inst: SimInstance, cadence: PredictionCadence | None) -> DecodeRequestInfo:
         source = req.migrate_from
         return DecodeRequestInfo(
             rid=req.rid, instance_id=inst.instance_id, input_tokens=req.input_tokens,
             generated_tokens=req.generated, max_output_tokens=req.output_tokens, arrived_unix_s=req.arrival_s,
             slo_tpot_s=req.slo_tpot_s if req.slo_tpot_s != float("inf") else None,
-            predicted_remaining_tokens=cadence.remaining(req), migrating=source is not None,
+            predicted_remaining_tokens=cadence.remaining(req) if cadence is not None else None,
+            migrating=source is not None,
             migration_source_id=source.instance_id if source is not None else None)
 
 

@@ -45,7 +45,9 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
     """
     queue = EventQueue()
     budget = mix.max_instances or len(mix.roles)
-    mix = mix.bound(model, PolicyContext(ttft_slo_s=slo.ttft_s, tpot_slo_s=slo.tpot_s, max_instances=budget))
+    drains = mix.migration_mechanism if mix.drain_by_migration else None
+    mix = mix.bound(model, PolicyContext(ttft_slo_s=slo.ttft_s, tpot_slo_s=slo.tpot_s, max_instances=budget,
+                                         drain_migration=drains))
     mix = dataclasses.replace(mix, dispatch=with_gateway_rules(mix.dispatch, slo.ttft_s, mix.local_prefill,
                                                                mix.early_rejection))
     late = None
@@ -53,7 +55,8 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
         late = LateBinding(make_prefill_policy(mix.late_binding[0], model), depth=mix.late_binding[1])
     cluster = SimCluster(mix.roles, model, mix.dispatch, queue, first_token_delay, engine=mix.engine, late_binding=late,
                          costs=costs, max_instances=budget, handshake_s=first_token_delay.handshake_s,
-                         mechanism=make_migration_mechanism(mix.migration_mechanism, model))
+                         mechanism=make_migration_mechanism(mix.migration_mechanism, model),
+                         drain_by_migration=mix.drain_by_migration)
     scaled = scale_load(workload, rate_scale, rate_mode, seed=seed)
     if slo_classes is not None:
         scaled = Workload(name=scaled.name, requests=[

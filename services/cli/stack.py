@@ -368,7 +368,8 @@ class Stack:
         # The planner's and the gateway's policies model the engines this stack runs, at the SLO it serves.
         plan = ["--profile", s.profile, "--slo-ttft-s", str(ttft), "--slo-tpot-s", str(tpot)]
         spares = self.run_dir / "worker-credentials.json"
-        self._spawn("planner", "services.planner", [*common, *plan, "--policy", s.planner_policy, *s.planner_args],
+        self._spawn("planner", "services.planner", [*common, *plan, "--policy", s.planner_policy,
+                                                    "--drain-mechanism", s.migration_mechanism, *s.planner_args],
                     nats_user="planner",
                     env={"POISE_PLANNER_WORKER_CREDENTIALS_FILE": str(spares)} if spares.exists() else None)
         self._spawn("migrator", "services.migrator", [*common, *plan, "--policy", s.migration_policy,

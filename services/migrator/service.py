@@ -25,7 +25,7 @@ import msgspec
 from services.migrator.config import MigratorSettings
 from services.migrator.executor import MoveExecutor, MoveOutcome
 from shared.elected import ElectedService
-from shared.policies.evacuation import evacuation_moves
+from shared.policies.evacuation import EVACUATE_EVERY_S, evacuation_done, evacuation_moves
 from shared.policies.migration import MigrationDecision, MigrationPolicy, make_migration_policy
 from shared.policies.migration_cost import make_migration_mechanism
 from shared.protocol import AdminReply, ServiceStatus
@@ -134,7 +134,7 @@ class MigratorService(ElectedService):
             snapshot = await fetch_snapshot(self.bus, self.subjects, self.settings.snapshot_timeout_s, series_points=0)
             snapshot = msgspec.structs.replace(snapshot, decode_requests=await self.executor.requests())
             moves = evacuation_moves(snapshot, instance_id, skip=frozenset(refused))
-            if not moves:
+            if evacuation_done(snapshot, instance_id, moves, skip=frozenset(refused)):
                 break
             outcomes = await asyncio.gather(*(self._carry_out(m) for m in moves))
             for outcome in outcomes:
@@ -143,7 +143,7 @@ class MigratorService(ElectedService):
                 else:
                     failed += 1
                     refused.add(outcome.decision.rid)
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(EVACUATE_EVERY_S)
         return moved, failed
 
     async def _admin_evacuate(self, args: dict[str, str]) -> AdminReply:

@@ -5,10 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
+import msgspec
 from pydantic import Field, field_validator, model_validator
 
 from shared.elected import ElectedServiceSettings
 from shared.policies import POOL_POLICIES, SCALING_POLICIES, lookup
+from shared.policies.migration_cost import MIGRATION_MECHANISMS
 from shared.settings import SloPlanSettings, settings_config
 
 
@@ -21,6 +23,7 @@ class PlannerSettings(SloPlanSettings, ElectedServiceSettings):
     drain_timeout_s: float = Field(60.0, gt=0.0, description="Drain timeout, in seconds, sent with each role command (how long a sidecar waits for its engine to go idle).")
     command_timeout_s: float = Field(150.0, gt=0.0, description="Seconds to wait for a sidecar's answer to a role command (drain plus the switch itself).")
     drain_by_migration: bool = Field(True, description="When a decode instance flips, ask the migrator to move its running requests to other decode instances (the drain then ends after one re-prefill instead of the longest answer); without a migrator the sidecar just waits.")
+    drain_mechanism: str = Field("recompute", description="How the migrator moves a draining decode instance's requests (its --mechanism: recompute or kv-transfer); the pool policy judges a decode instance's drain by it while drain_by_migration is on.")
     scaling_policy: str = Field("none", description=f"Scaling policy (replica counts, needs a connector): none, {', '.join(sorted(SCALING_POLICIES))}.")
     connector: Literal["none", "local", "kubernetes"] = Field("none", description="Where the scaling policy starts and retires engines: local = engine_sim + sidecar processes on this host; kubernetes = the scale subresource of one workload per role.")
     max_instances: int = Field(8, ge=2, description="GPU budget of the scaling policy: prefill + decode replicas never exceed it.")
@@ -32,6 +35,17 @@ class PlannerSettings(SloPlanSettings, ElectedServiceSettings):
     def _known_policy(cls, value: str) -> str:
         lookup(POOL_POLICIES, value, "pool policy")
         return value
+
+    @field_validator("drain_mechanism")
+    @classmethod
+    def _known_mechanism(cls, value: str) -> str:
+        lookup(MIGRATION_MECHANISMS, value, "migration mechanism")
+        return value
+
+    def pool_policy_context(self) -> Any:
+        """The policy context, with how draining decode instances are emptied (``drain_migration``)."""
+        ctx = self.policy_context()
+        return msgspec.structs.replace(ctx, drain_migration=self.drain_mechanism if self.drain_by_migration else None)
 
     @field_validator("scaling_policy")
     @classmethod

@@ -45,6 +45,7 @@ from shared.elected import ElectedService
 from shared.errors import BusTimeout, PoiseError
 from shared.policies import PoolDecision, PoolPolicy, RoleChange, make_pool_policy, make_scaling_policy
 from shared.policies.dopd import forecast_split
+from shared.policies.evacuation import EVACUATE_AFTER_S
 from shared.protocol import (
     AdminCommand,
     AdminReply,
@@ -63,9 +64,6 @@ log = logging.getLogger(__name__)
 
 _SWITCHABLE: tuple[Role, ...] = ("prefill", "decode")
 _ADMIN_ROLES: tuple[Role, ...] = ("prefill", "decode", "null")  # null: colocated serving, a restart of the engine
-# The sidecar marks its instance draining when the role command arrives; the gateways see it through an etcd
-# watch. Evacuating only after that keeps new requests from landing there behind the migrator's back.
-EVACUATE_AFTER_S = 0.5
 Source = Literal["policy", "admin"]
 
 
@@ -78,7 +76,7 @@ class PlannerService(ElectedService):
     def __init__(self, settings: PlannerSettings, *, policy: PoolPolicy | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         super().__init__(settings)
-        self.policy = policy or make_pool_policy(settings.policy, settings.latency_model(), settings.policy_context())
+        self.policy = policy or make_pool_policy(settings.policy, settings.latency_model(), settings.pool_policy_context())
         self.decider = Decider(self.policy)
         self._clock = clock  # the snapshot's clock (unix seconds): what policies get as now_s
         self._inflight: dict[str, asyncio.Task[RoleCommandReply]] = {}  # instance -> running role command

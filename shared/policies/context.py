@@ -19,6 +19,9 @@ class PolicyContext(msgspec.Struct, frozen=True, kw_only=True):
     tpot_slo_s: float
     max_instances: int  # the GPU budget: prefill + decode replicas never exceed it
     min_per_role: int = 1  # never fewer prefill (or decode) instances than this (Dynamo's min_endpoint)
+    # How a decode instance draining for a flip is emptied: the migration mechanism that moves its requests to
+    # the other decode instances (shared.policies.migration_cost), or None when the drain waits for them to end
+    drain_migration: str | None = None
 
 
 def lookup(registry: Mapping[str, T], name: str, kind: str) -> T:

@@ -9,17 +9,36 @@ Imports nothing from asyncio, nats, aetcd, httpx or fastapi.
 
 from __future__ import annotations
 
+import math
+
 from shared.policies.migration import MigrationDecision
 from shared.protocol.messages import ClusterSnapshot
 
+# The sidecar marks its instance draining when the role command arrives; the gateways see it through an etcd
+# watch. Evacuating only after that keeps new requests from landing there behind the migrator's back.
+EVACUATE_AFTER_S = 0.5  # after the role command
+EVACUATE_EVERY_S = 0.2  # between rounds: a request dispatched just before the drain shows up in a later one
+RESERVED_DECODE_TOKENS = 512  # SGLang's num_reserved_decode_tokens: KV a decode engine holds for a request's next tokens
 
-def evacuation_moves(snapshot: ClusterSnapshot, source_id: str, *, skip: frozenset[str] = frozenset()) -> list[MigrationDecision]:
+
+def evacuation_moves(snapshot: ClusterSnapshot, source_id: str, *, skip: frozenset[str] = frozenset(),
+                     reserved_decode_tokens: int = RESERVED_DECODE_TOKENS) -> list[MigrationDecision]:
     """Each request on ``source_id`` (but those in ``skip``) to the ready decode instance with the least token
-    load, counting what this plan already sends there; longest contexts first, so they spread evenly."""
-    load: dict[str, int] = {
-        i.info.instance_id: 0 for i in snapshot.instances
-        if i.info.role == "decode" and i.info.status == "ready" and i.info.instance_id != source_id
-    }
+    load, counting what this plan already sends there; longest contexts first, so they spread evenly.
+
+    A request goes only where its KV fits: its context plus what the target reserves for its next tokens
+    (SGLang reserves ``reserved_decode_tokens``), against the free KV the target reports, less what this plan
+    already sends there. One that fits nowhere stays for a later round (room frees as answers end); a target
+    that reports no capacity is not limited."""
+    load: dict[str, int] = {}
+    free: dict[str, float] = {}
+    for i in snapshot.instances:
+        if i.info.role == "decode" and i.info.status == "ready" and i.info.instance_id != source_id:
+            load[i.info.instance_id] = 0
+            report = i.load
+            known = report is not None and report.max_total_num_tokens > 0
+            free[i.info.instance_id] = (report.max_total_num_tokens - report.num_used_tokens  # type: ignore[union-attr]
+                                        if known else math.inf)
     if not load:
         return []
     leaving = []
@@ -27,12 +46,31 @@ def evacuation_moves(snapshot: ClusterSnapshot, source_id: str, *, skip: frozens
         tokens = r.input_tokens + r.generated_tokens
         if r.instance_id in load:
             load[r.instance_id] += tokens
-        elif r.instance_id == source_id and r.rid not in skip:
-            leaving.append((tokens, r.rid))
+        elif r.instance_id == source_id and r.rid not in skip and not r.migrating:
+            remaining = max(0, r.max_output_tokens - r.generated_tokens)
+            need = tokens + (max(1, min(remaining, reserved_decode_tokens)) if remaining else 0)
+            leaving.append((tokens, need, r.rid))
     moves = []
-    for tokens, rid in sorted(leaving, reverse=True):
-        target = min(load, key=lambda i: (load[i], i))
+    for tokens, need, rid in sorted(leaving, reverse=True):
+        fits = [i for i in load if free[i] >= need]
+        if not fits:
+            continue
+        target = min(fits, key=lambda i: (load[i], i))
         load[target] += tokens
+        free[target] -= need
         moves.append(MigrationDecision(rid=rid, source_id=source_id, target_id=target,
                                        reason=f"evacuate {source_id} before its flip"))
     return moves
+
+
+def evacuation_done(snapshot: ClusterSnapshot, source_id: str, moves: list[MigrationDecision], *,
+                    skip: frozenset[str] = frozenset()) -> bool:
+    """Whether the evacuation of ``source_id`` can stop: nothing to move now, no request of it left that a later
+    round could move (one that fit nowhere yet), and nothing queued there that will run on it later (requests
+    waiting for their KV start on it once moves free room, and are moved then)."""
+    if moves:
+        return False
+    if any(r.instance_id == source_id and r.rid not in skip and not r.migrating for r in snapshot.decode_requests):
+        return False
+    source = next((i for i in snapshot.instances if i.info.instance_id == source_id), None)
+    return source is None or source.load is None or source.load.num_waiting_reqs == 0

@@ -30,7 +30,9 @@ What keeps it stable, and why each rule is there:
 - The hysteresis ``min_gain`` and the smoothing ``window_s``: a split is only worth a drain when the model
   says it is clearly better over minutes, not seconds; the drain costs the instance's work for its length.
 - A drain has a deadline (the planner's ``drain_timeout_s``; the simulator's ``SimCosts.drain_timeout_s``):
-  after it the flip is called off and the instance keeps its role.
+  after it the flip is called off and the instance keeps its role. Where a migrator empties draining decode
+  instances (``PolicyContext.drain_migration``), a decode instance whose requests the others have room for
+  drains in about one move, and the flip is judged by that.
 
 Colocated serving is a mode the controller can move the whole cluster into, and out of again. Where the
 TPOT SLO leaves room for prefill in the decode steps, colocated engines serve more than any split: each one
@@ -75,6 +77,8 @@ import msgspec
 
 from shared.latency import LatencyModel
 from shared.policies.context import PolicyContext
+from shared.policies.evacuation import EVACUATE_AFTER_S
+from shared.policies.migration_cost import make_migration_mechanism
 from shared.policies.pools import PoolDecision, RoleChange
 from shared.policies.split_capacity import (
     KV_SD,
@@ -154,6 +158,8 @@ class PoisePools:
         self.last_mix: Mix | None = None
         self.decisions = 0
         self.drains_deferred = 0  # flips the model wanted but no instance could drain in max_drain_s
+        self._drain_mechanism = (make_migration_mechanism(ctx.drain_migration, model)
+                                 if ctx.drain_migration is not None else None)
 
     @property
     def target_prefill(self) -> int | None:
@@ -344,7 +350,10 @@ class PoisePools:
                    >= self.params.min_dwell_s]
         if not movable:
             return None
-        drain_s, victim = min(((self._drain_s(i, mix), i) for i in movable), key=lambda d: (d[0], d[1].info.instance_id))
+        free = {i.info.instance_id: _free_kv(i) for i in side}
+        room = sum(free.values())
+        drain_s, victim = min(((self._drain_s(i, mix, room - free[i.info.instance_id]), i) for i in movable),
+                              key=lambda d: (d[0], d[1].info.instance_id))
         if drain_s > self.params.max_drain_s:
             self.drains_deferred += 1
             return None
@@ -386,10 +395,15 @@ class PoisePools:
         # busy, and an instance begins at most one drain per ``min_dwell_s`` (the next try takes another).
         self._last_direction = 0  # the reverse direction need not wait for a flip that did not happen
 
-    def _drain_s(self, inst: InstanceLoad, mix: Mix) -> float:
+    def _drain_s(self, inst: InstanceLoad, mix: Mix, room_tokens: float) -> float:
         """About how long ``inst`` takes to drain: a prefill instance its queued prompts; a decode instance
         the tokens its requests still owe (a running one the mix's mean residual length, E[OSL^2] / 2 E[OSL];
-        one waiting for its KV or a slot the whole mean OSL), at its current batch's tokens per step."""
+        one waiting for its KV or a slot the whole mean OSL), at its current batch's tokens per step.
+
+        Where drains migrate (``ctx.drain_migration``) and the other decode instances have ``room_tokens`` of
+        free KV for what it holds, a decode instance drains by moving its requests instead: the running ones
+        at once (each stalls for the mechanism's time, counted for twice the mean context as the longest), the
+        waiting ones each after its prefill elsewhere (counted one after another, at the mix's mean prompt)."""
         load = inst.load
         if load is None:
             return 0.0
@@ -398,10 +412,14 @@ class PoisePools:
         running, waiting = load.num_running_reqs, load.num_waiting_reqs
         if running + waiting == 0:
             return 0.0
+        context = load.num_running_tokens if load.num_running_tokens is not None else load.num_used_tokens
+        if self._drain_mechanism is not None and inst.info.role == "decode" and load.num_used_tokens <= room_tokens:
+            longest = 2 * context // max(1, running)
+            return (EVACUATE_AFTER_S + self._drain_mechanism.seconds(longest)
+                    + waiting * self.model.prefill_time_s(round(mix.isl)))
         residual = mix.osl_sq / (2.0 * mix.osl) if mix.osl > 0 else 0.0
         owed = running * residual + waiting * mix.osl
         batch = max(1, running)
-        context = load.num_running_tokens if load.num_running_tokens is not None else load.num_used_tokens
         return owed / batch * self.model.decode_step_time_s(batch, context)
 
     def _queued_prefill_s(self, inst: InstanceLoad, mix: Mix) -> float:
@@ -418,6 +436,14 @@ class PoisePools:
         biased = min(float(tokens), mix.isl_sq / mix.isl) if mix.isl > 0 else float(tokens)
         return (prompts * p.prefill_overhead_s + p.prefill_s_per_token * tokens
                 + p.prefill_s_per_token2 * tokens * biased) * self.model.time_scale
+
+
+def _free_kv(inst: InstanceLoad) -> float:
+    """Decode KV tokens ``inst`` could take in by migration (none when it reports no load or is not ready)."""
+    load = inst.load
+    if load is None or inst.info.status != "ready":
+        return 0.0
+    return max(0.0, float(load.max_total_num_tokens - load.num_used_tokens))
 
 
 def window_tpot_p90(series: Sequence[SeriesPoint], window_s: float) -> float | None:

@@ -436,3 +436,32 @@ def test_colocated_serving_is_not_left_for_a_better_scored_split_that_would_not_
     for t in (0.0, 10.0, 20.0, 30.0):
         assert pools.decide(snap(colocated(8), overload), t) is None and pools.mode == "colocated"
         assert ranks_split_above_colocated(pools)
+
+
+def busy_decode(i: str, used_tokens: int, running: int = 100) -> InstanceLoad:
+    info = InstanceInfo(instance_id=i, role="decode", status="ready", engine_kind="sim", url="sim://x",
+                        bootstrap_host="", bootstrap_port=None, model="m", profile="p", kv_capacity_tokens=380_000,
+                        max_running_requests=256, sidecar="sim", registered_at_unix_s=0.0)
+    load = LoadReport(instance_id=i, role="decode", status="ready", ts_unix_s=0.0, num_running_reqs=running,
+                      num_used_tokens=used_tokens, num_running_tokens=used_tokens, max_total_num_tokens=380_000)
+    return InstanceLoad(info=info, load=load, load_age_s=0.0)
+
+
+@pytest.mark.parametrize(("drain_migration", "used_tokens", "flips"), [
+    (None, 150_000, False),  # waiting for 100 answers of a heavy-tailed mix: over a minute, deferred
+    ("recompute", 150_000, True),  # moved to the other three decode instances, which have room: about a second
+    ("recompute", 300_000, False),  # the others' free KV (3 x 80K) cannot take its 300K tokens: it would wait
+])
+def test_a_decode_instance_that_drains_by_migration_may_flip_where_waiting_for_its_answers_may_not(
+        drain_migration: str | None, used_tokens: int, flips: bool) -> None:
+    ctx = msgspec.structs.replace(CTX, drain_migration=drain_migration)
+    pools = PoisePools(MODEL, ctx, split_params(confirm=1))
+    # Prompts of 4K at 8 req/s want 5P3D; answers average 200 tokens with a long tail (E[OSL^2] = 40 OSL^2).
+    points = [msgspec.structs.replace(p, mean_output_tokens_sq=40 * 200.0**2) for p in series(4000, 200, 8.0)]
+    instances = [inst(f"p{i}", "prefill") for i in range(4)] + [busy_decode(f"d{i}", used_tokens) for i in range(4)]
+    decision = pools.decide(snap(instances, points), 0.0)
+    assert decision is not None and best_split(pools.last_loads).prefill == 5
+    assert bool(decision.changes) is flips
+    assert pools.drains_deferred == (0 if flips else 1)
+    if flips:
+        assert decision.changes[0].new_role == "prefill"
