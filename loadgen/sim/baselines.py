@@ -236,14 +236,16 @@ def make_mix(name: str, instances: int, split: str | None = None, *, prefill_pol
              length_predictor: str | None = None, migration_mechanism: str | None = None,
              kv_report: str | None = None, local_prefill_tokens: int | None = None,
              decode_kv: str | None = None, prefix_cache: bool | None = None,
-             early_rejection: bool | None = None) -> PolicyMix:
+             early_rejection: bool | None = None, drain_by_migration: bool | None = None) -> PolicyMix:
     """Build the mix ``name``; the keyword arguments replace one policy of it by its registry name
     (``late_binding``: a prefill policy name for the gateway's queue, or ``"none"``; ``kv_report``: what decode
     engines report as KV use, ``reserved`` or ``current``, and ``decode_kv`` how they admit it, ``whole`` or
     ``grow`` (with retraction), see ``loadgen.sim.instance``;
     ``local_prefill_tokens``: prompts up to this long are prefilled on their decode instance, 0 = never;
     ``prefix_cache``: prefill and colocated engines keep SGLang's radix cache, see ``loadgen.sim.instance``;
-    ``early_rejection``: refuse requests the decode side cannot start in time, ``shared.policies.admission``)."""
+    ``early_rejection``: refuse requests the decode side cannot start in time, ``shared.policies.admission``;
+    ``drain_by_migration``: a decode instance draining for a flip has its requests moved away,
+    ``shared.policies.evacuation``)."""
     if instances < 1:
         raise ValueError("--instances must be at least 1")
     try:
@@ -312,6 +314,9 @@ def make_mix(name: str, instances: int, split: str | None = None, *, prefill_pol
     if early_rejection is not None and early_rejection != (mix.early_rejection is not None):
         changes["early_rejection"] = EarlyRejectionParams() if early_rejection else None
         notes.append("early rejection" if early_rejection else "no early rejection")
+    if drain_by_migration is not None and drain_by_migration != mix.drain_by_migration:
+        changes["drain_by_migration"] = drain_by_migration
+        notes.append("decode drains by migration" if drain_by_migration else "decode drains wait for their answers")
     for key in ("migration", "length"):
         if key in changes:
             notes.append(f"{key} {getattr(changes[key], 'name', 'none')}")

@@ -237,6 +237,7 @@ class _SimFields(TraceSliceSettings):
     prefix_cache: bool | None = Field(None, description="Give simulated prefill and colocated engines SGLang's radix prefix cache, keyed by the trace's prefix blocks (Mooncake hash_ids; LRU eviction in the shared KV pool). Unset: the mix's default (off).")
     local_prefill_max_tokens: int | None = Field(None, ge=0, description="DOPD's local prefill: prompts up to this many tokens are prefilled on their decode instance, with no KV transfer (0 = never; unset = the mix's default).")
     early_rejection: bool | None = Field(None, description="Refuse requests the decode side cannot start within their TTFT target (shared/policies/admission.py); unset = the mix's default (on in poise, off elsewhere).")
+    drain_by_migration: bool | None = Field(None, description="A decode instance draining for a flip has its requests moved to the other decode instances by --migration-mechanism (shared/policies/evacuation.py, as the live planner and migrator do); unset = the mix's default (on in poise, off elsewhere).")
     replica_start_s: float = Field(30.0, ge=0.0, description="Seconds a replica the scaling mixes start takes to become ready; also what an engine restart into or out of colocated serving costs.")
     drain_timeout_s: float = Field(60.0, gt=0.0, description="A flip's drain is called off after this many seconds (the planner's drain_timeout_s).")
     rate_mode: Literal["natural", "compress"] = Field("natural", description="How --rate-scale raises the load: natural (s x the trace's own rate curve at the trace's clock; an hour stays an hour) or compress (timestamps divided by the scale: Arrow's method, to compare with the papers).")
@@ -273,7 +274,8 @@ class _SimFields(TraceSliceSettings):
                                   migration=self.migration, length_predictor=self.length_predictor,
                                   migration_mechanism=self.migration_mechanism, kv_report=self.kv_report,
                                   local_prefill_tokens=self.local_prefill_max_tokens, decode_kv=self.decode_kv,
-                                  prefix_cache=self.prefix_cache, early_rejection=self.early_rejection)
+                                  prefix_cache=self.prefix_cache, early_rejection=self.early_rejection,
+                                  drain_by_migration=self.drain_by_migration)
         try:
             build()
         except ValueError as exc:

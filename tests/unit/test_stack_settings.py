@@ -110,6 +110,15 @@ def test_sim_local_prefill_flag_replaces_the_mixs_rule() -> None:
     assert mix.local_prefill is not None and mix.local_prefill.max_local_prefill_tokens == 300
 
 
+def test_sim_drain_by_migration_flag_replaces_the_mixs_default() -> None:
+    from services.cli.main import SimSettings
+
+    assert parse_settings(SimSettings, []).mix_builder("poise")().drain_by_migration  # the mix's default
+    off = parse_settings(SimSettings, ["--no-drain-by-migration"]).mix_builder("poise")()
+    assert not off.drain_by_migration and "decode drains wait for their answers" in off.description
+    assert parse_settings(SimSettings, ["--drain-by-migration"]).mix_builder("static-minload")().drain_by_migration
+
+
 def test_sim_decode_kv_flag_picks_the_kv_model() -> None:
     from services.cli.main import SimSettings
 
