@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from shared.policies.migration import MigrationDecision
-from shared.protocol.messages import ClusterSnapshot
+from shared.protocol.messages import ClusterSnapshot, InstanceLoad
 
 # The sidecar marks its instance draining when the role command arrives; the gateways see it through an etcd
 # watch. Evacuating only after that keeps new requests from landing there behind the migrator's back.
@@ -35,10 +35,8 @@ def evacuation_moves(snapshot: ClusterSnapshot, source_id: str, *, skip: frozens
     for i in snapshot.instances:
         if i.info.role == "decode" and i.info.status == "ready" and i.info.instance_id != source_id:
             load[i.info.instance_id] = 0
-            report = i.load
-            known = report is not None and report.max_total_num_tokens > 0
-            free[i.info.instance_id] = (report.max_total_num_tokens - report.num_used_tokens  # type: ignore[union-attr]
-                                        if known else math.inf)
+            room = free_kv_tokens(i)
+            free[i.info.instance_id] = math.inf if room is None else room
     if not load:
         return []
     leaving = []
@@ -61,6 +59,14 @@ def evacuation_moves(snapshot: ClusterSnapshot, source_id: str, *, skip: frozens
         moves.append(MigrationDecision(rid=rid, source_id=source_id, target_id=target,
                                        reason=f"evacuate {source_id} before its flip"))
     return moves
+
+
+def free_kv_tokens(inst: InstanceLoad) -> float | None:
+    """KV tokens ``inst`` reports free (capacity less what is in use), or None when it reports no capacity."""
+    report = inst.load
+    if report is None or report.max_total_num_tokens <= 0:
+        return None
+    return float(max(0, report.max_total_num_tokens - report.num_used_tokens))
 
 
 def evacuation_done(snapshot: ClusterSnapshot, source_id: str, moves: list[MigrationDecision], *,

@@ -77,7 +77,7 @@ import msgspec
 
 from shared.latency import LatencyModel
 from shared.policies.context import PolicyContext
-from shared.policies.evacuation import EVACUATE_AFTER_S
+from shared.policies.evacuation import EVACUATE_AFTER_S, free_kv_tokens
 from shared.policies.migration_cost import make_migration_mechanism
 from shared.policies.pools import PoolDecision, RoleChange
 from shared.policies.split_capacity import (
@@ -439,11 +439,10 @@ class PoisePools:
 
 
 def _free_kv(inst: InstanceLoad) -> float:
-    """Decode KV tokens ``inst`` could take in by migration (none when it reports no load or is not ready)."""
-    load = inst.load
-    if load is None or inst.info.status != "ready":
-        return 0.0
-    return max(0.0, float(load.max_total_num_tokens - load.num_used_tokens))
+    """Decode KV tokens ``inst`` could take in by migration: what it reports free, none when it is not ready or
+    reports no capacity (the drain is then judged by its answers)."""
+    room = free_kv_tokens(inst) if inst.info.status == "ready" else None
+    return 0.0 if room is None else room
 
 
 def window_tpot_p90(series: Sequence[SeriesPoint], window_s: float) -> float | None:
