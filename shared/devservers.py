@@ -33,6 +33,19 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def port_available(host: str, port: int) -> bool:
+    """Whether a server could listen on ``host:port`` now, binding as uvicorn and asyncio do (SO_REUSEADDR, so a
+    port whose last connections sit in TIME_WAIT counts as available)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+            s.listen(1)
+        except OSError:
+            return False
+        return True
+
+
 def find_binary(name: str, package: str) -> str:
     candidate = Path(sys.executable).parent / name
     if candidate.is_file():

@@ -223,6 +223,24 @@ def resolve_ports(settings: WorkerSettings, free_port: Callable[[str], int]) -> 
     return settings.model_copy(update=update) if update else settings
 
 
+def reclaim_ports(requested: WorkerSettings, current: WorkerSettings, available: Callable[[str, int], bool],
+                  free_port: Callable[[str], int]) -> WorkerSettings:
+    """Pick again, before a launch, each port :func:`resolve_ports` picked that no longer binds: between the pick
+    and the engine's bind any process on the host may take it (as the local end of an outbound connection,
+    most often, since free ports come from the ephemeral range). Ports the operator set are left alone: a
+    clash there is theirs to see in the engine log."""
+    if current.engine_kind == "attach":
+        return current
+    host = current.engine_host
+    update: dict[str, int] = {}
+    if requested.engine_port == 0 and not available(host, current.engine_port):
+        update["engine_port"] = free_port(host)
+    auto_bootstrap = requested.bootstrap_port == 0 or (requested.bootstrap_port is None and requested.engine_kind == "sim")
+    if auto_bootstrap and current.bootstrap_port and not available(host, current.bootstrap_port):
+        update["bootstrap_port"] = free_port(host)
+    return current.model_copy(update=update) if update else current
+
+
 def signal_group(pid: int, sig: signal.Signals) -> bool:
     """Signal the process group ``pid`` leads: the engine runs in its own session and SGLang spawns scheduler
     and detokenizer children. False when that is not permitted (the caller may signal the process alone)."""

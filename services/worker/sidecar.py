@@ -50,11 +50,12 @@ from services.worker.launcher import (
     check_sglang_version,
     engine_environment,
     installed_sglang_version,
+    reclaim_ports,
     resolve_ports,
 )
 from services.worker.orphan import AdoptedEngine, pid_file, previous_engine, remove_pid_file, write_pid_file
 from shared.bus import Bus, bus_from_settings
-from shared.devservers import free_port
+from shared.devservers import free_port, port_available
 from shared.engine_client import EngineClient, EngineLoads, EngineServerInfo, engine_auth_headers
 from shared.errors import ConfigError, EngineError, EngineTimeout, PoiseError
 from shared.latency import LatencyProfile, load_profile
@@ -98,6 +99,13 @@ def worker_admin_service(instance_id: str) -> str:
     return f"worker-{instance_id}"
 
 
+def engine_url(settings: WorkerSettings) -> str:
+    """Where the engine answers: the attached engine's URL, or the spawned one's port on ``public_host``."""
+    if settings.engine_kind == "attach":
+        return (settings.engine_url or "").rstrip("/")
+    return f"http://{settings.public_host}:{settings.engine_port}"
+
+
 def load_report(instance_id: str, role: Role, status: InstanceStatus, loads: EngineLoads, ts_unix_s: float,
                 after_seq: int = 0) -> LoadReport:
     """A :class:`LoadReport` from one ``/v1/loads`` reading, with the prefill samples newer than ``after_seq``."""
@@ -121,12 +129,13 @@ class WorkerService(AsyncServiceMixin):
     name = "worker"
 
     def __init__(self, settings: WorkerSettings, *, exit_event: asyncio.Event | None = None) -> None:
+        self._requested = settings  # as given: which ports are the operator's and which were picked here
         self.settings = resolve_ports(settings, free_port)
         s = self.settings
         self.instance_id = s.instance_id
         self.subjects = Subjects(s.namespace)
         self.keys = Keys(s.namespace)
-        self.url = (s.engine_url or "").rstrip("/") if s.engine_kind == "attach" else f"http://{s.public_host}:{s.engine_port}"
+        self.url = engine_url(s)
         self.role: Role | None = s.role
         self.status: InstanceStatus = "starting"
         self.restarts = 0
@@ -273,11 +282,31 @@ class WorkerService(AsyncServiceMixin):
             log.warning("stopping engine pid %d that a previous run of %s left running", previous[0], self.instance_id)
             await orphan.stop(self.settings.stop_timeout_s)
         self._adopted = False
+        argv = self._reclaim_ports() or argv
         engine = EngineProcess(argv, log_path, env=engine_environment(self.settings))
         self._engine = engine
         await engine.start()
         assert engine.pid is not None
         write_pid_file(pids, engine.pid, argv)
+
+    def _reclaim_ports(self) -> list[str] | None:
+        """Re-pick the picked ports another process took since (:func:`reclaim_ports`); the engine command for
+        the new ones, or None when they are unchanged. The engine is not registered here, so the new URL is
+        the one registered next."""
+        settings = reclaim_ports(self._requested, self.settings, port_available, free_port)
+        if settings is self.settings:
+            return None
+        log.warning("worker %s: a port picked for the engine was taken since (engine %s, bootstrap %s); launching "
+                    "on engine %s, bootstrap %s", self.instance_id, self.settings.engine_port,
+                    self.settings.bootstrap_port, settings.engine_port, settings.bootstrap_port)
+        self.settings = settings
+        self.url = engine_url(settings)
+        if self._http is not None:
+            self._client = EngineClient(self.url, self._http, engine_id=self.instance_id,
+                                        timeout_s=settings.engine_timeout_s)
+        argv = build_engine_command(settings, role=self.role)
+        assert argv is not None
+        return argv
 
     async def _adopt(self, orphan: AdoptedEngine) -> bool:
         """Take over a previous run's engine if it answers /health soon; its role is read from it (it may have flipped)."""

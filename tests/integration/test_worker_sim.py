@@ -138,3 +138,29 @@ async def test_an_engine_whose_scheduler_hangs_leaves_the_registry_and_returns(
         assert (await request).status_code == 200
     await _until(lambda: "c0" not in watcher.instances)
     await obs.close()
+
+
+async def test_a_picked_port_taken_before_the_launch_is_picked_again(
+        nats_server: NatsServer, etcd_server: EtcdServer, tmp_path: Path) -> None:
+    """A worker picks its engine's port when it is built and binds it when it launches; a process that takes the
+    port in between (an outbound connection's local end, most often) makes it pick another, not restart an
+    engine that cannot bind until it gives up."""
+    import socket
+
+    ns = f"t{uuid.uuid4().hex[:8]}"
+    obs = await start_observer(nats_server.url, etcd_server.url, ns, "d0")
+    settings = load_settings(WorkerSettings, instance_id="d0", role="decode", engine_kind="sim", model="sim-model",
+                             time_scale=0.0, namespace=ns, nats_url=nats_server.url, etcd_url=etcd_server.url,
+                             load_interval_s=0.1, lease_ttl_s=2, health_timeout_s=30, restart_max_failures=2,
+                             restart_backoff_s=0.2, stop_timeout_s=5, log_dir=tmp_path)
+    worker = WorkerService(settings)
+    picked = worker.settings.engine_port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
+        squatter.bind(("127.0.0.1", picked))
+        squatter.listen(1)
+        async with worker:
+            await _until(lambda: "d0" in obs.watcher.instances)
+            assert worker.settings.engine_port != picked and worker.restarts == 0
+            assert obs.watcher.instances["d0"].url == f"http://127.0.0.1:{worker.settings.engine_port}" == worker.url
+            await _until(lambda: bool(obs.reports) and obs.reports[-1].healthy)
+    await obs.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from services.worker.config import WorkerSettings
@@ -9,8 +11,10 @@ from services.worker.launcher import (
     SglangVersionError,
     build_engine_command,
     check_sglang_version,
+    reclaim_ports,
     resolve_ports,
 )
+from shared.devservers import port_available
 from shared.errors import ConfigError
 from shared.runtime import restart_delay
 from shared.settings import load_settings, parse_settings
@@ -151,6 +155,34 @@ def test_resolve_ports() -> None:
     assert s.bootstrap_port == 8998  # SGLang's default
     s = resolve_ports(_settings(bootstrap_port=0), lambda host: 5)
     assert s.bootstrap_port == 5
+
+
+def test_reclaim_ports_re_picks_only_picked_ports_that_were_taken() -> None:
+    requested = _settings(engine_port=0, bootstrap_port=None)
+    picked = requested.model_copy(update={"engine_port": 40001, "bootstrap_port": 40002})
+
+    def reclaim(taken: set[int]) -> WorkerSettings:
+        free = iter([41001, 41002])
+        return reclaim_ports(requested, picked, lambda host, port: port not in taken, lambda host: next(free))
+
+    assert reclaim(set()) is picked
+    assert (reclaim({40001}).engine_port, reclaim({40001}).bootstrap_port) == (41001, 40002)
+    assert (reclaim({40002}).engine_port, reclaim({40002}).bootstrap_port) == (40001, 41001)
+    assert (reclaim({40001, 40002}).engine_port, reclaim({40001, 40002}).bootstrap_port) == (41001, 41002)
+    # The operator's ports stay, taken or not: the clash is theirs to see in the engine log.
+    fixed = _settings(engine_port=31000, bootstrap_port=9000)
+    assert reclaim_ports(fixed, fixed, lambda host, port: False, lambda host: 1) is fixed
+    attach = _settings(engine_kind="attach", role=None, engine_url="http://10.0.0.5:30000")
+    assert reclaim_ports(attach, attach, lambda host, port: False, lambda host: 1) is attach
+
+
+def test_port_available_sees_a_listener() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        assert not port_available("127.0.0.1", port)
+    assert port_available("127.0.0.1", port)
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
