@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 import pytest
 
@@ -179,6 +181,33 @@ def test_no_flip_when_the_gain_is_small_but_a_queued_backlog_counts() -> None:
         [inst(f"d{i}", "decode") for i in range(4)]
     decision = pools.decide(snap(swamped, series(1200, 200, 3.0)), 10.0)
     assert decision is not None and decision.changes[0].new_role == "prefill"
+
+
+def test_past_capacity_a_flip_waits_until_the_direction_has_held_for_the_whole_window() -> None:
+    # Neither split carries the load (4P4D scores 1.92, 7P1D 1.10): the direction must hold for window_s, as
+    # a burst shorter than the window lifts the scores for a few evaluations.
+    pools = PoisePools(MODEL, CTX, split_params())
+    evaluations = math.ceil(pools.params.window_s / pools.params.interval_s)
+    assert evaluations > pools.params.confirm
+    overload = series(2048, 28, 80.0)
+    for k in range(evaluations - 1):
+        assert pools.decide(snap(cluster(4, 4), overload), 10.0 * k) is None
+    decision = pools.decide(snap(cluster(4, 4), overload), 10.0 * (evaluations - 1))
+    assert decision is not None and decision.changes[0].new_role == "prefill"
+    # A split that carries the load (6P2D 0.96 against 4P4D's 1.44) is worth a flip after ``confirm``.
+    pools = PoisePools(MODEL, CTX, split_params())
+    assert pools.decide(snap(cluster(4, 4), series(2048, 28, 60.0)), 0.0) is None
+    decision = pools.decide(snap(cluster(4, 4), series(2048, 28, 60.0)), 10.0)
+    assert decision is not None and decision.changes[0].new_role == "prefill"
+    # A burst past capacity for two evaluations, then a decode-heavy mix that wants the other way: the burst's
+    # evaluations do not count towards it, so nothing moves before it is confirmed itself.
+    pools = PoisePools(MODEL, CTX, split_params())
+    chat = series(300, 1000, 20.0)  # 2P6D 0.23 against 4P4D's 0.34
+    for k in range(2):
+        assert pools.decide(snap(cluster(4, 4), overload), 10.0 * k) is None
+    assert pools.decide(snap(cluster(4, 4), chat), 20.0) is None
+    decision = pools.decide(snap(cluster(4, 4), chat), 30.0)
+    assert decision is not None and decision.changes[0].new_role == "decode"
 
 
 def test_a_flip_is_worth_the_queueing_delay_it_removes_below_capacity() -> None:
