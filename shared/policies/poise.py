@@ -23,9 +23,7 @@ instance towards the best split when
   Past capacity the scores follow the queues, and a burst shorter than the window lifts them for a few
   evaluations; a flip made on it holds the instance for ``min_dwell_s`` and the way back needs the
   ``min_gain`` bar again, which the split it left, past capacity too, need not clear although it serves
-  more once the burst is over (Mooncake conversation at 2.25x: a flip 5P3D -> 4P4D on a decode burst at
-  570 s, scored 2.34 against 1.75, served 82.0% of the hour where holding 5P3D served 93.0%;
-  docs/adaptive-pd.md).
+  more once the burst is over (a decode burst on Mooncake conversation: docs/adaptive-pd.md).
 
 What keeps it stable, and why each rule is there:
 
