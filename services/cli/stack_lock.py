@@ -15,11 +15,11 @@ import contextlib
 import fcntl
 import json
 import os
-import socket
 from collections.abc import Iterable
 from pathlib import Path
 from typing import IO
 
+from shared.devservers import port_available
 from shared.errors import PoiseError
 
 
@@ -73,16 +73,7 @@ def _read_holder(file: IO[str]) -> str:
 
 def check_ports_free(host: str, ports: Iterable[tuple[str, int]]) -> None:
     """Raise :class:`PoiseError` naming every ``(what, port)`` (port 0 = any, skipped) that cannot be bound."""
-    busy = []
-    for what, port in ports:
-        if not port:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind: TIME_WAIT is no conflict
-            try:
-                s.bind((host, port))
-            except OSError as exc:
-                busy.append(f"{what} port {host}:{port} ({exc.strerror or exc})")
+    busy = [f"{what} port {host}:{port}" for what, port in ports if port and not port_available(host, port)]
     if busy:
         raise PoiseError(f"cannot start the stack, in use: {'; '.join(busy)}. Stop what holds it, or pick other ports "
                          f"(--gateway-port, --monitor-port, --nats-port, --etcd-port; 0 = any free port)")
