@@ -4,172 +4,24 @@ Past the decode side's capacity SGLang's first-come-first-served KV reservation 
 the whole backlog, and a disaggregated cluster serves almost nothing in time (the sustained bench's Mooncake
 conversation curves fall from 100% to 5% within 6% more load). Early rejection
 (:mod:`shared.policies.admission`) refuses, with a 429, the requests the measured backlog would make late.
-This bench runs, on the sustained yardstick (whole trace, natural time, first 120 s not counted, 8
-instances), at rates from the better stock baseline's goodput (the best fixed split or colocated serving on
-SGLang's engines, from ``tests/bench/results/sustained/sustained.json``: run that bench first) to twice it:
-
-- the oracle fixed split on Poise's engines, without and with early rejection (what the rule does alone);
-- Poise without and with it (its default);
-- colocated serving on Poise's engines (where the rule does not apply: the reference that degrades gently).
-
-A refused request counts as a miss, as in every attainment here. Writes
+This bench (:mod:`tests.bench.rule_curves`) runs the oracle fixed split on Poise's engines and Poise, each
+without and with the rule, and colocated serving on Poise's engines, at rates from the better stock
+baseline's goodput to twice it. Writes
 ``tests/bench/results/early_rejection.{md,json,png}``; ``--workloads a,b`` picks workloads (default: the
 two Mooncake traces and Azure code), ``--jobs N`` runs N simulations at once.
 """
 
 from __future__ import annotations
 
-import argparse
-import functools
-import json
-import shlex
-import sys
-import time
-from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from pathlib import Path
-from typing import Any, cast
+from tests.bench.rule_curves import Rule, main
 
-from loadgen.sim.baselines import PolicyMix, make_mix
-from loadgen.sim.goodput import Yardstick
-from loadgen.sim.run import simulate
-from loadgen.slo import slo_for
-from loadgen.traces import load_trace
-from tests.bench.sustained import (
-    COLOCATED_POISE_ENGINES,
-    INSTANCES,
-    MODEL,
-    OUT,
-    START,
-    SUMMARY,
-    better_stock_goodput,
-    mix_builder,
-)
-
-RESULT = OUT / "early_rejection"
-WORKLOADS = ["mooncake-conv", "mooncake-synthetic", "azure-code"]
-MULTIPLES = [1.0, 1.15, 1.3, 1.6, 2.0]  # of the better stock baseline's goodput
-WITH = "+early-rejection"
-
-
-def configurations(split: str) -> list[str]:
-    return [f"static-{split}+poise-engines", f"static-{split}+poise-engines{WITH}", "poise-no-early-rejection",
-            "poise", COLOCATED_POISE_ENGINES]
-
-
-def builder(name: str) -> Callable[[], PolicyMix]:
-    if name == "poise":
-        return functools.partial(make_mix, "poise", INSTANCES, START)
-    if name == "poise-no-early-rejection":
-        return functools.partial(make_mix, "poise", INSTANCES, START, early_rejection=False)
-    if name.endswith(WITH):
-        # mix_builder's factories are make_mix partials: they take make_mix's keywords.
-        return functools.partial(cast(Callable[..., PolicyMix], mix_builder(name.removesuffix(WITH))),
-                                 early_rejection=True)
-    return mix_builder(name)
-
-
-def _run(workload: str, name: str, scale: float) -> dict[str, Any]:
-    trace = load_trace(workload)
-    y = Yardstick()
-    r = simulate(trace, builder(name)(), MODEL, slo_for(workload), rate_scale=scale, rate_mode=y.rate_mode,
-                 warmup_s=y.warmup_for(trace, scale), seed=y.seed)
-    return {"workload": workload, "config": name, "rate_scale": scale, "attainment": r.summary.slo_attainment,
-            "ttft_attainment": r.summary.ttft_attainment, "requests": len(r.records),
-            "early_rejections": r.config["early_rejections"],
-            "refused_share": r.config["early_rejections"] / max(1, len(r.records))}
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workloads", default=",".join(WORKLOADS))
-    parser.add_argument("--jobs", type=int, default=2)
-    args = parser.parse_args()
-    if not SUMMARY.exists():
-        sys.exit(f"{SUMMARY} is missing: run `python -m tests.bench.sustained` first")
-    rows = {r["workload"]: r for r in json.loads(SUMMARY.read_text())["rows"]}
-    workloads = [w for w in args.workloads.split(",") if w]
-    unknown = [w for w in workloads if w not in rows]
-    if unknown:
-        sys.exit(f"no sustained row for {', '.join(unknown)} in {SUMMARY}")
-    tasks = []
-    for w in workloads:
-        base = better_stock_goodput(rows[w]["goodput"])
-        for name in configurations(rows[w]["static_best_split"]):
-            tasks += [(w, name, round(base * m, 4)) for m in MULTIPLES]
-    t0 = time.monotonic()
-    results: list[dict[str, Any]] = []
-    with ProcessPoolExecutor(args.jobs) as pool:
-        futures = [pool.submit(_run, *t) for t in tasks]
-        for done, f in enumerate(as_completed(futures), 1):
-            r = f.result()
-            results.append(r)
-            print(f"[{done}/{len(tasks)}, {time.monotonic() - t0:.0f} s] {r['workload']} {r['config']} "
-                  f"{r['rate_scale']:.3g}x: {100 * r['attainment']:.1f}%", file=sys.stderr, flush=True)
-    command = "python -m tests.bench.early_rejection " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    meta = {"command": command.strip(), "multiples": MULTIPLES, "yardstick": "whole trace, natural time, first 120 s "
-            "not counted, 8 instances", "splits": {w: rows[w]["static_best_split"] for w in workloads},
-            "sets": {w: rows[w]["set"] for w in workloads}}
-    RESULT.with_suffix(".json").write_text(json.dumps({**meta, "points": results}, indent=1))
-    RESULT.with_suffix(".md").write_text(report(meta, results, workloads))
-    plot(results, workloads, RESULT.with_suffix(".png"))
-    print(f"wrote {RESULT}.{{md,json,png}}", file=sys.stderr)
-
-
-def report(meta: dict[str, Any], results: list[dict[str, Any]], workloads: list[str]) -> str:
-    lines = ["# Early rejection past capacity", "",
-             f"Command: `{meta['command']}`", "",
-             f"Yardstick: {meta['yardstick']}. Rates: {', '.join(f'{m:g}' for m in meta['multiples'])} x the better "
-             "stock baseline's goodput (the best fixed split or colocated serving on SGLang's engines, from the "
-             "sustained summary). Cells: % of requests in time (refused ones count as misses); in brackets, % "
-             "refused early. Nothing here was tuned on: the rule's parameters were set on Azure code (tune), "
-             "Mooncake conversation (seen) and a synthetic long-context load (tests/unit/test_early_rejection.py).",
-             ""]
-    for w in workloads:
-        split = meta["splits"][w]
-        names = configurations(split)
-        pts = {(r["config"], r["rate_scale"]): r for r in results if r["workload"] == w}
-        scales = sorted({s for _, s in pts})
-        lines += [f"## {w} ({meta['sets'][w]}; oracle split {split})", "",
-                  "| rate (x trace) | " + " | ".join(names) + " | rule's gain, fixed split | rule's gain, poise |",
-                  "|---" * (len(names) + 3) + "|"]
-        for s in scales:
-            cells = []
-            for n in names:
-                r = pts.get((n, s))
-                if r is None:
-                    cells.append("-")
-                    continue
-                refused = f" ({100 * r['refused_share']:.1f})" if r["early_rejections"] else ""
-                cells.append(f"{100 * r['attainment']:.1f}{refused}")
-            gain = [pts.get((b, s)) and pts.get((a, s)) and 100 * (pts[(a, s)]["attainment"] - pts[(b, s)]["attainment"])
-                    for b, a in ((names[0], names[1]), (names[2], names[3]))]
-            lines.append(f"| {s:.4g} | " + " | ".join(cells) + " | "
-                         + " | ".join("-" if g is None else f"{g:+.1f} points" for g in gain) + " |")
-        lines.append("")
-    return "\n".join(lines)
-
-
-def plot(results: list[dict[str, Any]], workloads: list[str], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 4), squeeze=False)
-    for ax, w in zip(axes[0], workloads, strict=True):
-        mine = [r for r in results if r["workload"] == w]
-        for name in dict.fromkeys(r["config"] for r in mine):
-            pts = sorted((r["rate_scale"], 100 * r["attainment"]) for r in mine if r["config"] == name)
-            style = "-" if name == "poise" or name.endswith(WITH) else "--"
-            ax.plot(*zip(*pts, strict=True), style, marker="o", label=name)
-        ax.axhline(90, color="grey", lw=0.8)
-        ax.set(title=w, xlabel="rate (x trace)", ylabel="% of requests in time", ylim=(0, 102))
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
+EARLY_REJECTION = Rule(
+    name="early-rejection", keyword="early_rejection", on=True, off=False, module="tests.bench.early_rejection",
+    stem="early_rejection", title="Early rejection past capacity",
+    about="Cells: % of requests in time (refused ones count as misses); in brackets, % refused early. Nothing "
+          "here was tuned on: the rule's parameters were set on Azure code (tune), Mooncake conversation (seen) "
+          "and a synthetic long-context load (tests/unit/test_early_rejection.py).",
+    workloads=("mooncake-conv", "mooncake-synthetic", "azure-code"), multiples=(1.0, 1.15, 1.3, 1.6, 2.0))
 
 if __name__ == "__main__":
-    main()
+    main(EARLY_REJECTION)

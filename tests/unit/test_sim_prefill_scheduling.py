@@ -139,3 +139,32 @@ def test_a_plan_whose_head_waits_for_kv_lets_the_admitted_prompts_finish() -> No
                       LOOSE, first_token_delay=NO_DELAY, slo_classes=CLASSES)
     assert all(r.ok for r in result.records)
     assert ttfts(result)[1] > ttfts(result)[0] - 0.1  # served after the long one, which held the KV
+
+
+def test_decode_kv_reserved_at_dispatch_orders_prompts_first_come_unless_the_gateway_holds_them() -> None:
+    import msgspec
+
+    # The prefill engine orders prompts itself (EDF), but SGLang's decode side reserves KV at dispatch, first
+    # come first served: with room for 9 prompts, the urgent ones wait behind batch ones for decode KV before
+    # the prefill engine ever sees them. Held at the gateway (Poise's mix), a prompt reserves nothing until
+    # its turn, and the urgent ones go first.
+    small = LatencyModel(msgspec.structs.replace(load_profile(), kv_capacity_tokens=28_000))
+    reqs = [(i * 0.001, 3000, 4, "batch") for i in range(20)] + [(0.03 + i * 0.001, 3000, 4, "urgent") for i in range(5)]
+    classes = parse_slo_classes(["urgent=1.0:1.0:0.5", "batch=60:1.0:0.5"], LOOSE)
+
+    def urgent_in_time(**kw: object) -> float:
+        mix = make_mix("static-minload", 2, "1P1D", prefill_policy="edf", **kw)  # type: ignore[arg-type]
+        result = simulate(labelled(*reqs), mix, small, LOOSE, first_token_delay=NO_DELAY, slo_classes=classes)
+        assert all(r.ok for r in result.records)
+        return result.summary.per_class["urgent"].ttft_attainment
+
+    assert urgent_in_time() < 0.5
+    assert urgent_in_time(late_binding="edf") == 1.0
+
+
+def test_poise_holds_prompts_in_the_gateway() -> None:
+    from loadgen.sim.baselines import POISE_PREFILL_POLICY
+    from shared.policies.late_binding import DEFAULT_DEPTH
+
+    assert make_mix("poise", 8).late_binding == (POISE_PREFILL_POLICY, DEFAULT_DEPTH)
+    assert make_mix("poise", 8, late_binding="none").late_binding is None
