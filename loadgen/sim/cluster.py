@@ -133,20 +133,26 @@ class SimCluster:
         now = self.queue.now_s
         open_prefill = {i.instance_id: lb.free_slots(i.assigned) for i in self.live
                         if i.role == "prefill" and i.status == "ready"}
-        slots = sum(open_prefill.values())
         if not open_prefill:  # nothing to bind to (colocated, or every prefill draining): dispatch as usual
             held, self.held = self.held, []
             for req in held:
                 self._place(req, [i.view() for i in self.live])
             return
-        chosen, retry_at = lb.release(self.held, slots, now)
-        for req in chosen:
-            self.held.remove(req)
-            views = [i.view() for i in self.live
-                     if i.role != "prefill" or open_prefill.get(i.instance_id, 0) > 0]
-            placed = self._place(req, views)
-            if placed is not None:
-                open_prefill[placed] -= 1
+        # As the gateway's queue pumps: until the slots are taken or the policy holds the rest. A policy may
+        # release fewer than the free slots (FlowPrefill's batch), and a request that is refused or prefilled
+        # on its decode instance takes none.
+        retry_at = None
+        while self.held:
+            chosen, retry_at = lb.release(self.held, sum(open_prefill.values()), now)
+            if not chosen:
+                break
+            for req in chosen:
+                self.held.remove(req)
+                views = [i.view() for i in self.live
+                         if i.role != "prefill" or open_prefill.get(i.instance_id, 0) > 0]
+                placed = self._place(req, views)
+                if placed is not None:
+                    open_prefill[placed] -= 1
         if retry_at is not None and self.held and (self._release_at is None or retry_at < self._release_at):
             self._release_at = retry_at
 

@@ -19,10 +19,6 @@ from shared.policies.prefill_order import PrefillItem, PrefillPolicy
 
 T = TypeVar("T", bound=PrefillItem)
 
-#: Prompts a prefill engine may hold unprefilled: one queued behind the running pass, so live, where the next
-#: release is a network hop away, a pass's end finds the next prompt on the engine already.
-DEFAULT_DEPTH = 2
-
 #: The budget handed to the policy: large enough that every held prompt fits (the gateway plans an order,
 #: not a forward pass).
 _UNBOUNDED = 1 << 40
@@ -31,7 +27,7 @@ _UNBOUNDED = 1 << 40
 @dataclass(slots=True)
 class LateBinding:
     policy: PrefillPolicy
-    depth: int = DEFAULT_DEPTH  # prompts an engine may hold unprefilled before the gateway stops sending it more
+    depth: int = 2  # prompts an engine may hold unprefilled before the gateway stops sending it more
 
     def __post_init__(self) -> None:
         if self.depth < 1:

@@ -6,7 +6,7 @@ multiples of the better stock baseline's goodput (the best fixed split or coloca
 engines, from ``tests/bench/results/sustained/sustained.json``: run that bench first):
 
 - the oracle fixed split on Poise's engines, without and with the rule (what the rule does alone);
-- Poise without and with it (its default);
+- Poise without and with it (the rule's ``in_poise`` says which is its default);
 - colocated serving on Poise's engines (the reference that degrades gently; neither rule applies to it).
 
 A refused request counts as a miss, as in every attainment here. Each rule's module
@@ -59,6 +59,7 @@ class Rule:
     about: str  # the report's paragraph after the yardstick: what was tuned on, what the cells hold
     workloads: tuple[str, ...]
     multiples: tuple[float, ...]  # of the better stock baseline's goodput
+    in_poise: bool = True  # the poise mix has the rule on by default (else it is tried on it)
 
     @property
     def suffix(self) -> str:
@@ -66,13 +67,16 @@ class Rule:
 
     def configurations(self, split: str) -> list[str]:
         fixed = f"static-{split}+poise-engines"
-        return [fixed, fixed + self.suffix, f"poise-no-{self.name}", "poise", COLOCATED_POISE_ENGINES]
+        poise = [f"poise-no-{self.name}", "poise"] if self.in_poise else ["poise", "poise" + self.suffix]
+        return [fixed, fixed + self.suffix, *poise, COLOCATED_POISE_ENGINES]
 
     def builder(self, config: str) -> Callable[[], PolicyMix]:
         if config == "poise":
             return functools.partial(make_mix, "poise", INSTANCES, START)
         if config == f"poise-no-{self.name}":
             return functools.partial(make_mix, "poise", INSTANCES, START, **{self.keyword: self.off})
+        if config == "poise" + self.suffix:
+            return functools.partial(make_mix, "poise", INSTANCES, START, **{self.keyword: self.on})
         if config.endswith(self.suffix):
             # mix_builder's factories are make_mix partials: they take make_mix's keywords.
             return functools.partial(cast(Callable[..., PolicyMix], mix_builder(config.removesuffix(self.suffix))),
@@ -171,7 +175,7 @@ def plot(rule: Rule, results: list[dict[str, Any]], workloads: list[str], path: 
         mine = [r for r in results if r["workload"] == w]
         for name in dict.fromkeys(r["config"] for r in mine):
             pts = sorted((r["rate_scale"], 100 * r["attainment"]) for r in mine if r["config"] == name)
-            style = "-" if name == "poise" or name.endswith(rule.suffix) else "--"
+            style = "-" if name.endswith(rule.suffix) or (rule.in_poise and name == "poise") else "--"
             ax.plot(*zip(*pts, strict=True), style, marker="o", label=name)
         ax.axhline(90, color="grey", lw=0.8)
         ax.set(title=w, xlabel="rate (x trace)", ylabel="% of requests in time", ylim=(0, 102))

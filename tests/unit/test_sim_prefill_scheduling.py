@@ -146,7 +146,7 @@ def test_decode_kv_reserved_at_dispatch_orders_prompts_first_come_unless_the_gat
 
     # The prefill engine orders prompts itself (EDF), but SGLang's decode side reserves KV at dispatch, first
     # come first served: with room for 9 prompts, the urgent ones wait behind batch ones for decode KV before
-    # the prefill engine ever sees them. Held at the gateway (Poise's mix), a prompt reserves nothing until
+    # the prefill engine ever sees them. Held at the gateway (late binding), a prompt reserves nothing until
     # its turn, and the urgent ones go first.
     small = LatencyModel(msgspec.structs.replace(load_profile(), kv_capacity_tokens=28_000))
     reqs = [(i * 0.001, 3000, 4, "batch") for i in range(20)] + [(0.03 + i * 0.001, 3000, 4, "urgent") for i in range(5)]
@@ -162,9 +162,13 @@ def test_decode_kv_reserved_at_dispatch_orders_prompts_first_come_unless_the_gat
     assert urgent_in_time(late_binding="edf") == 1.0
 
 
-def test_poise_holds_prompts_in_the_gateway() -> None:
-    from loadgen.sim.baselines import POISE_PREFILL_POLICY
-    from shared.policies.late_binding import DEFAULT_DEPTH
 
-    assert make_mix("poise", 8).late_binding == (POISE_PREFILL_POLICY, DEFAULT_DEPTH)
-    assert make_mix("poise", 8, late_binding="none").late_binding is None
+def test_a_refused_release_does_not_leave_the_rest_held() -> None:
+    # Depth 1: when the first prompt's prefill ends, the queue's turn goes to a prompt no engine can hold (a
+    # 400). Its slot is still free, so the next held prompt must go out in the same round: no later event
+    # would release it (the gateway's queue pumps until the slots are taken or the policy holds the rest).
+    reqs = [(0.0, 8000, 4, "batch"), (0.01, 500_000, 4, "batch"), (0.02, 1000, 4, "batch")]
+    result = run({"late_binding": "edf", "late_binding_depth": 1}, labelled(*reqs))
+    records = sorted(result.records, key=lambda r: r.index)  # type: ignore[attr-defined]
+    assert [r.ok for r in records] == [True, False, True]
+    assert (records[1].error or "").startswith("400")
