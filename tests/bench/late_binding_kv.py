@@ -6,9 +6,8 @@ its decode KV while it waits, and past the prefill side's capacity the decode po
 computed: the decode side refuses or queues requests it has the compute for. Late binding
 (:mod:`shared.policies.late_binding`) holds prompts in the gateway and sends one to a prefill engine only when
 that engine has fewer than ``depth`` unprefilled, so a prompt holds decode KV only from shortly before its
-prefill. But the queue is then the gateway's, ordered by the prefill policy's deadlines without the time a
-released prompt still waits in its engine and for its KV copy, so far past capacity it releases prompts that
-just miss. Poise's mix does not run it (docs/known-gaps.md). This bench (:mod:`tests.bench.rule_curves`)
+prefill. But it releases prompts on prefill room alone, and far past the decode side's capacity it overfills
+the decode engines where early rejection cannot see it, so Poise's mix does not run it (docs/known-gaps.md). This bench (:mod:`tests.bench.rule_curves`)
 runs the oracle fixed split on Poise's engines and Poise, each without and with it, and colocated serving on
 Poise's engines, at rates from the better stock baseline's goodput to twice it. Writes
 ``tests/bench/results/late_binding_kv.{md,json,png}``; ``--workloads a,b`` picks workloads, ``--jobs N`` runs
