@@ -44,7 +44,7 @@ test-fast: setup
 
 ## Benchmarks: gateway overhead and throughput, start-up time, simulator speed and fidelity (also past capacity), sustained goodput
 ## of Poise against every fixed split and colocated (whole traces at natural time, the stress set) and against the
-## work bound and a controller switching among them with hindsight, the cost of a Poise decision, goodput of every mix on the papers' compressed slices, DOPD vs Dynamo, forecast latency, flips under traffic, FlowPrefill/late binding, Kairos, the ARES length
+## work bound and a controller switching among them with hindsight, early rejection and late binding on and off, the cost of a Poise decision, goodput of every mix on the papers' compressed slices, DOPD vs Dynamo, forecast latency, flips under traffic, FlowPrefill/late binding, Kairos, the ARES length
 ## predictor on SmolLM2 (CPU), ARES rescheduling in the simulator, the latency model against the committed H100
 ## timings (tests/bench/gpu/llama_forward.py runs on a GPU machine, by hand). Results: tests/bench/results/ (~4 h on 2 cores).
 bench: setup predictor-setup
@@ -54,6 +54,7 @@ bench: setup predictor-setup
 	$(PY) -m tests.bench.goodput_bound
 	$(PY) -m tests.bench.switching_oracle --workloads azure-code,azure-conv,mooncake-conv,stress-step,stress-ramp,stress-bursts,stress-mix-shift,stress-diurnal,mooncake-synthetic
 	$(PY) -m tests.bench.early_rejection
+	$(PY) -m tests.bench.late_binding_kv
 	$(PY) -m tests.bench.prefix_cache
 	$(PY) -m tests.bench.prefix_cache --part split
 	$(PY) -m tests.bench.planner_decision

@@ -7,11 +7,12 @@ computed: the decode side refuses or queues requests it has the compute for. Lat
 (:mod:`shared.policies.late_binding`) holds prompts in the gateway and sends one to a prefill engine only when
 that engine has fewer than ``depth`` unprefilled, so a prompt holds decode KV only from shortly before its
 prefill. But it releases prompts on prefill room alone, and far past the decode side's capacity it overfills
-the decode engines where early rejection cannot see it, so Poise's mix does not run it (docs/known-gaps.md). This bench (:mod:`tests.bench.rule_curves`)
-runs the oracle fixed split on Poise's engines and Poise, each without and with it, and colocated serving on
-Poise's engines, at rates from the better stock baseline's goodput to twice it. Writes
-``tests/bench/results/late_binding_kv.{md,json,png}``; ``--workloads a,b`` picks workloads, ``--jobs N`` runs
-N simulations at once.
+the decode engines where early rejection cannot see it, so Poise's mix does not run it (docs/known-gaps.md).
+
+This bench (:mod:`tests.bench.rule_curves`) runs the oracle fixed split on Poise's engines and Poise, each
+without and with it, and colocated serving on Poise's engines, at rates from the better stock baseline's
+goodput to twice it. Writes ``tests/bench/results/late_binding_kv.{md,json,png}``; ``--workloads a,b`` picks
+workloads, ``--jobs N`` runs N simulations at once.
 """
 
 from __future__ import annotations
