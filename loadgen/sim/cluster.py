@@ -97,6 +97,7 @@ class SimCluster:
         self.engine = engine or EngineSpec()
         self.late_binding = late_binding
         self.held: list[SimRequest] = []  # late binding: arrived, not yet sent to a prefill instance
+        self.given_up = 0  # late binding: held requests refused past their TTFT target (LateBinding.guard_decode)
         self._release_at: float | None = None
         self.costs = costs or SimCosts()
         self.max_instances = max_instances if max_instances is not None else len(roles)
@@ -131,6 +132,14 @@ class SimCluster:
         if lb is None or not self.held:
             return
         now = self.queue.now_s
+        overdue = lb.overdue(self.held, now)
+        if overdue:
+            gone = set(overdue)
+            self.held = [r for r in self.held if r not in gone]
+            self.given_up += len(overdue)
+            for req in overdue:
+                self._fail(req, f"429: early rejection: held {now - req.arrival_s:.1f} s in the gateway, past its TTFT "
+                                f"target of {req.slo_ttft_s:.1f} s; retry later")
         open_prefill = {i.instance_id: lb.free_slots(i.assigned) for i in self.live
                         if i.role == "prefill" and i.status == "ready"}
         if not open_prefill:  # nothing to bind to (colocated, or every prefill draining): dispatch as usual
@@ -138,6 +147,8 @@ class SimCluster:
             for req in held:
                 self._place(req, [i.view() for i in self.live])
             return
+        if not self.held or not lb.decode_room([i.view() for i in self.live if i.role == "decode"]):
+            return  # a decode engine that finishes a request calls again (_finished)
         # As the gateway's queue pumps: until the slots are taken or the policy holds the rest. A policy may
         # release fewer than the free slots (FlowPrefill's batch), and a request that is refused or prefilled
         # on its decode instance takes none.
@@ -206,6 +217,8 @@ class SimCluster:
         self.finished.append(req)
         if self.on_finish is not None:
             self.on_finish(req)
+        if req.error is None and self.held and self.late_binding is not None and self.late_binding.guard_decode:
+            self._release()  # its decode engine has room again
 
     def _fail(self, req: SimRequest, error: str) -> None:
         req.error = error

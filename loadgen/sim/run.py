@@ -52,7 +52,8 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
                                                                mix.early_rejection))
     late = None
     if mix.late_binding is not None:
-        late = LateBinding(make_prefill_policy(mix.late_binding[0], model), depth=mix.late_binding[1])
+        late = LateBinding(make_prefill_policy(mix.late_binding[0], model), depth=mix.late_binding[1],
+                           guard_decode=mix.early_rejection is not None)
     cluster = SimCluster(mix.roles, model, mix.dispatch, queue, first_token_delay, engine=mix.engine, late_binding=late,
                          costs=costs, max_instances=budget, handshake_s=first_token_delay.handshake_s,
                          mechanism=make_migration_mechanism(mix.migration_mechanism, model),
@@ -99,7 +100,7 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
         # decode requests parked for lack of KV (EngineSpec.decode_kv "grow"; always 0 with "whole")
         "retractions": sum(i.retractions for i in cluster.instances.values()),
         "local_prefills": getattr(mix.dispatch, "local", 0),
-        "early_rejections": getattr(mix.dispatch, "rejected", 0),
+        "early_rejections": getattr(mix.dispatch, "rejected", 0) + cluster.given_up,
         "prefix_cache": _cache_summary(requests) if mix.engine.prefix_cache else None,
         "first_token_delay_ms": {"median": first_token_delay.median_s * 1e3, "p90": first_token_delay.p90_s * 1e3,
                                  "handshake": first_token_delay.handshake_s * 1e3},

@@ -15,6 +15,12 @@ slots taken in the same synchronous step, so the counts the next decision reads 
 model has no accepting prefill engine is not held (it is placed as without late binding: a colocated engine,
 or the same error as without late binding); held requests are let go the same way when their model's last
 prefill engine leaves. A client that disconnects (or times out) while held is just removed.
+
+With the gateway's early rejection on, the queue guards the decode side too (``LateBinding.guard_decode``):
+nothing is released while no decode engine of the model runs and queues fewer requests than its cap (as
+its load reports say), and a request held past its TTFT target is refused with early rejection's retryable
+429 (``slo_unreachable``). The queue is pumped again when a request ends (its slots are released), so a
+decode engine with room again takes the next one.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from services.gateway.cluster import ClusterView
+from services.gateway.errors import APIError
 from services.gateway.metrics import GatewayMetrics
 from shared.policies import Placement
 from shared.policies.late_binding import LateBinding
@@ -121,7 +128,7 @@ class LateBindingQueue:
         self._pump_all()
 
     def _arm(self, at_s: float) -> None:
-        if at_s >= self._timer_at:
+        if at_s >= self._timer_at or math.isinf(at_s):
             return
         if self._timer is not None:
             self._timer.cancel()
@@ -140,6 +147,19 @@ class LateBindingQueue:
                 self._dispatch(held, item, frozenset())
             self._gauge()
             return
+        now = time.monotonic()
+        for item in self.binding.overdue(held, now):
+            held.remove(item)
+            self.metrics.rejections.labels("slo_unreachable").inc()
+            item.future.set_exception(APIError(
+                429, f"early rejection: held {now - item.arrival_s:.1f} s in the gateway, past its TTFT target of "
+                     f"{item.slo_ttft_s:.1f} s; retry later",
+                type_="rate_limit_error", code="slo_unreachable", headers={"retry-after": "1"}))
+        if held and self.binding.guard_decode:
+            self._arm(min(h.arrival_s + h.slo_ttft_s for h in held))  # the next give-up (inf: none)
+        if not held or not self.binding.decode_room(self.cluster.engines(model)):
+            self._gauge()
+            return  # a request that ends releases its slots and kicks the queue
         free = {instance_id: self.binding.free_slots(inflight) for instance_id, inflight in engines}
         while held:
             slots = sum(free.values())

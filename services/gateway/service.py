@@ -75,7 +75,7 @@ class GatewayService:
         self.late_binding: LateBindingQueue | None = None
         if settings.late_binding:
             binding = LateBinding(make_prefill_policy(settings.late_binding_policy, settings.latency_model()),
-                                  depth=settings.late_binding_depth)
+                                  depth=settings.late_binding_depth, guard_decode=settings.early_rejection)
             self.late_binding = LateBindingQueue(binding, self.cluster, self.metrics)
             self.cluster.on_release = self.late_binding.kick
         self.replica_id = replica_id()

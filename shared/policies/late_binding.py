@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from shared.policies.prefill_order import PrefillItem, PrefillPolicy
+from shared.policies.views import EngineView
 
 T = TypeVar("T", bound=PrefillItem)
 
@@ -28,10 +29,30 @@ _UNBOUNDED = 1 << 40
 class LateBinding:
     policy: PrefillPolicy
     depth: int = 2  # prompts an engine may hold unprefilled before the gateway stops sending it more
+    # Guard the decode side, as early rejection does (on with it): release nothing while no decode engine could
+    # start one more request, and refuse a held prompt once it has waited its whole TTFT target. Released on
+    # prefill room alone, past the decode side's capacity prompts are prefilled, hold their decode KV and wait
+    # for a running slot, a backlog early rejection does not judge (it judges the queue waiting for KV), and
+    # every request starts late; held instead, the queue would grow for as long as the overload lasts.
+    guard_decode: bool = False
 
     def __post_init__(self) -> None:
         if self.depth < 1:
             raise ValueError(f"late-binding depth must be >= 1, got {self.depth}")
+
+    def overdue(self, held: Sequence[T], now_s: float) -> list[T]:
+        """The held prompts to refuse now: with ``guard_decode``, those that waited past their TTFT target."""
+        if not self.guard_decode:
+            return []
+        return [h for h in held if now_s - h.arrival_s > h.slo_ttft_s]
+
+    def decode_room(self, engines: Sequence[EngineView]) -> bool:
+        """Whether a prompt may be released now: always without ``guard_decode``; with it, while some accepting
+        decode engine runs and queues fewer requests than its cap (or there is none to guard)."""
+        if not self.guard_decode:
+            return True
+        decode = [e for e in engines if e.role == "decode" and e.accepting]
+        return not decode or any(e.running_reqs + e.waiting_reqs < e.max_running_requests for e in decode)
 
     def free_slots(self, unprefilled: int) -> int:
         """How many more prompts an engine holding ``unprefilled`` prompts may get now."""

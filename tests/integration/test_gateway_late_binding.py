@@ -153,3 +153,29 @@ async def test_held_requests_leave_cleanly(registry, engines, nats_server, etcd_
         await long_task  # what was already on the engines finishes
         await until(lambda: service.cluster.inflight_total() == 0, 5)
     await regs[1].deregister()
+
+
+async def test_with_early_rejection_a_request_held_past_its_target_is_refused(registry, engines, nats_server,  # type: ignore[no-untyped-def]
+                                                                              etcd_server) -> None:
+    """With early rejection on, the queue refuses a request that waited its whole TTFT target in it (no event
+    comes meanwhile: the long prefill holds the only slot), with early rejection's retryable 429."""
+    regs = await register(registry, engines["prefill"].info("p0"), engines["decode"].info("d0"))
+    async with run_gateway(nats_server, etcd_server, registry.keys.namespace, first_token_timeout_s=15,
+                           late_binding=True, late_binding_policy="edf", late_binding_depth=1,
+                           early_rejection=True) as (url, service), httpx.AsyncClient(timeout=30) as client:
+        await until(lambda: len(service.cluster.instances) == 2, 5)
+        lb = service.late_binding
+        assert lb is not None and lb.binding.guard_decode
+        long_task = asyncio.create_task(first_token_at(client, url, LONG))
+        await until(lambda: service.cluster.inflight_total() > 0, 5)
+        t0 = time.monotonic()
+        r = await client.post(url + "/v1/completions", json=short(1, slo={"ttft_s": 0.3}))
+        waited = time.monotonic() - t0
+        assert r.status_code == 429 and r.json()["error"]["code"] == "slo_unreachable", r.text
+        assert "held" in r.json()["error"]["message"] and r.headers.get("retry-after") == "1"
+        assert 0.3 <= waited < 1.5 and not long_task.done(), waited  # refused by the timer, not the next event
+        assert lb.held == 0
+        await long_task
+        await until(lambda: service.cluster.inflight_total() == 0, 5)
+    for reg in regs:
+        await reg.deregister()
