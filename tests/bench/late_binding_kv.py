@@ -6,8 +6,8 @@ its decode KV while it waits, and past the prefill side's capacity the decode po
 computed: the decode side refuses or queues requests it has the compute for. Late binding
 (:mod:`shared.policies.late_binding`) holds prompts in the gateway and sends one to a prefill engine only when
 that engine has fewer than ``depth`` unprefilled, so a prompt holds decode KV only from shortly before its
-prefill. But it releases prompts on prefill room alone, and far past the decode side's capacity it overfills
-the decode engines where early rejection cannot see it, so Poise's mix does not run it (docs/known-gaps.md).
+prefill. With early rejection on (Poise's mix) it also guards the decode side (``LateBinding.guard_decode``).
+Poise's mix does not run it yet (docs/known-gaps.md).
 
 This bench (:mod:`tests.bench.rule_curves`) runs the oracle fixed split on Poise's engines and Poise, each
 without and with it, and colocated serving on Poise's engines, at rates from the better stock baseline's
@@ -25,8 +25,8 @@ LATE_BINDING = Rule(
     module="tests.bench.late_binding_kv", stem="late_binding_kv", title="Late binding and the decode KV",
     about="Cells: % of requests in time (refused ones count as misses); in brackets, % refused early (Poise's "
           "early rejection; the fixed split has none). Late binding holds prompts in the gateway in FlowPrefill's "
-          "order (the engines' own), depth 2 (the gateway's default, not tuned). Only reported: Poise's mix does "
-          "not run it.",
+          "order (the engines' own), depth 2 (the gateway's default, not tuned); with Poise's early rejection it "
+          "also guards the decode side (LateBinding.guard_decode). Only reported: Poise's mix does not run it.",
     workloads=("azure-code", "mooncake-conv", "mooncake-synthetic"), multiples=(1.0, 1.3, 1.6, 2.0), in_poise=False)
 
 if __name__ == "__main__":
