@@ -4,7 +4,9 @@ The gateway holds requests in its own queue and releases one to a prefill engine
 fewer than ``depth`` prompts sent and not yet prefilled, so the order in which prompts reach the engines is
 the prefill policy's order (Kairos, FlowPrefill, EDF, ...) instead of arrival order. What it cannot do is
 preempt: a prompt already on an engine runs there. The simulator uses this same object for its
-``late-binding`` mixes, to measure how much of the engine-level gain it keeps.
+``late-binding`` mixes, to measure how much of the engine-level gain it keeps. On a disaggregated cluster it
+also keeps decode KV for prompts about to be prefilled: SGLang's decode side reserves a request's KV at
+dispatch, so a prompt sent on arrival holds it through its whole prefill queue wait (docs/engine-scheduling.md).
 
 Pure: the caller owns the held requests and the per-engine counts.
 """
