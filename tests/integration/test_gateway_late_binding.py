@@ -158,7 +158,8 @@ async def test_held_requests_leave_cleanly(registry, engines, nats_server, etcd_
 async def test_with_early_rejection_a_request_held_past_its_target_is_refused(registry, engines, nats_server,  # type: ignore[no-untyped-def]
                                                                               etcd_server) -> None:
     """With early rejection on, the queue refuses a request that waited its whole TTFT target in it (no event
-    comes meanwhile: the long prefill holds the only slot), with early rejection's retryable 429."""
+    comes meanwhile: the long prefill holds the only slot), with early rejection's retryable 429. Its long
+    prompt is one the module's other tests never sent, so no engine holds it in its prefix cache."""
     regs = await register(registry, engines["prefill"].info("p0"), engines["decode"].info("d0"))
     async with run_gateway(nats_server, etcd_server, registry.keys.namespace, first_token_timeout_s=15,
                            late_binding=True, late_binding_policy="edf", late_binding_depth=1,
@@ -166,10 +167,13 @@ async def test_with_early_rejection_a_request_held_past_its_target_is_refused(re
         await until(lambda: len(service.cluster.instances) == 2, 5)
         lb = service.late_binding
         assert lb is not None and lb.binding.guard_decode
-        long_task = asyncio.create_task(first_token_at(client, url, LONG))
+        uncached = {**LONG, "prompt": [i % 1000 + 2001 for i in range(16000)]}
+        long_task = asyncio.create_task(first_token_at(client, url, uncached))
         await until(lambda: service.cluster.inflight_total() > 0, 5)
         t0 = time.monotonic()
-        r = await client.post(url + "/v1/completions", json=short(1, slo={"ttft_s": 0.3}))
+        held = asyncio.create_task(client.post(url + "/v1/completions", json=short(1, slo={"ttft_s": 0.3})))
+        await until(lambda: lb.held == 1 or held.done(), 5)
+        r = await held
         waited = time.monotonic() - t0
         assert r.status_code == 429 and r.json()["error"]["code"] == "slo_unreachable", r.text
         assert "held" in r.json()["error"]["message"] and r.headers.get("retry-after") == "1"
