@@ -47,10 +47,12 @@ DEFAULT_DISPATCH_POLICY = "least-load"  # with every planner policy but poise
 DEFAULT_PLANNER_POLICY = "poise"  # the P:D controller (shared/policies/poise.py); --planner-policy static turns it off
 #: What the poise planner policy brings with it, unless set: the rest of the simulator's ``poise`` mix
 #: (loadgen/sim/baselines.py ``_poise``: Arrow's SLO-aware dispatch, FlowPrefill in the engines with operator
-#: preemption and no chunks), so the live stack runs the mix the simulator and the report's comparison model.
+#: preemption and no chunks, the gateway's late binding so decode KV is reserved only for prompts about to be
+#: prefilled), so the live stack runs the mix the simulator and the report's comparison model.
 #: DOPD's local prefill of short prompts comes with it too (`StackSettings.local_prefill_tokens`).
 POISE_STACK_DEFAULTS: dict[str, Any] = {"dispatch_policy": "arrow", "prefill_policy": POISE_PREFILL_POLICY,
-                                        "preemption": "operator", "chunked_prefill_size": -1}
+                                        "preemption": "operator", "chunked_prefill_size": -1,
+                                        "late_binding": True, "late_binding_policy": POISE_PREFILL_POLICY}
 
 
 class StackSettings(ServiceSettings):
@@ -76,7 +78,7 @@ class StackSettings(ServiceSettings):
     gateway_args: list[str] = Field(default_factory=list, description="Extra flags for the gateway (JSON list).")
     planner_args: list[str] = Field(default_factory=list, description="Extra flags for the planner (JSON list), e.g. [\"--tick-interval-s\", \"1\"].")
     ready_timeout_s: float = Field(60.0, description="How long to wait for every engine to register.")
-    planner_policy: str = Field(DEFAULT_PLANNER_POLICY, description="The planner's pool policy: poise (the P:D controller: scores every split on the served mix, flips one instance at a time towards a clearly better one), static (roles never change), arrow or dopd. poise also sets, unless given, --dispatch-policy arrow, --prefill-policy flowprefill, --preemption operator, --chunked-prefill-size -1 (the simulator's poise mix) and local prefill of prompts up to 512 tokens.")
+    planner_policy: str = Field(DEFAULT_PLANNER_POLICY, description="The planner's pool policy: poise (the P:D controller: scores every split on the served mix, flips one instance at a time towards a clearly better one), static (roles never change), arrow or dopd. poise also sets, unless given, --dispatch-policy arrow, --prefill-policy flowprefill, --preemption operator, --chunked-prefill-size -1, --late-binding with --late-binding-policy flowprefill-fewest-late (the simulator's poise mix) and local prefill of prompts up to 512 tokens.")
     dispatch_policy: str = Field(None, validate_default=False, description="The gateway's dispatch policy: least-load, round-robin, arrow or cache-aware (SMG's); unset = arrow with --planner-policy poise, least-load with the others.")  # type: ignore[assignment]  # always set by _planner_policy_implies
     slo_ttft_s: float | None = Field(None, gt=0.0, description="TTFT SLO (s) the planner and gateway policies plan for; unset = the trace's (poise run) or Arrow Table 1's Azure conversation value, 2 s.")
     slo_tpot_s: float | None = Field(None, gt=0.0, description="TPOT SLO (s) the policies plan for; unset = the trace's (poise run) or 0.15 s (Azure conversation).")
@@ -90,8 +92,8 @@ class StackSettings(ServiceSettings):
     migration_mechanism: str = Field("recompute", description="How moves are carried out: recompute (re-prefill; works with stock SGLang) or kv-transfer (engine_sim's decode-to-decode KV copy).")
     length_predictor: str | None = Field(None, description="Remaining-length predictions of the decode engines (engine_sim: oracle or ares-noise; what ARES' policy reads); unset = none, or what the migration policy reads (ares: ares-noise, ares-oracle: oracle).")
     # -- gateway: late binding and SLO classes (services/gateway/late_binding.py, slo.py) ----------------------
-    late_binding: bool = Field(False, description="The gateway holds requests and releases them to prefill engines in --late-binding-policy's order (for engines that cannot be patched).")
-    late_binding_policy: str = Field("edf", description="Late binding: the prefill policy that orders held requests.")
+    late_binding: bool = Field(False, description="The gateway holds requests and releases them to prefill engines in --late-binding-policy's order, so decode engines reserve KV only for prompts about to be prefilled (and stock engines get the policy's order); on with --planner-policy poise unless --no-late-binding.")
+    late_binding_policy: str = Field("edf", description="Late binding: the prefill policy that orders held requests (flowprefill-fewest-late with --planner-policy poise).")
     late_binding_depth: int = Field(2, ge=1, description="Late binding: prompts a prefill engine may hold unprefilled.")
     local_prefill_max_tokens: int | None = Field(None, ge=0, description="DOPD's local prefill: the gateway sends prompts up to this many tokens to an engine_sim decode engine alone, which prefills them itself (no KV transfer); 0 = off; unset = 512 (the spec's threshold) with the DOPD-based planner policies (dopd, poise), as the simulator's mixes, else off. SGLang decode engines never get them.")
     early_rejection: bool | None = Field(None, description="The gateway refuses (429) requests whose decode engine's queue would keep them from starting within their TTFT target (shared/policies/admission.py); unset = on with --planner-policy poise, as the simulator's poise mix, else off.")

@@ -40,6 +40,7 @@ from services.monitor.config import MonitorSettings
 from services.planner.config import PlannerSettings
 from services.worker.config import WorkerSettings
 from services.worker.launcher import build_engine_command
+from shared.policies.registry import POISE_PREFILL_POLICY
 from shared.settings import parse_settings
 
 ENGINE_PYTHON = "python3"  # the interpreter in the engine image (deploy/Dockerfile.sglang)
@@ -48,6 +49,10 @@ LOG_DIR = "/var/log/poise"
 HF_CACHE = "/root/.cache/huggingface"
 NGINX_CONF = "/etc/nginx/conf.d/default.conf"
 DATASOURCE_UID = "poise-prometheus"  # deploy/grafana/dashboards/poise.json refers to it
+
+#: The gateway settings the poise planner brings with it, as `poise up` does (services/cli/stack.py).
+POISE_GATEWAY_RULES: dict[str, Any] = {"early_rejection": True, "late_binding": True,
+                                       "late_binding_policy": POISE_PREFILL_POLICY}
 
 
 @dataclass(frozen=True)
@@ -187,9 +192,10 @@ def build_plan(inv: Inventory, source: str = "inventory") -> Plan:
         poise_service[name] = (GatewaySettings, flags({**common, **plan_fields, "dispatch_policy": cp.dispatch_policy,
                                                        "host": host, "port": port,
                                                        # as poise up: a migrator may move non-streaming requests too,
-                                                       # and the poise planner brings early rejection
+                                                       # and the poise planner brings early rejection and late
+                                                       # binding in FlowPrefill's order
                                                        "move_non_streaming": cp.migration_policy != "none" or None,
-                                                       "early_rejection": cp.planner_policy == "poise" or None})
+                                                       **(POISE_GATEWAY_RULES if cp.planner_policy == "poise" else {})})
                                + cp.gateway_args, (("HTTP API + metrics", port),))
     control: list[Container] = [_nats(inv, worker_ids), _etcd(inv, ctrl), _etcd_auth(inv, worker_ids)]
     for name, (cls, argv, ports) in poise_service.items():

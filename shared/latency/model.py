@@ -190,8 +190,10 @@ class LatencyModel:
             if end >= offset - 1e-12:
                 boundary = start_s + layer * layer_s + end
                 break
-        # Summed durations round: a last boundary a hair before the pass's end is its end (no cut there).
-        return start_s + duration_s if boundary >= start_s + duration_s - 1e-9 else boundary
+        # Summed durations round: a last boundary a hair before the pass's end is its end (no cut there), and a
+        # boundary a hair before now is now (a cut is never scheduled in the past).
+        end_s = start_s + duration_s
+        return max(end_s if boundary >= end_s - 1e-9 else boundary, now_s)
 
     def operator_durations_s(self, layer_s: float, attention_share: float | None = None) -> list[float]:
         """How one layer of ``layer_s`` splits into its operators, in order (see :meth:`operator_boundary_s`)."""

@@ -160,7 +160,9 @@ def test_control_plane_commands(plan: Plan) -> None:
     assert "--advertise-client-urls" in ctrl["etcd"].command
     assert _value(ctrl["etcd"].command, "--advertise-client-urls") == "http://192.0.2.10:2379"
     assert "--move-non-streaming" not in ctrl["gateway"].command  # no migrator policy in the example
-    assert "--early-rejection" in ctrl["gateway"].command  # the poise planner brings it, as with poise up
+    gateway = ctrl["gateway"].command  # the poise planner brings early rejection and late binding, as poise up
+    assert "--early-rejection" in gateway and "--late-binding" in gateway
+    assert gateway[gateway.index("--late-binding-policy") + 1] == "flowprefill-fewest-late"
 
 
 def test_a_migration_policy_lets_the_gateway_move_non_streaming_requests() -> None:

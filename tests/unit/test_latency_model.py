@@ -109,6 +109,10 @@ def test_operators_split_a_layer_by_their_work() -> None:
     assert m.attention_share([(32768, 0)]) > 0.3
     # Without a share, operators are equal (the model before the H100 check).
     assert m.operator_boundary_s(0.0, 0.01, 1.0) == pytest.approx(2.0 / 160)
+    # Now a hair past a boundary, within the sum's rounding: the boundary is now, never before it (a cut in the
+    # past, which the simulator's event queue refuses).
+    start, now, pass_s, share = 537.4569764496049, 538.3084144578867, 1.696393136505093, 0.47007604043713763
+    assert m.operator_boundary_s(start, now, pass_s, share) >= now
 
 
 def test_operator_weights_must_match_the_matrix_products() -> None:

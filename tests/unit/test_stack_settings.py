@@ -28,10 +28,13 @@ def test_the_poise_planner_is_the_default_and_brings_its_mix() -> None:
         assert POISE_ENGINE.prefill_policy == "flowprefill-fewest-late" and POISE_ENGINE.chunk_tokens == 0
         args = s.gateway_policy_args()
         assert args[args.index("--local-prefill-max-tokens") + 1] == "512" and "--early-rejection" in args
+        # The gateway holds prompts until a prefill engine has room, in the engines' own order.
+        assert args[args.index("--late-binding-policy") + 1] == POISE_ENGINE.prefill_policy and "--late-binding" in args
     # --planner-policy static is the old stack: fixed roles, least-load, stock engines, no local prefill.
     static = parse_settings(StackSettings, ["--planner-policy", "static"])
     assert (static.planner_policy, static.dispatch_policy) == ("static", "least-load")
     assert static.engine_args() == [] and static.gateway_policy_args() == []
+    assert "--late-binding" not in parse_settings(RunSettings, ["--no-late-binding"]).gateway_policy_args()
     # What is given wins over what the planner brings.
     mine = parse_settings(RunSettings, ["--dispatch-policy", "least-load", "--prefill-policy", "fcfs",
                                         "--chunked-prefill-size", "4096"])
