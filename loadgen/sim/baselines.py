@@ -48,6 +48,7 @@ from shared.policies import (
 )
 from shared.policies.admission import EarlyRejectionParams
 from shared.policies.cache_aware import CacheAware
+from shared.policies.late_binding import DEFAULT_DEPTH as LATE_BINDING_DEPTH
 from shared.policies.local_prefill import LocalPrefillParams
 from shared.policies.migration_cost import DEFAULT_MECHANISM, MIGRATION_MECHANISMS, Recompute, make_migration_mechanism
 from shared.protocol.messages import Role
@@ -182,6 +183,14 @@ def _dopd_ratio(instances: int, split: str | None) -> PolicyMix:
 #: batching buys nothing when a step costs its total context (docs/engine-scheduling.md).
 POISE_ENGINE = EngineSpec(prefill_policy=POISE_PREFILL_POLICY, preemption="operator", chunk_tokens=0)
 
+#: The gateway holds prompts and releases one to a prefill engine only when it has fewer than the default depth
+#: unprefilled, in the engines' own order (``shared.policies.late_binding``). Not for the order (the engines keep
+#: FlowPrefill) but for the decode KV: SGLang's decode side reserves a request's KV when it is dispatched, so
+#: without it every prompt queued at a prefill engine holds its decode KV while it waits, and past the prefill
+#: side's capacity the decode pools fill with prompts not yet computed (long prompts above all). Held at the
+#: gateway, a prompt holds nothing. The curves with and without: tests/bench/results/late_binding_kv.md.
+POISE_LATE_BINDING = (POISE_PREFILL_POLICY, LATE_BINDING_DEPTH)
+
 
 def _poise(instances: int, split: str | None) -> PolicyMix:
     roles, layout = _roles(instances, split)
@@ -190,10 +199,12 @@ def _poise(instances: int, split: str | None) -> PolicyMix:
                      f"flips one at a time towards a clearly better split or restarts the cluster into colocated "
                      f"serving; Arrow's SLO-aware dispatch; "
                      f"prompts <= {DOPD_LOCAL_PREFILL.max_local_prefill_tokens} tokens prefilled on decode; "
+                     f"prompts held in the gateway until a prefill engine has room (late binding, depth "
+                     f"{LATE_BINDING_DEPTH}), so decode KV is reserved only for prompts about to be prefilled; "
                      f"early rejection when the decode side cannot start a request in time; "
                      f"decode drains by migration (recompute); "
                      f"engines: {POISE_ENGINE.describe()}", engine=POISE_ENGINE, local_prefill=DOPD_LOCAL_PREFILL,
-                     early_rejection=EarlyRejectionParams(), drain_by_migration=True,
+                     early_rejection=EarlyRejectionParams(), drain_by_migration=True, late_binding=POISE_LATE_BINDING,
                      migration_mechanism=Recompute.name,
                      bind=lambda model, ctx: {"dispatch": ArrowDispatch(model, ctx), "pools": PoisePools(model, ctx)})
 

@@ -26,11 +26,15 @@ T = TypeVar("T", bound=PrefillItem)
 #: not a forward pass).
 _UNBOUNDED = 1 << 40
 
+#: Prompts a prefill engine may hold unprefilled: one queued behind the running pass, so live, where the next
+#: release is a network hop away, a pass's end finds the next prompt on the engine already.
+DEFAULT_DEPTH = 2
+
 
 @dataclass(slots=True)
 class LateBinding:
     policy: PrefillPolicy
-    depth: int = 2  # prompts an engine may hold unprefilled before the gateway stops sending it more
+    depth: int = DEFAULT_DEPTH  # prompts an engine may hold unprefilled before the gateway stops sending it more
     # Guard the decode side, as early rejection does (on with it): release nothing while no decode engine could
     # start one more request, and refuse a held prompt once it has waited its whole TTFT target. Released on
     # prefill room alone, past the decode side's capacity prompts are prefilled, hold their decode KV and wait

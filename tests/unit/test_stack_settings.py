@@ -122,6 +122,16 @@ def test_sim_drain_by_migration_flag_replaces_the_mixs_default() -> None:
     assert parse_settings(SimSettings, ["--drain-by-migration"]).mix_builder("static-minload")().drain_by_migration
 
 
+def test_sim_late_binding_flag_replaces_the_mixs_queue() -> None:
+    from services.cli.main import SimSettings
+
+    # Poise's mix holds prompts in the gateway in its engines' order (SGLang's decode side reserves KV at dispatch).
+    assert parse_settings(SimSettings, []).mix_builder("poise")().late_binding == (POISE_ENGINE.prefill_policy, 2)
+    off = parse_settings(SimSettings, ["--late-binding", "none"]).mix_builder("poise")()
+    assert off.late_binding is None and "late binding none" in off.description
+    assert parse_settings(SimSettings, []).mix_builder("static-minload")().late_binding is None
+
+
 def test_sim_decode_kv_flag_picks_the_kv_model() -> None:
     from services.cli.main import SimSettings
 
