@@ -4,7 +4,7 @@ Past the decode side's capacity SGLang's first-come-first-served KV reservation 
 the whole backlog, and a disaggregated cluster serves almost nothing in time (the sustained bench's Mooncake
 conversation curves fall from 100% to 5% within 6% more load). Early rejection
 (:mod:`shared.policies.admission`) refuses, with a 429, the requests the measured backlog would make late.
-This bench (:mod:`tests.bench.rule_curves`) runs the oracle fixed split on Poise's engines and Poise, each
+This bench (:mod:`tests.bench.rule_curves`) runs the oracle fixed split on Poise's engines and gateway and Poise, each
 without and with the rule, and colocated serving on Poise's engines, at rates from the better stock
 baseline's goodput to twice it. Writes
 ``tests/bench/results/early_rejection.{md,json,png}``; ``--workloads a,b`` picks workloads (default: the

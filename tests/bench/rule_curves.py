@@ -5,7 +5,8 @@ bench runs, on the sustained yardstick (whole trace, natural time, first 120 s n
 multiples of the better stock baseline's goodput (the best fixed split or colocated serving on SGLang's
 engines, from ``tests/bench/results/sustained/sustained.json``: run that bench first):
 
-- the oracle fixed split on Poise's engines, without and with the rule (what the rule does alone);
+- the oracle fixed split on Poise's engines and gateway (the sustained bench's ``+poise-engines`` split: late
+  binding and early rejection), without and with the rule (what the rule does alone, beside the others);
 - Poise without and with it (the rule's ``in_poise`` says which is its default);
 - colocated serving on Poise's engines (the reference that degrades gently; neither rule applies to it).
 
@@ -77,10 +78,12 @@ class Rule:
             return functools.partial(make_mix, "poise", INSTANCES, START, **{self.keyword: self.off})
         if config == "poise" + self.suffix:
             return functools.partial(make_mix, "poise", INSTANCES, START, **{self.keyword: self.on})
-        if config.endswith(self.suffix):
-            # mix_builder's factories are make_mix partials: they take make_mix's keywords.
+        if config.startswith("static-"):
+            # The split on Poise's engines and gateway (mix_builder), with the rule on or off; mix_builder's
+            # factories are make_mix partials: they take make_mix's keywords.
+            on = config.endswith(self.suffix)
             return functools.partial(cast(Callable[..., PolicyMix], mix_builder(config.removesuffix(self.suffix))),
-                                     **{self.keyword: self.on})
+                                     **{self.keyword: self.on if on else self.off})
         return mix_builder(config)
 
 

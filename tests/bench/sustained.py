@@ -12,8 +12,9 @@ the controller: they are labelled ``seen``.
 
 Per workload: every fixed split (the oracle ``static-best`` is the best of them), colocated, colocated on
 Poise's engines (``colocated+poise-engines``: what Poise's colocated mode runs, without its controller), the
-oracle split on Poise's engines (``static-<best>+poise-engines``, the split that was best on the stock engines),
-and poise starting from the even split 4P4D. Then the controller's goals are checked on the same runs:
+oracle split on Poise's engines and gateway (``static-<best>+poise-engines``, the split that was best on the
+stock engines, with Poise's late binding and early rejection: Poise without its controller), and poise
+starting from the even split 4P4D. Then the controller's goals are checked on the same runs:
 
 - never below the split it starts from at a scale where that split holds >= 90% (poise is simulated at each
   such scale it was not already);
@@ -46,7 +47,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
-from loadgen.sim.baselines import POISE_ENGINE, PolicyMix, make_mix
+from loadgen.sim.baselines import POISE_ENGINE, POISE_LATE_BINDING, PolicyMix, make_mix
 from loadgen.sim.goodput import CurvePoint, GoodputResult, Yardstick, curve_point, search_goodput
 from loadgen.sim.goodput_report import write_goodput_report
 from loadgen.slo import SLO, slo_for
@@ -74,8 +75,9 @@ MODEL = LatencyModel(load_profile())
 
 
 # Baselines on Poise's own engines (their prefill order and preemption; ``<policy>+poise-engines``): colocated
-# serving, and the oracle fixed split. They tell what Poise's controller adds over its engines, since the stock
-# baselines run SGLang's first come first served.
+# serving, and the oracle fixed split, which also gets Poise's gateway rules (late binding, early rejection).
+# They tell what Poise's controller adds over its data plane, since the stock baselines run SGLang's first come
+# first served and send prompts on arrival.
 ON_POISE_ENGINES = "+poise-engines"
 COLOCATED_POISE_ENGINES = "colocated" + ON_POISE_ENGINES
 BEST_ON_POISE_ENGINES = "static-best" + ON_POISE_ENGINES  # for --policies: whichever split was best
@@ -90,6 +92,10 @@ def mix_builder(policy: str, decode_kv: str | None = None) -> Callable[[], Polic
         engines = functools.partial(engines, prefill_policy=POISE_ENGINE.prefill_policy,
                                     preemption=POISE_ENGINE.preemption, chunk_tokens=POISE_ENGINE.chunk_tokens)
     if base.startswith("static-"):
+        if on_poise_engines:  # and Poise's gateway: the split's prefill engines get prompts as Poise's do
+            late_binding, depth = POISE_LATE_BINDING
+            engines = functools.partial(engines, late_binding=late_binding, late_binding_depth=depth,
+                                        early_rejection=True)
         return functools.partial(engines, "static-minload", INSTANCES, base.removeprefix("static-"))
     if base == "colocated":
         return functools.partial(engines, "colocated", INSTANCES)
@@ -155,14 +161,29 @@ def run_workload(workload: str, pool: ProcessPoolExecutor, out: Path, command: s
     earlier = load_results(cache) if only is not None or resume else {}
     todo = [n for n in names if (only is not None and n in only) or n not in earlier]
     futures = {n: pool.submit(_task, workload, n, decode_kv) for n in todo}
+
+    def best_on_poise_engines() -> tuple[str, bool]:
+        """The oracle split on Poise's engines (named once the stock searches say which split is best), and
+        whether to search it again."""
+        best = max((results[f"static-{s}"] for s in SPLITS), key=lambda r: r.goodput_scale)
+        name = f"{best.policy}{ON_POISE_ENGINES}"
+        asked = only is not None and (name in only or BEST_ON_POISE_ENGINES in only)
+        return name, name not in earlier or asked
+
     results = {n: earlier[n] for n in names if n not in futures}
+    if all(f"static-{s}" in results for s in SPLITS):  # stock splits known: search it beside the others
+        best_on_ours, again = best_on_poise_engines()
+        if again:
+            futures[best_on_ours] = pool.submit(_task, workload, best_on_ours, decode_kv)
     for n in todo:  # each search lands in the cache as it ends, so an interrupted run resumes (--resume)
         results[n] = futures[n].result()
         cache.write_text(json.dumps({k: asdict(r) for k, r in results.items()}, indent=1, default=str))
     best = max((results[f"static-{s}"] for s in SPLITS), key=lambda r: r.goodput_scale)
-    best_on_ours = f"{best.policy}{ON_POISE_ENGINES}"  # once the stock searches say which split is best
-    asked = only is not None and (best_on_ours in only or BEST_ON_POISE_ENGINES in only)
-    if best_on_ours not in earlier or asked:
+    best_on_ours, again = best_on_poise_engines()
+    if best_on_ours in futures:
+        results[best_on_ours] = futures[best_on_ours].result()
+        cache.write_text(json.dumps({k: asdict(r) for k, r in results.items()}, indent=1, default=str))
+    elif again:
         results[best_on_ours] = pool.submit(_task, workload, best_on_ours, decode_kv).result()
         cache.write_text(json.dumps({k: asdict(r) for k, r in results.items()}, indent=1, default=str))
     else:
@@ -231,7 +252,7 @@ def _first_failing(r: GoodputResult) -> float | None:
 
 
 def summary_table(rows: list[dict[str, object]]) -> str:
-    lines = ["| workload | set | start 4P4D | static-best (split) | its split, Poise's engines | colocated | colocated, "
+    lines = ["| workload | set | start 4P4D | static-best (split) | its split, Poise's engines and gateway | colocated | colocated, "
              "Poise's engines | poise | poise / static-best | poise / colocated | poise / better of them, bounds "
              "| poise / best of them on its engines "
              "| below start where it holds | TTFT P99 > 10x SLO | max flips / instance / 5 min | sim speed at goodput "
