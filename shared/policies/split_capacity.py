@@ -11,7 +11,10 @@ utilisation, 1.0 meaning the side can no longer meet its SLO on average:
   ``K = r * T * E[OSL * ISL + OSL^2 / 2]`` context tokens (Little's law per step), and a step costs
   ``T = o + s * n + c * K`` on the profile. Solved for ``T``: ``T = o / (1 - u)`` with
   ``u = r * (s * E[OSL] + c * E[OSL * ISL + OSL^2 / 2])`` (plus the local prefill work), so the TPOT SLO
-  holds while ``u <= 1 - o / SLO``: ``rho_D = u / (1 - o / SLO)``. The running-request cap bounds it too, and
+  holds while ``u <= 1 - o / SLO``: ``rho_D = u / (1 - o / SLO)``. A step never costs more than one over the
+  whole KV pool and every running slot (plus the most prompt a step prefills): past that, requests wait for
+  KV rather than slowing the steps, so the KV bound below prices a request's decode at that step, not at the
+  SLO. The running-request cap bounds it too, and
   so does KV: a decode instance reserves prompt + whole output when the request is dispatched (SGLang's
   decode side pre-allocates before the prefill starts), so a request holds ``ISL + OSL`` tokens through its
   prefill queue wait, its prefill and the KV transfer as well as its decode steps. Where prompts are long
@@ -113,10 +116,11 @@ def kv_tokens_bound(mix: Mix, mean_tokens: float, kv_sd: float = KV_SD) -> float
 
 
 def decode_rho(model: LatencyModel, mix: Mix, decode: int, tpot_slo_s: float, prefill_wait_s: float = 0.0, *,
-               kv_sd: float = KV_SD) -> float:
+               kv_sd: float = KV_SD, step_prompt_tokens: float | None = None) -> float:
     """Decode load of ``decode`` instances: the largest of the TPOT, KV and running-request bounds, for requests
     that wait ``prefill_wait_s`` for a prefill instance while their decode KV is reserved; the KV bound holds
-    ``kv_sd`` standard deviations of the tokens in use as headroom (module doc)."""
+    ``kv_sd`` standard deviations of the tokens in use as headroom (module doc). ``step_prompt_tokens`` is the
+    most prompt a step prefills (default: the mean locally prefilled prompt, if any)."""
     if decode <= 0:
         return math.inf
     p = model.profile
@@ -130,7 +134,14 @@ def decode_rho(model: LatencyModel, mix: Mix, decode: int, tpot_slo_s: float, pr
         return math.inf
     rho_tpot = u / room
     step = overhead / (1.0 - u) if u < 1.0 else tpot_slo_s
-    step = min(step, tpot_slo_s)
+    # No step costs more than one that carries the whole KV pool, every running slot and the most prompt a
+    # step prefills: past the decode side's capacity requests wait for KV instead of slowing the steps.
+    if step_prompt_tokens is None:
+        step_prompt_tokens = mix.local_isl if mix.local_share > 0 else 0.0
+    full = ((p.decode_overhead_s + p.decode_s_per_seq * p.max_running_requests
+             + p.decode_s_per_context_token * p.kv_capacity_tokens) * model.time_scale
+            + model.prefill_work_s(int(step_prompt_tokens)))
+    step = min(step, tpot_slo_s, full)
     # Whole outputs reserved from dispatch: through the prefill phase, and for OSL steps of decode.
     kv_mean = r * (prefill_kv_seconds(model, mix, prefill_wait_s) + step * (mix.isl_osl + mix.osl_sq))
     kv = kv_tokens_bound(mix, kv_mean, kv_sd) / p.kv_capacity_tokens
@@ -176,8 +187,9 @@ def colocated_load(model: LatencyModel, mix: Mix, instances: int, tpot_slo_s: fl
     """How loaded ``instances`` colocated engines would be under ``mix`` (see the module doc)."""
     p = model.profile
     everything_local = msgspec.structs.replace(mix, local_share=1.0, local_isl=mix.isl)
-    rho = decode_rho(model, everything_local, instances, tpot_slo_s, kv_sd=kv_sd)
     typical = min(math.sqrt(max(mix.isl_sq, 0.0)), float(p.chunked_prefill_size))
+    rho = decode_rho(model, everything_local, instances, tpot_slo_s, kv_sd=kv_sd,
+                     step_prompt_tokens=float(p.chunked_prefill_size))
     step_s = p.decode_overhead_s * model.time_scale + model.prefill_work_s(int(typical))
     feasible = step_s <= step_share * tpot_slo_s
     return ColocatedLoad(instances=instances, rho=rho, step_s=step_s, feasible=feasible,

@@ -24,6 +24,7 @@ from shared.policies.split_capacity import (
     colocated_load,
     decode_rho,
     kv_tokens_bound,
+    prefill_kv_seconds,
     prefill_seconds,
     split_loads,
 )
@@ -267,6 +268,26 @@ def test_decode_kv_keeps_headroom_for_large_requests_not_small_ones() -> None:
     assert all(a.rho_decode >= b.rho_decode for a, b in zip(splits[1.0], splits[0.0], strict=True))
     assert splits[1.0][-1].decode == 1 and splits[1.0][-1].rho_decode > 1.1 * splits[0.0][-1].rho_decode
     assert colocated_load(MODEL, loaded, 3, 1.0).rho > 1.1 * colocated_load(MODEL, loaded, 3, 1.0, kv_sd=0.0).rho
+
+
+def test_past_capacity_a_decode_step_costs_at_most_a_full_pool_and_requests_wait_for_kv() -> None:
+    # 12K-token prompts, 300-token answers, 6 req/s on one decode instance with a 0.1-s TPOT SLO: the arrivals
+    # want more decode compute than it has, but its steps cannot grow past one over its whole KV pool and every
+    # running slot (about 32 ms here, not the SLO's 100 ms): requests wait for KV instead, which the KV bound
+    # prices at that step.
+    p = MODEL.profile
+    mix = equal_lengths(6.0, 12000, 300)
+    full = p.decode_overhead_s + p.decode_s_per_seq * p.max_running_requests + p.decode_s_per_context_token * p.kv_capacity_tokens
+    kv = 6.0 * (prefill_kv_seconds(MODEL, mix, 0.0) + full * (12000 + 300) * 300) / p.kv_capacity_tokens
+    assert full < 0.05
+    assert decode_rho(MODEL, mix, 1, 0.1, kv_sd=0.0) == pytest.approx(kv)
+    # A step that prefills a prompt too (DOPD's local prefill, colocated serving) may cost that prompt's work
+    # more: colocated engines carry a chunk of SGLang's size.
+    local = msgspec.structs.replace(mix, local_share=0.5, local_isl=400.0)
+    assert decode_rho(MODEL, local, 1, 0.1, kv_sd=0.0, step_prompt_tokens=8192) > decode_rho(MODEL, local, 1, 0.1, kv_sd=0.0)
+    # Below capacity the step is the load's own, under the cap: the cap changes nothing there.
+    light = equal_lengths(0.5, 12000, 300)
+    assert decode_rho(MODEL, light, 1, 0.1) == decode_rho(MODEL, light, 1, 0.1, step_prompt_tokens=8192)
 
 
 def test_a_drain_past_its_deadline_is_called_off() -> None:
