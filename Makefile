@@ -55,6 +55,7 @@ bench: setup predictor-setup
 	$(PY) -m tests.bench.switching_oracle --workloads azure-code,azure-conv,mooncake-conv,stress-step,stress-ramp,stress-bursts,stress-mix-shift,stress-diurnal,mooncake-synthetic
 	$(PY) -m tests.bench.early_rejection
 	$(PY) -m tests.bench.late_binding_kv
+	$(PY) -m tests.bench.poise_modes
 	$(PY) -m tests.bench.prefix_cache
 	$(PY) -m tests.bench.prefix_cache --part split
 	$(PY) -m tests.bench.planner_decision
