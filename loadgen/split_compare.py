@@ -171,7 +171,8 @@ def comparison_mixes(instances: int, split: str, *, engine: dict[str, Any] | Non
     """``(key, label, build)`` of the simulated runs next to a live run that started at ``split``:
 
     - ``poise``: the controller (the ``poise`` mix, with ``engine`` overrides: make_mix's prefill_policy,
-      preemption, chunk_tokens, decode_policy, migration, migration_mechanism, early_rejection; and
+      preemption, chunk_tokens, decode_policy, migration, migration_mechanism, early_rejection, late_binding
+      (+ late_binding_depth); and
       ``local_prefill_tokens``, as
       the live stack ran it);
     - ``fixed``: the same mix with the controller off, so the split stays ``split``: what the controller bought;
@@ -188,7 +189,7 @@ def comparison_mixes(instances: int, split: str, *, engine: dict[str, Any] | Non
     def fixed() -> PolicyMix:
         mix = poise()
         return without_pools(mix, name="poise-fixed", description=f"{split} fixed: the poise mix's engines, dispatch, "
-                                                                  f"early rejection and local prefill, no flips")
+                                                                  f"gateway rules and local prefill, no flips")
 
     def static() -> PolicyMix:
         return make_mix("static-minload", instances, split)

@@ -138,8 +138,7 @@ class SimCluster:
             self.held = [r for r in self.held if r not in gone]
             self.given_up += len(overdue)
             for req in overdue:
-                self._fail(req, f"429: early rejection: held {now - req.arrival_s:.1f} s in the gateway, past its TTFT "
-                                f"target of {req.slo_ttft_s:.1f} s; retry later")
+                self._fail(req, f"429: {lb.give_up_reason(now - req.arrival_s, req.slo_ttft_s)}")
         open_prefill = {i.instance_id: lb.free_slots(i.assigned) for i in self.live
                         if i.role == "prefill" and i.status == "ready"}
         if not open_prefill:  # nothing to bind to (colocated, or every prefill draining): dispatch as usual

@@ -59,6 +59,21 @@ class MainJobSettings(RunSettings):
                 **data}
 
 
+def simulated_poise_overrides(settings: RunSettings) -> dict[str, object]:
+    """``make_mix`` keywords that make the simulator's ``poise`` mix run what this stack ran: its engines'
+    policies, the gateway's early rejection and late binding, the migrator's policy."""
+    chunk = settings.chunked_prefill_size
+    engine: dict[str, object] = {
+        "prefill_policy": settings.prefill_policy, "preemption": settings.preemption,
+        "chunk_tokens": None if chunk is None else max(chunk, 0), "decode_policy": settings.decode_policy,
+        "early_rejection": settings.early_rejection,
+        "late_binding": settings.late_binding_policy if settings.late_binding else "none",
+        "late_binding_depth": settings.late_binding_depth}
+    if settings.migration_policy != "none":
+        engine |= {"migration": settings.migration_policy, "migration_mechanism": settings.migration_mechanism}
+    return engine
+
+
 def _comparison_hook(settings: MainJobSettings, watcher: SplitWatcher | None,
                      ) -> Callable[[ReplayResult, Path, SLO, SLOClasses | None], str | None]:
     """The `run_replay` hook: stop the watcher, simulate the slice, write split.{png,json}, return the Markdown."""
@@ -93,13 +108,7 @@ def _comparison_hook(settings: MainJobSettings, watcher: SplitWatcher | None,
             engine: dict[str, object] = {}
             local = None
             if settings.planner_policy == "poise":  # the poise mix as this stack ran it; else the mix's defaults
-                chunk = settings.chunked_prefill_size
-                engine = {"prefill_policy": settings.prefill_policy, "preemption": settings.preemption,
-                          "chunk_tokens": None if chunk is None else max(chunk, 0),
-                          "decode_policy": settings.decode_policy, "early_rejection": settings.early_rejection}
-                if settings.migration_policy != "none":
-                    engine |= {"migration": settings.migration_policy,
-                               "migration_mechanism": settings.migration_mechanism}
+                engine = simulated_poise_overrides(settings)
                 local = settings.local_prefill_tokens()
             workload = select_workload(settings)
             if classes is not None:

@@ -27,6 +27,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from loadgen.slo import slo_for
 from services.cli.stack_lock import StackLock, check_ports_free
 from services.cli.supervise import retired
+from services.gateway.config import POISE_GATEWAY_RULES
 from shared.devservers import EtcdServer, ManagedProcess, NatsServer, free_port
 from shared.errors import PoiseError
 from shared.latency import DEFAULT_PROFILE, load_profile
@@ -47,12 +48,11 @@ DEFAULT_DISPATCH_POLICY = "least-load"  # with every planner policy but poise
 DEFAULT_PLANNER_POLICY = "poise"  # the P:D controller (shared/policies/poise.py); --planner-policy static turns it off
 #: What the poise planner policy brings with it, unless set: the rest of the simulator's ``poise`` mix
 #: (loadgen/sim/baselines.py ``_poise``: Arrow's SLO-aware dispatch, FlowPrefill in the engines with operator
-#: preemption and no chunks, the gateway's late binding so decode KV is reserved only for prompts about to be
-#: prefilled), so the live stack runs the mix the simulator and the report's comparison model.
+#: preemption and no chunks, and the gateway's rules, `POISE_GATEWAY_RULES`), so the live stack runs the mix the
+#: simulator and the report's comparison model.
 #: DOPD's local prefill of short prompts comes with it too (`StackSettings.local_prefill_tokens`).
 POISE_STACK_DEFAULTS: dict[str, Any] = {"dispatch_policy": "arrow", "prefill_policy": POISE_PREFILL_POLICY,
-                                        "preemption": "operator", "chunked_prefill_size": -1,
-                                        "late_binding": True, "late_binding_policy": POISE_PREFILL_POLICY}
+                                        "preemption": "operator", "chunked_prefill_size": -1, **POISE_GATEWAY_RULES}
 
 
 class StackSettings(ServiceSettings):
@@ -222,7 +222,7 @@ class StackSettings(ServiceSettings):
         local = self.local_prefill_tokens()
         if local > 0:
             args += ["--local-prefill-max-tokens", str(local)]
-        if self.early_rejection if self.early_rejection is not None else self.planner_policy == "poise":
+        if self.early_rejection:  # unset: on with the poise planner (POISE_STACK_DEFAULTS), else off
             args += ["--early-rejection"]
         for spec in self.gateway_slo_class:
             args += [f"--slo-class={spec}"]

@@ -34,13 +34,12 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from services.deploy import secrets
 from services.deploy.inventory import Inventory, InventoryError, Node, engine_ids, engine_slots
-from services.gateway.config import GatewaySettings
+from services.gateway.config import POISE_GATEWAY_RULES, GatewaySettings
 from services.migrator.config import MigratorSettings
 from services.monitor.config import MonitorSettings
 from services.planner.config import PlannerSettings
 from services.worker.config import WorkerSettings
 from services.worker.launcher import build_engine_command
-from shared.policies.registry import POISE_PREFILL_POLICY
 from shared.settings import parse_settings
 
 ENGINE_PYTHON = "python3"  # the interpreter in the engine image (deploy/Dockerfile.sglang)
@@ -49,10 +48,6 @@ LOG_DIR = "/var/log/poise"
 HF_CACHE = "/root/.cache/huggingface"
 NGINX_CONF = "/etc/nginx/conf.d/default.conf"
 DATASOURCE_UID = "poise-prometheus"  # deploy/grafana/dashboards/poise.json refers to it
-
-#: The gateway settings the poise planner brings with it, as `poise up` does (services/cli/stack.py).
-POISE_GATEWAY_RULES: dict[str, Any] = {"early_rejection": True, "late_binding": True,
-                                       "late_binding_policy": POISE_PREFILL_POLICY}
 
 
 @dataclass(frozen=True)

@@ -152,8 +152,7 @@ class LateBindingQueue:
             held.remove(item)
             self.metrics.rejections.labels("slo_unreachable").inc()
             item.future.set_exception(APIError(
-                429, f"early rejection: held {now - item.arrival_s:.1f} s in the gateway, past its TTFT target of "
-                     f"{item.slo_ttft_s:.1f} s; retry later",
+                429, self.binding.give_up_reason(now - item.arrival_s, item.slo_ttft_s),
                 type_="rate_limit_error", code="slo_unreachable", headers={"retry-after": "1"}))
         if held and self.binding.guard_decode:
             self._arm(min(h.arrival_s + h.slo_ttft_s for h in held))  # the next give-up (inf: none)

@@ -52,6 +52,12 @@ class LateBinding:
             return []
         return [h for h in held if now_s - h.arrival_s > h.slo_ttft_s]
 
+    @staticmethod
+    def give_up_reason(held_s: float, slo_ttft_s: float) -> str:
+        """What a request refused by :meth:`overdue` is told (with early rejection's retryable 429)."""
+        return (f"early rejection: held {held_s:.1f} s in the gateway, past its TTFT target of {slo_ttft_s:.1f} s; "
+                f"retry later")
+
     def decode_room(self, engines: Sequence[EngineView]) -> bool:
         """Whether a prompt may be released now: always without ``guard_decode``; with it, while some accepting
         decode engine runs and queues fewer requests than its cap (or there is none to guard)."""

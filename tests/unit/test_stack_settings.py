@@ -132,6 +132,19 @@ def test_sim_late_binding_flag_replaces_the_mixs_queue() -> None:
     assert parse_settings(SimSettings, []).mix_builder("static-minload")().late_binding is None
 
 
+def test_the_live_comparison_simulates_the_late_binding_the_stack_ran() -> None:
+    from loadgen.sim.baselines import make_mix
+    from services.cli.run_job import simulated_poise_overrides
+
+    def simulated(argv: list[str]) -> tuple[str, int] | None:
+        overrides = simulated_poise_overrides(parse_settings(RunSettings, argv))
+        return make_mix("poise", 4, "2P2D", **{k: v for k, v in overrides.items() if v is not None}).late_binding
+
+    assert simulated([]) == (POISE_ENGINE.prefill_policy, 2)
+    assert simulated(["--no-late-binding"]) is None
+    assert simulated(["--late-binding-policy", "edf", "--late-binding-depth", "3"]) == ("edf", 3)
+
+
 def test_sim_decode_kv_flag_picks_the_kv_model() -> None:
     from services.cli.main import SimSettings
 
