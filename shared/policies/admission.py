@@ -12,20 +12,23 @@ flowprefill-fewest-late --preemption operator --chunk 0 --rate-scale 2.125 --war
 and without the rule: tests/bench/results/early_rejection.md). Refusing the requests that would wait past their target keeps the
 queue at what the engines serve in time, and the rest of the requests in time.
 
-The estimate is measured, not modelled: a decode engine's queue of requests waiting for KV
-(``EngineView.kv_waiting_reqs``: SGLang's prealloc and retracted queues) over the rate at which requests
-recently left it (``EngineView.finish_rate_rps``, counted by the dispatcher). A queue that lasts is one the
-engine's KV holds back, and requests then enter at the rate they leave. A queue is judged only once it has
+The estimate is measured, not modelled: an engine's queue of requests that a new one would wait behind (a
+decode engine's requests waiting for KV, ``EngineView.kv_waiting_reqs``: SGLang's prealloc and retracted
+queues; a colocated engine's waiting queue, ``EngineView.waiting_reqs``: prompts not yet admitted to a
+prefill batch, which it admits as KV and the chunk budget free) over the rate at which requests recently left
+it (``EngineView.finish_rate_rps``, counted by the dispatcher). A queue that lasts is one the engine's KV or
+compute holds back, and requests then enter at the rate they leave. A queue is judged only once it has
 lasted ``persist_s``: a burst that arrives between two steps of an engine with free KV is admitted at the
 next step, whatever the rate says (Azure code at 3x, a fifth of its goodput: 20 requests at one instant,
 4 in a prealloc queue with 5% of the KV in use). The wait is a lower bound on the TTFT (the prefill and the
 KV copy come after it).
 
 :class:`EarlyRejection` wraps any dispatch policy, like :class:`shared.policies.local_prefill.LocalPrefill`:
-the inner policy places the request; when its decode engine's wait is past the target, another open decode
-engine that can start it in time takes it, and when none can, the request is refused. Colocated engines are
-not judged: they admit prompts as KV frees and degrade gradually past capacity (colocated serving keeps 85%
-of the same trace in time at 2x, where it cannot hold 90%).
+the inner policy places the request; when its decode (or colocated) engine's wait is past the target, another
+open engine of the same role that can start it in time takes it, and when none can, the request is refused.
+Colocated engines are judged like decode ones: past their capacity a colocated cluster otherwise queues
+every request behind the whole backlog, as a split's decode side does, and serves almost none in time
+(tests/bench/results/early_rejection.md; docs/evaluation.md).
 """
 
 from __future__ import annotations
@@ -65,15 +68,32 @@ class EarlyRejectionParams(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError("min_queue must be >= 1")
 
 
+#: The roles early rejection judges: the engines a request's decode runs on.
+JUDGED_ROLES = ("decode", "null")
+
+
+def queued_ahead(engine: EngineView) -> int:
+    """The requests a new one sent to ``engine`` waits behind before it starts: a decode engine's requests
+    waiting for KV, a colocated engine's waiting queue (0 for any other role)."""
+    if engine.role == "decode":
+        return engine.kv_waiting_reqs
+    return engine.waiting_reqs if engine.role == "null" else 0
+
+
 def decode_wait_s(engine: EngineView, params: EarlyRejectionParams) -> float | None:
-    """How long a request sent to ``engine`` now waits for its KV: 0 with a short queue, None (nothing to judge
-    on) when the queue is long but the engine's rate is not known yet."""
-    if engine.kv_waiting_reqs < params.min_queue:
+    """How long a request sent to ``engine`` now waits to start (:func:`queued_ahead` at its finish rate): 0
+    with a short queue, None (nothing to judge on) when the queue is long but the rate is not known yet."""
+    queued = queued_ahead(engine)
+    if queued < params.min_queue:
         return 0.0
     rate = engine.finish_rate_rps
     if rate is None or rate <= 0:
         return None
-    return engine.kv_waiting_reqs / rate
+    return queued / rate
+
+
+_ROLE_NAME = {"decode": "decode", "null": "colocated"}
+_WAITING_FOR = {"decode": "for KV", "null": "to start"}
 
 
 class EarlyRejection:
@@ -99,18 +119,18 @@ class EarlyRejection:
         if not isinstance(decision, Placement):
             return decision
         decode = next((e for e in engines if e.instance_id == decision.decode_id), None)
-        if decode is None or decode.role != "decode":
+        if decode is None or decode.role not in JUDGED_ROLES:
             return decision
         target = request.slo_ttft_s or self.ttft_slo_s
         wait = self._wait_s(decode, now_s)
         if wait is None or wait <= target * self._factor(decode.instance_id, wait, now_s):
             return decision
-        # The inner policy ranks decode engines by load, not by queue: another may start the request in time.
-        # A request prefilled on its decode engine (no prefill_id) may move only to one that prefills too.
+        # The inner policy ranks engines by load, not by queue: another of the role may start the request in
+        # time. A request prefilled on its decode engine (no prefill_id) may move only to one that prefills too.
         best: tuple[float, str] | None = None
         for e in engines:
-            if (e.role != "decode" or not e.accepting or e.instance_id in exclude or e is decode
-                    or (decision.prefill_id is None and not e.local_prefill)):
+            if (e.role != decode.role or not e.accepting or e.instance_id in exclude or e is decode
+                    or (decode.role == "decode" and decision.prefill_id is None and not e.local_prefill)):
                 continue
             w = self._wait_s(e, now_s)
             if (w is not None and w <= target * self._factor(e.instance_id, w, now_s)
@@ -122,8 +142,9 @@ class EarlyRejection:
         self.rejected += 1
         assert decode.finish_rate_rps is not None  # a judged wait has a rate
         return Rejection(
-            reason=(f"early rejection: decode engine {decode.instance_id} has {decode.kv_waiting_reqs} requests "
-                    f"waiting for KV and serves {decode.finish_rate_rps:.2f}/s, so this request would wait about "
+            reason=(f"early rejection: {_ROLE_NAME[decode.role]} engine {decode.instance_id} has "
+                    f"{queued_ahead(decode)} requests waiting {_WAITING_FOR[decode.role]} and serves "
+                    f"{decode.finish_rate_rps:.2f}/s, so this request would wait about "
                     f"{wait:.0f} s to start, too long for its TTFT target of {target:.1f} s; retry later"),
             retryable=True, code="slo_unreachable")
 

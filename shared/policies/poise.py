@@ -160,6 +160,7 @@ class PoisePools:
         self.mode: str | None = None  # "colocated" or "disaggregated": the mode the cluster is in or moving to
         self._mode_since = float("-inf")
         self._mode_streak = 0
+        self._left_hopeless = False  # the last mode change left a colocated mode that failed its step rule
         self.last_mix: Mix | None = None
         self.decisions = 0
         self.drains_deferred = 0  # flips the model wanted but no instance could drain in max_drain_s
@@ -218,7 +219,10 @@ class PoisePools:
         if self.mode == "colocated" and (prefills or decodes):
             return self._convert(prefills, decodes, best, now_s, mix, self._spare(mix, total))
         if self.mode == "disaggregated" and colocated:
-            return self._restore(colocated, prefills, decodes, best, now_s, mix, self._spare(mix, total))
+            # Out of a colocated mode that failed its step, half the cluster a round: engines that miss their
+            # TPOT serve little in time, so restarting them costs little and every round spent there costs all.
+            spare = max(1, total // 2) if self._left_hopeless else self._spare(mix, total)
+            return self._restore(colocated, prefills, decodes, best, now_s, mix, spare)
         if not prefills or not decodes:
             return None
         current = next(s for s in loads if s.prefill == len(prefills))
@@ -291,12 +295,16 @@ class PoisePools:
                 failing = not co.feasible
             # Its load, not its score: the step rule that makes the score infinite only gates the way in. Either
             # reason to leave needs a split that carries the load: under an overload the model ranks the modes
-            # worse than they serve, and each restart takes an instance away.
+            # worse than they serve, and each restart takes an instance away. Except when colocated serving
+            # fails where the step rule says it must: a typical prompt's step no longer fits the TPOT SLO, which
+            # no load shed mends, while a split past its capacity still serves in time what it takes (early
+            # rejection refuses the rest).
+            hopeless = failing and not co.feasible
             wants = ((failing or best.score < co.rho / self.params.decode_target * keep)
-                     and one_away()[0] <= 1.0)
+                     and (hopeless or one_away()[0] <= 1.0))
             leave = wants and failing
         else:
-            leave = False
+            leave = hopeless = False
             wants = (self.params.colocated and co.feasible and co.score < best.score * keep
                      and max(one_away()) <= 1.0)
         self._mode_streak = self._mode_streak + 1 if wants else 0
@@ -305,6 +313,7 @@ class PoisePools:
         if not leave and now_s - self._mode_since < self.params.mode_dwell_s:
             return
         self.mode = "disaggregated" if self.mode == "colocated" else "colocated"
+        self._left_hopeless = hopeless
         self._mode_since, self._mode_streak, self._streak, self._direction = now_s, 0, 0, 0
 
     def _convert(self, prefills: Sequence[InstanceLoad], decodes: Sequence[InstanceLoad], best: SideLoad,

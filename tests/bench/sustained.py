@@ -59,7 +59,9 @@ TUNE = ["azure-code", "azure-conv"]
 # Held out until a result there changed the controller (docs/evaluation.md): Mooncake conversation its capacity
 # model, stress-ramp the rule that a move into colocated serving begins only while an instance can be spared,
 # stress-mix-shift the rule that colocated serving is left by the TPOT it serves at, not by the model,
-# stress-bursts the rule that a mode change restarts as many instances at once as the load can spare,
+# and that a colocated mode failing where the step rule says it must is left under an overload too, half the
+# cluster a round, stress-bursts the rule that a mode change restarts as many instances at once as the load
+# can spare,
 # Mooncake synthetic the rejection of flips in rounds (docs/adaptive-pd.md).
 SEEN = ["mooncake-conv", "stress-ramp", "stress-mix-shift", "stress-bursts", "mooncake-synthetic"]
 HELD_OUT = ["mooncake-conv", "stress-step", "stress-ramp", "stress-bursts", "stress-mix-shift", "stress-diurnal",
@@ -74,8 +76,9 @@ BISECTIONS = 4
 MODEL = LatencyModel(load_profile())
 
 
-# Baselines on Poise's own engines (their prefill order and preemption; ``<policy>+poise-engines``): colocated
-# serving, and the oracle fixed split, which also gets Poise's gateway rules (late binding, early rejection).
+# Baselines on Poise's own engines (their prefill order and preemption; ``<policy>+poise-engines``) and gateway
+# rules: colocated serving (with early rejection) and the oracle fixed split (with late binding and early
+# rejection).
 # They tell what Poise's controller adds over its data plane, since the stock baselines run SGLang's first come
 # first served and send prompts on arrival.
 ON_POISE_ENGINES = "+poise-engines"
@@ -98,6 +101,8 @@ def mix_builder(policy: str, decode_kv: str | None = None) -> Callable[[], Polic
                                         early_rejection=True)
         return functools.partial(engines, "static-minload", INSTANCES, base.removeprefix("static-"))
     if base == "colocated":
+        if on_poise_engines:  # and Poise's gateway: early rejection judges colocated engines' waiting queues
+            engines = functools.partial(engines, early_rejection=True)
         return functools.partial(engines, "colocated", INSTANCES)
     return functools.partial(make_mix, policy, INSTANCES, START, decode_kv=decode_kv)
 

@@ -101,12 +101,25 @@ def test_a_queue_that_does_not_last_is_not_judged() -> None:
 @pytest.mark.parametrize("engines", [
     cluster(2, 40),  # the chosen engine keeps up
     cluster(40, 40, rate=None),  # no measured rate: never refuse on a guess
-    [eng("c0", "null", kv_waiting_reqs=400, finish_rate_rps=0.1)],  # colocated engines are not judged
+    [eng("c0", "null", kv_waiting_reqs=400, waiting_reqs=2, finish_rate_rps=0.1)],  # a colocated engine: its
+    # waiting queue is what a request waits behind, and it is short
 ])
 def test_requests_pass_when_there_is_nothing_to_refuse_on(engines: list[EngineView]) -> None:
     policy = EarlyRejection(LeastLoad(), ttft_slo_s=2.0)
     assert isinstance(policy.place(REQ, engines, 0.0), Placement)
     assert policy.rejected == 0
+
+
+def test_a_colocated_engine_is_judged_by_its_waiting_queue_and_another_colocated_one_may_take_it() -> None:
+    policy = EarlyRejection(LeastLoad(), ttft_slo_s=2.0, params=EarlyRejectionParams(persist_s=0.0))
+    assert decode_wait_s(eng("c0", "null", waiting_reqs=40, finish_rate_rps=4.0), EarlyRejectionParams()) == 10.0
+    full = [eng("c0", "null", used_tokens=0, waiting_reqs=40, finish_rate_rps=4.0),
+            eng("c1", "null", used_tokens=50_000, waiting_reqs=40, finish_rate_rps=4.0)]
+    decision = policy.place(REQ, full, 0.0)
+    assert isinstance(decision, Rejection) and decision.retryable and decision.code == "slo_unreachable"
+    assert "colocated engine c0" in decision.reason and "10 s" in decision.reason
+    room = [full[0], eng("c1", "null", used_tokens=50_000, waiting_reqs=3, finish_rate_rps=4.0)]
+    assert policy.place(REQ, room, 0.0) == Placement(prefill_id=None, decode_id="c1")
 
 
 def test_a_locally_prefilled_request_moves_only_to_an_engine_that_prefills() -> None:

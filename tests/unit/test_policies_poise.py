@@ -371,14 +371,42 @@ def test_poise_moves_the_cluster_into_colocated_serving_in_rounds_the_load_can_s
     second = pools.decide(snap([*rest, *colocated(4)], chat), 21.0)
     assert second is not None and [c.new_role for c in second.changes] == ["null"] * 4
     # Long prompts: a colocated step would break the TPOT SLO. The mode is left without waiting out its
-    # dwell (after confirmation), a decode instance first so that the first prefill one has a partner; one
-    # at a time, as colocated serving no longer carries the load the others would have to take over.
+    # dwell (after confirmation), a decode instance first so that the first prefill one has a partner; half
+    # the cluster a round, as engines that miss their TPOT serve little in time while they wait their turn.
     code = series(6000, 28, 5.0)
     assert pools.decide(snap(colocated(8), code), 40.0) is None
     back = pools.decide(snap(colocated(8), code), 50.0)
-    assert back is not None and [c.new_role for c in back.changes] == ["decode"] and pools.mode == "disaggregated"
-    nxt = pools.decide(snap([inst("d9", "decode"), *colocated(7)], code), 60.0)
-    assert nxt is not None and [c.new_role for c in nxt.changes] == ["prefill"]
+    assert back is not None and pools.mode == "disaggregated"
+    roles = [c.new_role for c in back.changes]
+    assert len(roles) == 4 and roles[:2] == ["decode", "prefill"]
+    left = [c.instance_id for c in back.changes]
+    rest = [i for i in colocated(8) if i.info.instance_id not in left]
+    split = [inst(f"x{k}", role) for k, role in enumerate(roles)]
+    nxt = pools.decide(snap([*split, *rest], code), 60.0)
+    assert nxt is not None and len(nxt.changes) == 4 and {c.new_role for c in nxt.changes} <= {"prefill", "decode"}
+
+
+def test_a_colocated_mode_that_fails_its_step_is_left_under_an_overload_too() -> None:
+    """Past every split's capacity a colocated cluster is kept (restarts would only take capacity away) unless
+    it fails where the step rule says it must: then a split, which sheds what it cannot serve in time, is the
+    better of two overloads."""
+    code = series(6000, 28, 60.0)  # long prompts at a rate no split of 8 carries
+    mix = mix_of(code, 120.0)
+    assert mix is not None
+    pools = PoisePools(MODEL, CTX, PoiseParams(min_dwell_s=0.0))
+    assert pools._scores_away(mix, 8, 1)[0] > 1.0
+    pools.decide(snap(colocated(8), code), 0.0)
+    out = pools.decide(snap(colocated(8), code), 10.0)
+    assert pools.last_colocated is not None and not pools.last_colocated.feasible
+    assert out is not None and pools.mode == "disaggregated" and len(out.changes) == 4
+    # A colocated mode whose step fits stays put under the same overload (the model alone, nothing measured).
+    chat = series(1155, 211, 200.0)
+    chat_mix = mix_of(chat, 120.0)
+    assert chat_mix is not None and pools._scores_away(chat_mix, 8, 1)[0] > 1.0
+    stay = PoisePools(MODEL, CTX, PoiseParams(min_dwell_s=0.0))
+    for t in (0.0, 10.0, 20.0):
+        assert stay.decide(snap(colocated(8), chat), t) is None
+    assert stay.mode == "colocated"
 
 
 def test_a_mode_change_under_load_restarts_one_instance_at_a_time() -> None:
