@@ -56,7 +56,11 @@ cluster with :func:`shared.policies.split_capacity.colocated_load` beside the sp
 Colocated serving is left, without waiting out the dwell, once the TPOT it serves at reaches
 ``tpot_exit_share`` of the SLO (the median of the monitor's per-interval p90 over ``tpot_window_s``) and a
 split would carry the load with one instance away: the model's step rule decides whether to try colocated
-serving, the measurement whether it holds, and no move is begun into an overload it cannot relieve.
+serving, the measurement whether it holds, and no move is begun into an overload it cannot relieve. Unless
+the step rule says colocated serving cannot hold either (the prompts grew: stress-mix-shift's move from chat
+to code prompts): then no load shed mends its steps, while a split past its capacity still serves in time the
+requests the gateway's early rejection lets in, so the move goes on under the overload, half the cluster a
+round (engines that miss their TPOT serve little in time while they wait their turn).
 
 A mode change moves the instances in rounds, each as soon as the last one is done (no cooldown: the
 decision was made, each round only carries it out); the move is a restart of the engine in the other mode

@@ -4,8 +4,8 @@ Past the decode side's capacity SGLang's first-come-first-served KV reservation 
 the whole backlog, and a disaggregated cluster serves almost nothing in time (the sustained bench's Mooncake
 conversation curves fall from 100% to 5% within 6% more load). Early rejection
 (:mod:`shared.policies.admission`) refuses, with a 429, the requests the measured backlog would make late.
-This bench (:mod:`tests.bench.rule_curves`) runs the oracle fixed split on Poise's engines and gateway and Poise, each
-without and with the rule, and colocated serving on Poise's engines, at rates from the better stock
+This bench (:mod:`tests.bench.rule_curves`) runs the oracle fixed split on Poise's engines and gateway, Poise
+and colocated serving on Poise's engines, each without and with the rule, at rates from the better stock
 baseline's goodput to twice it. Writes
 ``tests/bench/results/early_rejection.{md,json,png}``; ``--workloads a,b`` picks workloads (default: the
 two Mooncake traces and Azure code), ``--jobs N`` runs N simulations at once.
@@ -21,7 +21,8 @@ EARLY_REJECTION = Rule(
     about="Cells: % of requests in time (refused ones count as misses); in brackets, % refused early. Nothing "
           "here was tuned on: the rule's parameters were set on Azure code (tune), Mooncake conversation (seen) "
           "and a synthetic long-context load (tests/unit/test_early_rejection.py).",
-    workloads=("mooncake-conv", "mooncake-synthetic", "azure-code"), multiples=(1.0, 1.15, 1.3, 1.6, 2.0))
+    workloads=("mooncake-conv", "mooncake-synthetic", "azure-code"), multiples=(1.0, 1.15, 1.3, 1.6, 2.0),
+    judges_colocated=True)
 
 if __name__ == "__main__":
     main(EARLY_REJECTION)

@@ -8,7 +8,8 @@ engines, from ``tests/bench/results/sustained/sustained.json``: run that bench f
 - the oracle fixed split on Poise's engines and gateway (the sustained bench's ``+poise-engines`` split: late
   binding and early rejection), without and with the rule (what the rule does alone, beside the others);
 - Poise without and with it (the rule's ``in_poise`` says which is its default);
-- colocated serving on Poise's engines (the reference that degrades gently; neither rule applies to it).
+- colocated serving on Poise's engines and gateway, and, for a rule that judges colocated engines too (early
+  rejection), without it.
 
 A refused request counts as a miss, as in every attainment here. Each rule's module
 (``tests.bench.early_rejection``, ``tests.bench.late_binding_kv``) is its command; ``--workloads a,b`` picks
@@ -61,6 +62,7 @@ class Rule:
     workloads: tuple[str, ...]
     multiples: tuple[float, ...]  # of the better stock baseline's goodput
     in_poise: bool = True  # the poise mix has the rule on by default (else it is tried on it)
+    judges_colocated: bool = False  # the rule acts on colocated engines too: colocated serving runs without it too
 
     @property
     def suffix(self) -> str:
@@ -69,7 +71,17 @@ class Rule:
     def configurations(self, split: str) -> list[str]:
         fixed = f"static-{split}+poise-engines"
         poise = [f"poise-no-{self.name}", "poise"] if self.in_poise else ["poise", "poise" + self.suffix]
-        return [fixed, fixed + self.suffix, *poise, COLOCATED_POISE_ENGINES]
+        colocated = [self.colocated_off, COLOCATED_POISE_ENGINES] if self.judges_colocated else [COLOCATED_POISE_ENGINES]
+        return [fixed, fixed + self.suffix, *poise, *colocated]
+
+    @property
+    def colocated_off(self) -> str:
+        return f"{COLOCATED_POISE_ENGINES}-no-{self.name}"
+
+    def gains(self, names: list[str]) -> list[tuple[str, str, str]]:
+        """(label, configuration without the rule, with it) of each gain column."""
+        out = [("fixed split", names[0], names[1]), ("poise", names[2], names[3])]
+        return out + ([("colocated", names[4], names[5])] if self.judges_colocated else [])
 
     def builder(self, config: str) -> Callable[[], PolicyMix]:
         if config == "poise":
@@ -78,6 +90,9 @@ class Rule:
             return functools.partial(make_mix, "poise", INSTANCES, START, **{self.keyword: self.off})
         if config == "poise" + self.suffix:
             return functools.partial(make_mix, "poise", INSTANCES, START, **{self.keyword: self.on})
+        if config == self.colocated_off:
+            return functools.partial(cast(Callable[..., PolicyMix], mix_builder(COLOCATED_POISE_ENGINES)),
+                                     **{self.keyword: self.off})
         if config.startswith("static-"):
             # The split on Poise's engines and gateway (mix_builder), with the rule on or off; mix_builder's
             # factories are make_mix partials: they take make_mix's keywords.
@@ -147,9 +162,11 @@ def report(rule: Rule, meta: dict[str, Any], results: list[dict[str, Any]], work
         names = rule.configurations(split)
         pts = {(r["config"], r["rate_scale"]): r for r in results if r["workload"] == w}
         scales = sorted({s for _, s in pts})
+        gains = rule.gains(names)
         lines += [f"## {w} ({meta['sets'][w]}; oracle split {split})", "",
-                  "| rate (x trace) | " + " | ".join(names) + " | rule's gain, fixed split | rule's gain, poise |",
-                  "|---" * (len(names) + 3) + "|"]
+                  "| rate (x trace) | " + " | ".join(names) + " | "
+                  + " | ".join(f"rule's gain, {label}" for label, _, _ in gains) + " |",
+                  "|---" * (len(names) + len(gains) + 1) + "|"]
         for s in scales:
             cells = []
             for n in names:
@@ -160,7 +177,7 @@ def report(rule: Rule, meta: dict[str, Any], results: list[dict[str, Any]], work
                 refused = f" ({100 * r['refused_share']:.1f})" if r["early_rejections"] else ""
                 cells.append(f"{100 * r['attainment']:.1f}{refused}")
             gain = [pts.get((b, s)) and pts.get((a, s)) and 100 * (pts[(a, s)]["attainment"] - pts[(b, s)]["attainment"])
-                    for b, a in ((names[0], names[1]), (names[2], names[3]))]
+                    for _, b, a in gains]
             lines.append(f"| {s:.4g} | " + " | ".join(cells) + " | "
                          + " | ".join("-" if g is None else f"{g:+.1f} points" for g in gain) + " |")
         lines.append("")

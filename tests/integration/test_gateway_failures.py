@@ -174,31 +174,42 @@ async def test_full_engines_get_429_with_retry_after(cluster, engines, nats_serv
         assert rejected.headers["retry-after"] == "1" and rejected.json()["error"]["type"] == "rate_limit_error"
 
 
-async def test_a_request_the_decode_backlog_would_make_late_is_refused_early(cluster, engines, nats_server,  # type: ignore[no-untyped-def]
-                                                                             etcd_server) -> None:
-    """Early rejection live: once the gateway has seen requests leave the decode engine (its rate) and the
-    engine's load reports have shown for a second a queue waiting for KV that would keep a request from
-    starting within the TTFT target, the next request is a 429 slo_unreachable at once; when the queue is gone,
-    requests are served again. The load reports are published on NATS as the engine's sidecar would."""
+@pytest.mark.parametrize("role", ["decode", "null"])
+async def test_a_request_the_backlog_would_make_late_is_refused_early(cluster, engines, nats_server,  # type: ignore[no-untyped-def]
+                                                                      etcd_server, role, tmp_path) -> None:
+    """Early rejection live: once the gateway has seen requests leave the decode (or colocated) engine (its
+    rate) and the engine's load reports have shown for a second a queue (waiting for KV; a colocated engine's
+    waiting queue) that would keep a request from starting within the TTFT target, the next request is a 429
+    slo_unreachable at once; when the queue is gone, requests are served again. The load reports are
+    published on NATS as the engine's sidecar would."""
     registry, ns = cluster
-    await register(registry, engines["prefill"].info("p0"), engines["decode"].info("d0"))
+    colocated = None
+    if role == "decode":
+        judged = "d0"
+        await register(registry, engines["prefill"].info("p0"), engines["decode"].info(judged))
+    else:
+        judged = "c0"
+        colocated = SimEngine(tmp_path, "null", MODEL, 0.2)
+        wait_for_port("127.0.0.1", colocated.port, 30, colocated.proc.proc)
+        await register(registry, colocated.info(judged))
     bus = Bus(nats_server.url, name="test-sidecar")
     await bus.connect()
 
     async def report(waiting: int) -> None:
-        await bus.publish(Subjects(ns).load("d0"), LoadReport(
-            instance_id="d0", role="decode", status="ready", ts_unix_s=time.time(), num_waiting_reqs=waiting,
-            decode_queue_reqs=waiting, decode_kv_waiting_reqs=waiting))
-        await until(lambda: any(e.instance_id == "d0" and e.kv_waiting_reqs == waiting
+        kv_waiting = waiting if role == "decode" else 0
+        await bus.publish(Subjects(ns).load(judged), LoadReport(
+            instance_id=judged, role=role, status="ready", ts_unix_s=time.time(), num_waiting_reqs=waiting,
+            decode_queue_reqs=kv_waiting, decode_kv_waiting_reqs=kv_waiting))
+        await until(lambda: any(e.instance_id == judged and e.waiting_reqs == waiting
                                 for e in service.cluster.engines(MODEL)), 5)
 
     try:
         async with gateway(nats_server, etcd_server, ns, early_rejection=True, slo_ttft_s=2.0) as (url, service), \
                 httpx.AsyncClient(timeout=60) as client:
-            await wait_instances(service, 2)
+            await wait_instances(service, 2 if role == "decode" else 1)
             await report(40)  # before the gateway has a rate: nothing to judge on, requests go through
             queued = time.monotonic()
-            for _ in range(8):  # 8 requests leave d0: a rate of 8 per 30 s
+            for _ in range(8):  # 8 requests leave the engine: a rate of 8 per 30 s
                 assert (await client.post(url + "/v1/completions", json=BODY)).status_code == 200
             # The rule is time-based: a queue is judged once it has lasted a second (the first request saw it).
             await until(lambda: time.monotonic() - queued > 1.1, 5)
@@ -206,12 +217,14 @@ async def test_a_request_the_decode_backlog_would_make_late_is_refused_early(clu
             assert r.status_code == 429 and r.headers["retry-after"] == "1", r.text
             error = r.json()["error"]
             assert error["type"] == "rate_limit_error" and error["code"] == "slo_unreachable"
-            assert "early rejection" in error["message"] and "d0" in error["message"]
+            assert "early rejection" in error["message"] and judged in error["message"]
             assert service.metrics.rejections.labels("slo_unreachable")._value.get() == 1  # type: ignore[attr-defined]
             await report(0)
             assert (await client.post(url + "/v1/completions", json=BODY)).status_code == 200
     finally:
         await bus.close()
+        if colocated is not None:
+            colocated.proc.stop()
 
 
 async def test_api_keys_are_enforced(cluster, engines, nats_server, etcd_server) -> None:  # type: ignore[no-untyped-def]

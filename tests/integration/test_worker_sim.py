@@ -73,7 +73,9 @@ async def test_worker_runs_engine_sim_end_to_end(nats_server: NatsServer, etcd_s
         os.kill(pid, signal.SIGKILL)
         await _until(lambda: "p0" not in watcher.instances)
         await _until(lambda: "p0" in watcher.instances, timeout_s=30)
-        assert watcher.instances["p0"].role == "decode" and worker.restarts == 1 and worker.engine_pid != pid
+        # The supervisor counts the restart once its registration call returns, which the watcher may see first.
+        await _until(lambda: worker.restarts == 1)
+        assert watcher.instances["p0"].role == "decode" and worker.engine_pid != pid
 
         # Into colocated serving and out again: SGLang takes its mode at launch, so each is a restart in the
         # other mode, and the supervisor watches the new engine (a crash restarts it as colocated).
