@@ -27,8 +27,8 @@ KV copy come after it).
 the inner policy places the request; when its decode (or colocated) engine's wait is past the target, another
 open engine of the same role that can start it in time takes it, and when none can, the request is refused.
 Colocated engines are judged like decode ones: past their capacity a colocated cluster otherwise queues
-every request behind the whole backlog, as a split's decode side does, and serves almost none in time
-(tests/bench/results/early_rejection.md; docs/evaluation.md).
+every request behind the whole backlog, as a split's decode side does (docs/evaluation.md, "What the
+gateway's rules changed about the modes").
 """
 
 from __future__ import annotations
