@@ -68,8 +68,9 @@ class EarlyRejectionParams(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError("min_queue must be >= 1")
 
 
-#: The roles early rejection judges: the engines a request's decode runs on.
-JUDGED_ROLES = ("decode", "null")
+#: The roles early rejection judges (the engines a request's decode runs on): how a refusal names the engine
+#: and what its queue waits for.
+_JUDGED: dict[str, tuple[str, str]] = {"decode": ("decode", "for KV"), "null": ("colocated", "to start")}
 
 
 def queued_ahead(engine: EngineView) -> int:
@@ -90,10 +91,6 @@ def decode_wait_s(engine: EngineView, params: EarlyRejectionParams) -> float | N
     if rate is None or rate <= 0:
         return None
     return queued / rate
-
-
-_ROLE_NAME = {"decode": "decode", "null": "colocated"}
-_WAITING_FOR = {"decode": "for KV", "null": "to start"}
 
 
 class EarlyRejection:
@@ -119,7 +116,7 @@ class EarlyRejection:
         if not isinstance(decision, Placement):
             return decision
         decode = next((e for e in engines if e.instance_id == decision.decode_id), None)
-        if decode is None or decode.role not in JUDGED_ROLES:
+        if decode is None or decode.role not in _JUDGED:
             return decision
         target = request.slo_ttft_s or self.ttft_slo_s
         wait = self._wait_s(decode, now_s)
@@ -141,9 +138,10 @@ class EarlyRejection:
             return Placement(prefill_id=decision.prefill_id, decode_id=best[1])
         self.rejected += 1
         assert decode.finish_rate_rps is not None  # a judged wait has a rate
+        kind, waits_for = _JUDGED[decode.role]
         return Rejection(
-            reason=(f"early rejection: {_ROLE_NAME[decode.role]} engine {decode.instance_id} has "
-                    f"{queued_ahead(decode)} requests waiting {_WAITING_FOR[decode.role]} and serves "
+            reason=(f"early rejection: {kind} engine {decode.instance_id} has "
+                    f"{queued_ahead(decode)} requests waiting {waits_for} and serves "
                     f"{decode.finish_rate_rps:.2f}/s, so this request would wait about "
                     f"{wait:.0f} s to start, too long for its TTFT target of {target:.1f} s; retry later"),
             retryable=True, code="slo_unreachable")
