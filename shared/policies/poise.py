@@ -57,8 +57,10 @@ Colocated serving is left, without waiting out the dwell, once the TPOT it serve
 ``tpot_exit_share`` of the SLO (the median of the monitor's per-interval p90 over ``tpot_window_s``) and a
 split would carry the load with one instance away: the model's step rule decides whether to try colocated
 serving, the measurement whether it holds, and no move is begun into an overload it cannot relieve. Unless
-the step rule says colocated serving cannot hold either (the prompts grew: stress-mix-shift's move from chat
-to code prompts): then no load shed mends its steps, while a split past its capacity still serves in time the
+the load does not explain the miss: the step rule says colocated serving cannot hold either, or the colocated
+load fits the decode target and the steps miss all the same (the prompts grew: in stress-mix-shift's move from
+chat to code prompts the tail of the lengths breaks the steps minutes before the typical prompt breaks the
+step rule). Then no load shed mends the steps, while a split past its capacity still serves in time the
 requests the gateway's early rejection lets in, so the move goes on under the overload, half the cluster a
 round (engines that miss their TPOT serve little in time while they wait their turn).
 
@@ -164,7 +166,7 @@ class PoisePools:
         self.mode: str | None = None  # "colocated" or "disaggregated": the mode the cluster is in or moving to
         self._mode_since = float("-inf")
         self._mode_streak = 0
-        self._left_hopeless = False  # the last mode change left a colocated mode that failed its step rule
+        self._left_hopeless = False  # the last mode change left a colocated mode failing for its steps, not load
         self.last_mix: Mix | None = None
         self.decisions = 0
         self.drains_deferred = 0  # flips the model wanted but no instance could drain in max_drain_s
@@ -300,10 +302,11 @@ class PoisePools:
             # Its load, not its score: the step rule that makes the score infinite only gates the way in. Either
             # reason to leave needs a split that carries the load: under an overload the model ranks the modes
             # worse than they serve, and each restart takes an instance away. Except when colocated serving
-            # fails where the step rule says it must: a typical prompt's step no longer fits the TPOT SLO, which
-            # no load shed mends, while a split past its capacity still serves in time what it takes (early
-            # rejection refuses the rest).
-            hopeless = failing and not co.feasible
+            # fails where its load does not explain it: the step rule says a typical prompt's step no longer
+            # fits, or the load fits the decode target and the steps still miss (the prompts' tail grew before
+            # their typical length). No load shed mends steps, while a split past its capacity still serves in
+            # time what it takes (early rejection refuses the rest).
+            hopeless = failing and (not co.feasible or co.rho <= self.params.decode_target)
             wants = ((failing or best.score < co.rho / self.params.decode_target * keep)
                      and (hopeless or one_away()[0] <= 1.0))
             leave = wants and failing

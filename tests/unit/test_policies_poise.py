@@ -409,6 +409,33 @@ def test_a_colocated_mode_that_fails_its_step_is_left_under_an_overload_too() ->
     assert stay.mode == "colocated"
 
 
+def test_a_colocated_mode_failing_where_its_load_fits_is_left_under_an_overload_too() -> None:
+    """Steps that miss while the colocated load fits the decode target fail for the prompts, not the load
+    (the tail of a mix moving to longer prompts grows before its typical step breaks the step rule): no load
+    shed mends that, so the cluster leaves although no split carries the load. Where the colocated load is
+    past the target too, the overload explains the miss and the cluster stays."""
+
+    def measured(rate: float) -> list[SeriesPoint]:
+        return [msgspec.structs.replace(p, tpot_p90_s=0.8 * CTX.tpot_slo_s) for p in series(1200, 90, rate)]
+
+    fits = PoisePools(MODEL, CTX, PoiseParams(min_dwell_s=0.0))
+    fits.mode = "colocated"
+    mix = mix_of(measured(130.0), 120.0)
+    assert mix is not None and fits._scores_away(mix, 8, 1)[0] > 1.0
+    assert fits.decide(snap(colocated(8), measured(130.0)), 0.0) is None
+    out = fits.decide(snap(colocated(8), measured(130.0)), 10.0)
+    co = fits.last_colocated
+    assert co is not None and co.feasible and co.rho <= fits.params.decode_target
+    assert out is not None and fits.mode == "disaggregated" and len(out.changes) == 4
+    overloaded = PoisePools(MODEL, CTX, PoiseParams(min_dwell_s=0.0))
+    overloaded.mode = "colocated"
+    for t in (0.0, 10.0, 20.0):
+        assert overloaded.decide(snap(colocated(8), measured(200.0)), t) is None
+    co = overloaded.last_colocated
+    assert co is not None and co.feasible and co.rho > overloaded.params.decode_target
+    assert overloaded.mode == "colocated"
+
+
 def test_a_mode_change_under_load_restarts_one_instance_at_a_time() -> None:
     # The highest chat rate at which both modes still carry the load with one instance away: two away would
     # not fit, so each round restarts one instance.
