@@ -59,10 +59,10 @@ TUNE = ["azure-code", "azure-conv"]
 # Held out until a result there changed the controller (docs/evaluation.md): Mooncake conversation its capacity
 # model, stress-ramp the rule that a move into colocated serving begins only while an instance can be spared,
 # stress-mix-shift the rule that colocated serving is left by the TPOT it serves at, not by the model,
-# and that a colocated mode failing where the step rule says it must is left under an overload too, half the
-# cluster a round, stress-bursts the rule that a mode change restarts as many instances at once as the load
-# can spare,
-# Mooncake synthetic the rejection of flips in rounds (docs/adaptive-pd.md).
+# and that a colocated mode failing where its load does not explain it (the step rule calls it infeasible, or
+# its load fits) is left under an overload too, half the cluster a round, stress-bursts the rule that a mode
+# change restarts as many instances at once as the load can spare, Mooncake synthetic the rejection of flips
+# in rounds (docs/adaptive-pd.md).
 SEEN = ["mooncake-conv", "stress-ramp", "stress-mix-shift", "stress-bursts", "mooncake-synthetic"]
 HELD_OUT = ["mooncake-conv", "stress-step", "stress-ramp", "stress-bursts", "stress-mix-shift", "stress-diurnal",
             "mooncake-synthetic"]
