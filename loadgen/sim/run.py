@@ -70,8 +70,7 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
                                    input_tokens=r.input_tokens, output_tokens=max(1, r.output_tokens),
                                    slo_ttft_s=target.ttft_s, slo_tpot_s=target.tpot_s, slo_class=r.slo_class,
                                    blocks=r.hash_ids))
-    for req in requests:
-        queue.at(req.arrival_s, PRIORITY_ARRIVAL, functools.partial(cluster.submit, req))
+    queue.preload(((req.arrival_s, functools.partial(cluster.submit, req)) for req in requests), PRIORITY_ARRIVAL)
     loop = None
     observe = getattr(mix.dispatch, "observe_prefill", None)
     if observe is not None:
