@@ -109,6 +109,9 @@ class LatencyModel:
             raise ConfigError(f"time_scale must be >= 0, got {time_scale}")
         self.profile = profile
         self.time_scale = time_scale
+        # One prefill pass's launch overhead, time-scaled (the profile is frozen): read once per queued prompt
+        # by the prefill policies' rankings.
+        self.pass_overhead_s = profile.prefill_overhead_s * time_scale
 
     # -- prefill -----------------------------------------------------------------------------------
     def prefill_work_s(self, new_tokens: int, done_tokens: int = 0) -> float:
@@ -137,7 +140,7 @@ class LatencyModel:
         """One prefill (or one chunk) run alone in a forward pass."""
         if new_tokens <= 0:
             return 0.0
-        return self.profile.prefill_overhead_s * self.time_scale + self.prefill_work_s(new_tokens, done_tokens)
+        return self.pass_overhead_s + self.prefill_work_s(new_tokens, done_tokens)
 
     def prefill_batch_time_s(self, parts: Iterable[tuple[int, int]]) -> float:
         """A forward pass over several (new_tokens, done_tokens) parts: one launch overhead, summed work."""
@@ -152,7 +155,7 @@ class LatencyModel:
         on top, none for an empty pass."""
         if work == 0.0 and self.time_scale > 0:
             return 0.0
-        return self.profile.prefill_overhead_s * self.time_scale + work
+        return self.pass_overhead_s + work
 
     def attention_share(self, parts: Iterable[tuple[int, int]]) -> float:
         """The share of a prefill pass over (new_tokens, done_tokens) parts that is attention (the quadratic

@@ -29,6 +29,8 @@ from typing import Literal
 from shared.latency import LatencyModel
 from shared.policies.prefill_order import PrefillItem, PrefillPlan, T, deadline_s, fill, remaining
 
+_INF = math.inf
+
 Priority = Literal["sedf", "d-edf", "edf"]
 SortKey = tuple[int, float, float, str]
 
@@ -49,15 +51,20 @@ def sedf_key(model: LatencyModel, item: PrefillItem, now_s: float) -> SortKey:
 def _sedf_key_and_work(model: LatencyModel, item: PrefillItem, now_s: float) -> tuple[SortKey, float]:
     """:func:`sedf_key`, and the prompt's remaining prefill work it was computed from (0 without a target):
     :func:`fewest_late` needs both, once per prompt per ranking."""
-    deadline = deadline_s(item)
-    if math.isinf(deadline):
-        return (2, item.arrival_s, 0.0, item.rid), 0.0
-    n = remaining(item)
-    work = model.prefill_work_s(n, item.prefilled)
-    ttft = model.prefill_pass_s(work) if n > 0 else 0.0  # ttft_hat: the prompt's pass run alone
+    # Once per queued prompt per ranking, the simulator's hottest policy code: deadline_s, remaining and
+    # prefill_pass_s spelled out here, with the same arithmetic.
+    arrival = item.arrival_s
+    deadline = arrival + item.slo_ttft_s
+    if deadline == _INF:
+        return (2, arrival, 0.0, item.rid), 0.0
+    done = item.prefilled
+    n = item.input_tokens - done
+    work = model.prefill_work_s(n, done)
+    # ttft_hat: the prompt's pass run alone (prefill_pass_s: an empty pass takes no time)
+    ttft = (0.0 if work == 0.0 and model.time_scale > 0 else model.pass_overhead_s + work) if n > 0 else 0.0
     if deadline - now_s - ttft >= 0:
-        return (0, deadline, item.arrival_s, item.rid), work
-    return (1, -deadline, item.arrival_s, item.rid), work
+        return (0, deadline, arrival, item.rid), work
+    return (1, -deadline, arrival, item.rid), work
 
 
 def dedf_key(item: PrefillItem, now_s: float) -> SortKey:
@@ -96,7 +103,7 @@ def fewest_late(model: LatencyModel, queue: Sequence[T], now_s: float, batch_tok
     """
     # The simulator asks this on every arrival and completion of every engine, over queues of hundreds past
     # capacity: each prompt's work is computed once and serves both its S-EDF key and its cost below.
-    overhead = model.profile.prefill_overhead_s * model.time_scale
+    overhead = model.pass_overhead_s
     keyed: list[tuple[SortKey, T, float]] = []
     for r in queue:
         key, work = _sedf_key_and_work(model, r, now_s)
@@ -111,13 +118,14 @@ def fewest_late(model: LatencyModel, queue: Sequence[T], now_s: float, batch_tok
             break
         feasible = i + 1
         n = item.input_tokens - item.prefilled
-        cost = work + overhead * (min(1.0, n / batch_tokens) if batch_tokens > 0 else 1.0)
+        cost = work + (overhead * (n / batch_tokens) if n < batch_tokens else overhead)  # min(1, n / G) of it
         finish += cost
-        heapq.heappush(taken, (-cost, i))
-        if finish > key[1]:
-            longest, j = heapq.heappop(taken)
+        if finish > key[1]:  # past capacity, almost every prompt: push and pop the longest in one go
+            longest, j = heapq.heappushpop(taken, (-cost, i))
             finish += longest
             given_up.add(j)
+        else:
+            heapq.heappush(taken, (-cost, i))
     ranked = [r for _, r, _ in keyed]
     if not given_up:
         return ranked
