@@ -265,21 +265,30 @@ class SimInstance:
         return self.core.admission_kv(req)
 
     def view(self) -> EngineView:
+        # Built for every live instance at every dispatch: the properties above, read once each.
         core = self.core
-        current = self.reports_current_kv
+        role = core.role
+        current = role == "decode" and self.engine.kv_report == "current"  # reports_current_kv
+        used = core.used_kv
+        if current and not core.grows:  # reported_kv
+            used -= self.unwritten_kv
         cache = core.cache
+        if cache is not None:
+            used += cache.locked_tokens
+        running = core.running
         return EngineView(
-            instance_id=self.instance_id, role=core.role, status="ready" if self.status == "ready" else "draining",
+            instance_id=self.instance_id, role=role, status="ready" if self.status == "ready" else "draining",
             kv_capacity_tokens=core.kv_capacity, max_running_requests=core.max_running,
-            running_reqs=len(core.running) + len(core.prefilling),
-            waiting_reqs=self.waiting_reqs,
-            used_tokens=self.reported_kv + (cache.locked_tokens if cache is not None else 0),
+            running_reqs=len(running) + len(core.prefilling),
+            waiting_reqs=(len(core.waiting) + self.bootstrapping + len(core.prealloc) + len(core.ready)
+                          + len(core.retracted)),  # waiting_reqs
+            used_tokens=used,
             load_age_s=0.0, inflight_reqs=self.assigned,
             inflight_tokens=self.pending_prompt_tokens if current else self.pending_tokens,
-            inflight_tokens_sq=self.pending_sq, token_interval_s=self.step_ewma_s if core.running else None,
-            finish_rate_rps=self.finishes.rate(self.queue.now_s) if core.role != "prefill" else None,
+            inflight_tokens_sq=self.pending_sq, token_interval_s=self.step_ewma_s if running else None,
+            finish_rate_rps=self.finishes.rate(self.queue.now_s) if role != "prefill" else None,
             kv_waiting_reqs=len(core.prealloc) + len(core.retracted),
-            local_prefill=core.role == "decode",
+            local_prefill=role == "decode",
         )
 
     @property

@@ -131,9 +131,7 @@ class ArrowDispatch(_ArrowModel):
 
     def place(self, request: RequestView, engines: Sequence[EngineView], now_s: float,
               exclude: frozenset[str] = frozenset()) -> Placement | Rejection:
-        prefills, full_p = open_engines(engines, "prefill", exclude, self.dispatch_params)
-        decodes, full_d = open_engines(engines, "decode", exclude, self.dispatch_params)
-        colocated, full_c = open_engines(engines, "null", exclude, self.dispatch_params)
+        prefills, decodes, colocated, full = open_engines(engines, exclude, self.dispatch_params)
         paired = len(prefills) + len(decodes) if prefills and decodes else 0
         if colocated and self.share.take(len(colocated), paired):
             chosen = self._decode(request, colocated, by_prefix=True)
@@ -143,7 +141,7 @@ class ArrowDispatch(_ArrowModel):
             prefill = self._prefill(request, prefills)
             self.prefixes.record(prefill, request, now_s)
             return Placement(prefill_id=prefill.instance_id, decode_id=self._decode(request, decodes).instance_id)
-        return rejection(engines, full_p + full_d + full_c)
+        return rejection(engines, full)
 
     def _prefill(self, request: RequestView, prefills: list[EngineView]) -> EngineView:
         # Alg. 1: least predicted queue delay. Whether it meets the SLO matters for flips, which the
@@ -167,16 +165,19 @@ class ArrowDispatch(_ArrowModel):
         tpot_slo = request.slo_tpot_s or self.ctx.tpot_slo_s
         need = request.input_tokens + request.max_output_tokens  # A5.3 [REC]: count the request itself
 
-        def fits(e: EngineView) -> bool:
-            interval_ok = e.token_interval_s is None or e.token_interval_s <= tpot_slo
-            return self.running_tokens(e) + need <= self.max_tokens and interval_ok
-
-        fitting = [e for e in decodes if fits(e)]
-        if by_prefix and self._cached_somewhere(request, fitting or decodes):
+        # (running tokens, id, engine): each engine's load read once, for the fit and for the ranking.
+        loads = [(self.running_tokens(e), e.instance_id, e) for e in decodes]
+        fitting = [x for x in loads if x[0] + need <= self.max_tokens
+                   and (x[2].token_interval_s is None or x[2].token_interval_s <= tpot_slo)]
+        candidates = fitting or loads
+        if by_prefix and self._cached_somewhere(request, [e for _, _, e in candidates]):
             # A colocated engine prefills the prompt too: among those that fit, the least predicted TTFT.
-            return min(fitting or decodes, key=lambda e: (self._ttft(request, e), self.running_tokens(e),
-                                                          e.instance_id))
-        return min(fitting or decodes, key=lambda e: (self.running_tokens(e), e.instance_id))
+            return min(candidates, key=lambda x: (self._ttft(request, x[2]), x[0], x[1]))[2]
+        return min(candidates, key=_load_and_id)[2]
+
+
+def _load_and_id(load: tuple[int, str, EngineView]) -> tuple[int, str]:
+    return load[0], load[1]
 
 
 class ArrowPools(_ArrowModel):

@@ -13,7 +13,7 @@ they take their share of the requests, one per instance, by :class:`ColocatedSha
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import msgspec
 
@@ -58,13 +58,29 @@ def _pending(e: EngineView, params: DispatchParams) -> int:
     return max(reported, e.inflight_reqs)
 
 
-def open_engines(
-    engines: Sequence[EngineView], role: str, exclude: frozenset[str], params: DispatchParams
-) -> tuple[list[EngineView], int]:
-    """Accepting engines of ``role`` that are not full, and how many were full."""
-    ready = [e for e in engines if e.role == role and e.accepting and e.instance_id not in exclude]
-    open_ = [e for e in ready if _pending(e, params) < params.max_pending_per_engine]
-    return open_, len(ready) - len(open_)
+class OpenEngines(NamedTuple):
+    """The accepting engines of each role that are not full, and how many accepting ones were full."""
+
+    prefill: list[EngineView]
+    decode: list[EngineView]
+    colocated: list[EngineView]
+    full: int
+
+
+def open_engines(engines: Sequence[EngineView], exclude: frozenset[str], params: DispatchParams) -> OpenEngines:
+    """:class:`OpenEngines` of ``engines`` (in their order), in one pass: every dispatch reads every engine."""
+    by_role: dict[str, list[EngineView]] = {"prefill": [], "decode": [], "null": []}
+    full = 0
+    limit = params.max_pending_per_engine
+    for e in engines:
+        group = by_role.get(e.role)
+        if group is None or not e.accepting or e.instance_id in exclude:
+            continue
+        if _pending(e, params) < limit:
+            group.append(e)
+        else:
+            full += 1
+    return OpenEngines(by_role["prefill"], by_role["decode"], by_role["null"], full)
 
 
 def rejection(engines: Sequence[EngineView], full: int) -> Rejection:
@@ -116,16 +132,14 @@ class _PairPolicy:
     def place(
         self, request: RequestView, engines: Sequence[EngineView], now_s: float, exclude: frozenset[str] = frozenset()
     ) -> Placement | Rejection:
-        prefills, full_p = open_engines(engines, "prefill", exclude, self.params)
-        decodes, full_d = open_engines(engines, "decode", exclude, self.params)
-        colocated, full_c = open_engines(engines, "null", exclude, self.params)
+        prefills, decodes, colocated, full = open_engines(engines, exclude, self.params)
         paired = len(prefills) + len(decodes) if prefills and decodes else 0
         if colocated and self.share.take(len(colocated), paired):
             return Placement(prefill_id=None, decode_id=self._pick_for(request, colocated, "null", now_s).instance_id)
         if prefills and decodes:
             return Placement(prefill_id=self._pick_for(request, prefills, "prefill", now_s).instance_id,
                              decode_id=self._pick_for(request, decodes, "decode", now_s).instance_id)
-        return rejection(engines, full_p + full_d + full_c)
+        return rejection(engines, full)
 
 
 class LeastLoad(_PairPolicy):
