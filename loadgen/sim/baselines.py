@@ -181,7 +181,10 @@ def _dopd_ratio(instances: int, split: str | None) -> PolicyMix:
 #: prompts in a burst): on the mixed-SLO benchmark it holds the most goodput of every prefill policy, and on
 #: single-SLO traces it stays within one goodput-search step of FCFS. Decode stays continuous: Kairos' slack
 #: batching buys nothing when a step costs its total context (docs/engine-scheduling.md).
-POISE_ENGINE = EngineSpec(prefill_policy=POISE_PREFILL_POLICY, preemption="operator", chunk_tokens=0)
+#: Its colocated engines refuse prompts that waited out their TTFT target unstarted (``give_up_late``): past
+#: capacity the fewest-late order leaves them queued, to be served late in the slack of prompts with time left.
+POISE_ENGINE = EngineSpec(prefill_policy=POISE_PREFILL_POLICY, preemption="operator", chunk_tokens=0,
+                          give_up_late=True)
 
 #: The gateway holds prompts and releases one to a prefill engine only when it has fewer than the default depth
 #: unprefilled, in the engines' own order (``shared.policies.late_binding``). Not for the order (the engines keep
@@ -247,13 +250,15 @@ def make_mix(name: str, instances: int, split: str | None = None, *, prefill_pol
              length_predictor: str | None = None, migration_mechanism: str | None = None,
              kv_report: str | None = None, local_prefill_tokens: int | None = None,
              decode_kv: str | None = None, prefix_cache: bool | None = None,
-             early_rejection: bool | None = None, drain_by_migration: bool | None = None) -> PolicyMix:
+             early_rejection: bool | None = None, drain_by_migration: bool | None = None,
+             give_up_late: bool | None = None) -> PolicyMix:
     """Build the mix ``name``; the keyword arguments replace one policy of it by its registry name
     (``late_binding``: a prefill policy name for the gateway's queue, or ``"none"``; ``kv_report``: what decode
     engines report as KV use, ``reserved`` or ``current``, and ``decode_kv`` how they admit it, ``whole`` or
     ``grow`` (with retraction), see ``loadgen.sim.instance``;
     ``local_prefill_tokens``: prompts up to this long are prefilled on their decode instance, 0 = never;
     ``prefix_cache``: prefill and colocated engines keep SGLang's radix cache, see ``loadgen.sim.instance``;
+    ``give_up_late``: colocated engines refuse prompts waiting past their TTFT target, ``shared.engine.model``;
     ``early_rejection``: refuse requests the decode side cannot start in time, ``shared.policies.admission``;
     ``drain_by_migration``: a decode instance draining for a flip has its requests moved away,
     ``shared.policies.evacuation``)."""
@@ -289,6 +294,8 @@ def make_mix(name: str, instances: int, split: str | None = None, *, prefill_pol
         engine = dataclasses.replace(engine, decode_kv=decode_kv)  # type: ignore[arg-type]
     if prefix_cache is not None:
         engine = dataclasses.replace(engine, prefix_cache=prefix_cache)
+    if give_up_late is not None:
+        engine = dataclasses.replace(engine, give_up_late=give_up_late)
     description = mix.description
     if engine != mix.engine:
         changes["engine"] = engine

@@ -71,6 +71,8 @@ class EngineSpec:
     decode_kv: Literal["whole", "grow"] = "grow"  # decode and colocated KV: grow and retract (SGLang's), or whole outputs
     reserved_decode_tokens: int = 512  # grow: output KV set aside at admission (SGLang's default)
     prefix_cache: bool = False  # prefill and colocated instances reuse cached prompt prefixes (the module doc)
+    # Colocated instances refuse prompts still waiting past their TTFT target (shared.engine.model; Poise's engines)
+    give_up_late: bool = False
 
     def describe(self) -> str:
         chunk = "profile" if self.chunk_tokens is None else ("off" if self.chunk_tokens <= 0 else str(self.chunk_tokens))
@@ -78,8 +80,9 @@ class EngineSpec:
         if self.decode_kv == "grow":
             kv += f", decode KV grows from prompt + {self.reserved_decode_tokens} and retracts when full"
         cache = ", radix prefix cache" if self.prefix_cache else ""
+        late = ", colocated engines refuse prompts waiting past their TTFT target" if self.give_up_late else ""
         return (f"prefill {self.prefill_policy} ({self.preemption} preemption, chunk {chunk}){cache}, "
-                f"decode {self.decode_policy}{kv}")
+                f"decode {self.decode_policy}{kv}{late}")
 
     def model(self, role: Role, latency: LatencyModel) -> EngineModel:
         """A fresh engine model with these settings."""
@@ -90,7 +93,7 @@ class EngineSpec:
                            colocated_chunk_tokens=latency.profile.chunked_prefill_size if colocated is None else colocated,
                            decode_kv=self.decode_kv,
                            colocated_kv=self.decode_kv, reserved_decode_tokens=self.reserved_decode_tokens,
-                           prefix_cache=self.prefix_cache)
+                           prefix_cache=self.prefix_cache, give_up_late=self.give_up_late)
 
 
 @dataclass
@@ -148,6 +151,7 @@ class SimInstance:
         self.engine = engine or EngineSpec()
         self.core = self.engine.model(role, model)
         self.preemptions = PreemptionStats()
+        self.given_up = 0  # colocated prompts refused for waiting past their TTFT target (EngineSpec.give_up_late)
         self.busy = False
         self.incoming: list[SimRequest] = []  # decode: migrating here (KV reserved), not yet in the batch
         self._moving = 0  # requests here with a move decided, waiting for the current step to end
@@ -483,6 +487,8 @@ class SimInstance:
             self.unwritten_kv -= sum(1 for r in step.joined if r.generated)
         for req in step.finished:
             self._finish(req)  # type: ignore[arg-type]
+        for req in step.given_up:
+            self._give_up(req)  # type: ignore[arg-type]
         for req in step.retracted:
             if req.migrate_to is not None:  # type: ignore[attr-defined]
                 self._cancel_move(req)  # type: ignore[arg-type]
@@ -562,6 +568,18 @@ class SimInstance:
         # The KV copy, plus the serving path's own handoff delay (see loadgen/sim/overhead.py).
         delay = self.model.kv_transfer_time_s(req.input_tokens) + self.first_token_delay(req.index)
         self.queue.at(self.queue.now_s + delay, PRIORITY_TRANSFER_DONE, arrived)
+
+    def _give_up(self, req: SimRequest) -> None:
+        """A colocated engine refused a prompt that waited past its TTFT target (``EngineSpec.give_up_late``):
+        a retryable 429, as the gateway's early rejection answers. Not a departure the dispatcher counts in
+        the engine's service rate: it was never served."""
+        req.error = (f"429: early rejection: waited {self.queue.now_s - req.arrival_s:.1f} s on colocated engine "
+                     f"{self.instance_id} without starting, past its TTFT target of {req.slo_ttft_s:.1f} s; "
+                     "retry later")
+        req.finished_s = self.queue.now_s
+        self.assigned -= 1
+        self.given_up += 1
+        self.on_finish(req)
 
     def _finish(self, req: SimRequest) -> None:
         req.finished_s = self.queue.now_s

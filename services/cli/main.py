@@ -235,6 +235,7 @@ class _SimFields(TraceSliceSettings):
     kv_report: str | None = Field(None, description="What simulated decode engines report as KV use under --decode-kv whole: reserved (prompt + whole output, default) or current (prompt + generated; ARES' baseline). Under grow an engine reports the KV it holds.")
     decode_kv: str | None = Field(None, description="How simulated decode and colocated engines admit KV: grow (default; SGLang's and engine_sim's: prompt + 512 reserved, growing per token, requests retracted in SGLang's order when a step does not fit) or whole (prompt + whole output reserved up front, never out of memory: an oracle that knows each output's length).")
     prefix_cache: bool | None = Field(None, description="Give simulated prefill and colocated engines SGLang's radix prefix cache, keyed by the trace's prefix blocks (Mooncake hash_ids; LRU eviction in the shared KV pool). Unset: the mix's default (off).")
+    give_up_late: bool | None = Field(None, description="Simulated colocated engines refuse prompts still waiting, unstarted, past their TTFT target (a retryable 429; shared/engine/model.py); unset = the mix's default (on in poise, off elsewhere).")
     local_prefill_max_tokens: int | None = Field(None, ge=0, description="DOPD's local prefill: prompts up to this many tokens are prefilled on their decode instance, with no KV transfer (0 = never; unset = the mix's default).")
     early_rejection: bool | None = Field(None, description="Refuse requests the decode side cannot start within their TTFT target (shared/policies/admission.py); unset = the mix's default (on in poise, off elsewhere).")
     drain_by_migration: bool | None = Field(None, description="A decode instance draining for a flip has its requests moved to the other decode instances by --migration-mechanism (shared/policies/evacuation.py, as the live planner and migrator do); unset = the mix's default (on in poise, off elsewhere).")
@@ -275,7 +276,7 @@ class _SimFields(TraceSliceSettings):
                                   migration_mechanism=self.migration_mechanism, kv_report=self.kv_report,
                                   local_prefill_tokens=self.local_prefill_max_tokens, decode_kv=self.decode_kv,
                                   prefix_cache=self.prefix_cache, early_rejection=self.early_rejection,
-                                  drain_by_migration=self.drain_by_migration)
+                                  drain_by_migration=self.drain_by_migration, give_up_late=self.give_up_late)
         try:
             build()
         except ValueError as exc:

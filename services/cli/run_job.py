@@ -66,7 +66,7 @@ def simulated_poise_overrides(settings: RunSettings) -> dict[str, object]:
     engine: dict[str, object] = {
         "prefill_policy": settings.prefill_policy, "preemption": settings.preemption,
         "chunk_tokens": None if chunk is None else max(chunk, 0), "decode_policy": settings.decode_policy,
-        "early_rejection": settings.early_rejection,
+        "early_rejection": settings.early_rejection, "give_up_late": settings.give_up_late_prompts,
         "late_binding": settings.late_binding_policy if settings.late_binding else "none",
         "late_binding_depth": settings.late_binding_depth}
     if settings.migration_policy != "none":

@@ -52,7 +52,8 @@ DEFAULT_PLANNER_POLICY = "poise"  # the P:D controller (shared/policies/poise.py
 #: simulator and the report's comparison model.
 #: DOPD's local prefill of short prompts comes with it too (`StackSettings.local_prefill_tokens`).
 POISE_STACK_DEFAULTS: dict[str, Any] = {"dispatch_policy": "arrow", "prefill_policy": POISE_PREFILL_POLICY,
-                                        "preemption": "operator", "chunked_prefill_size": -1, **POISE_GATEWAY_RULES}
+                                        "preemption": "operator", "chunked_prefill_size": -1,
+                                        "give_up_late_prompts": True, **POISE_GATEWAY_RULES}
 
 
 class StackSettings(ServiceSettings):
@@ -78,7 +79,7 @@ class StackSettings(ServiceSettings):
     gateway_args: list[str] = Field(default_factory=list, description="Extra flags for the gateway (JSON list).")
     planner_args: list[str] = Field(default_factory=list, description="Extra flags for the planner (JSON list), e.g. [\"--tick-interval-s\", \"1\"].")
     ready_timeout_s: float = Field(60.0, description="How long to wait for every engine to register.")
-    planner_policy: str = Field(DEFAULT_PLANNER_POLICY, description="The planner's pool policy: poise (the P:D controller: scores every split on the served mix, flips one instance at a time towards a clearly better one), static (roles never change), arrow or dopd. poise also sets, unless given, --dispatch-policy arrow, --prefill-policy flowprefill, --preemption operator, --chunked-prefill-size -1, --late-binding with --late-binding-policy flowprefill-fewest-late (the simulator's poise mix) and local prefill of prompts up to 512 tokens.")
+    planner_policy: str = Field(DEFAULT_PLANNER_POLICY, description="The planner's pool policy: poise (the P:D controller: scores every split on the served mix, flips one instance at a time towards a clearly better one), static (roles never change), arrow or dopd. poise also sets, unless given, --dispatch-policy arrow, --prefill-policy flowprefill-fewest-late, --preemption operator, --chunked-prefill-size -1, --give-up-late-prompts, --late-binding with --late-binding-policy flowprefill-fewest-late (the simulator's poise mix) and local prefill of prompts up to 512 tokens.")
     dispatch_policy: str = Field(None, validate_default=False, description="The gateway's dispatch policy: least-load, round-robin, arrow or cache-aware (SMG's); unset = arrow with --planner-policy poise, least-load with the others.")  # type: ignore[assignment]  # always set by _planner_policy_implies
     slo_ttft_s: float | None = Field(None, gt=0.0, description="TTFT SLO (s) the planner and gateway policies plan for; unset = the trace's (poise run) or Arrow Table 1's Azure conversation value, 2 s.")
     slo_tpot_s: float | None = Field(None, gt=0.0, description="TPOT SLO (s) the policies plan for; unset = the trace's (poise run) or 0.15 s (Azure conversation).")
@@ -86,6 +87,7 @@ class StackSettings(ServiceSettings):
     prefill_policy: str | None = Field(None, description="Prefill scheduling policy of every engine (shared.policies PREFILL_POLICIES: fcfs, edf, ...); unset = flowprefill-fewest-late with --planner-policy poise, else engine_sim's default (fcfs).")
     decode_policy: str | None = Field(None, description="Decode batch policy of every engine (shared.policies DECODE_BATCH_POLICIES: continuous, ...); unset = engine_sim's default.")
     preemption: str | None = Field(None, description="Where prefill engines may switch to a more urgent prompt: chunk (SGLang, at chunk boundaries) or operator (FlowPrefill); unset = operator with --planner-policy poise, else chunk.")
+    give_up_late_prompts: bool | None = Field(None, description="Colocated engines refuse (429) prompts still waiting, unstarted, past their TTFT target (engine_sim --give-up-late-prompts); unset = on with --planner-policy poise, else off.")
     chunked_prefill_size: int | None = Field(None, description="Prefill chunk size in tokens of every engine (SGLang --chunked-prefill-size); -1 = no chunking; unset = -1 with --planner-policy poise, else the profile's.")
     # -- decode-to-decode migration (ARES; services/migrator, services/gateway/flow.py) ------------------------
     migration_policy: str = Field("none", description="The migrator's policy (shared.policies MIGRATION_POLICIES: none, ares, llumnix-like, ...).")
@@ -200,6 +202,8 @@ class StackSettings(ServiceSettings):
                             ("--preemption", self.preemption), ("--chunked-prefill-size", self.chunked_prefill_size)):
             if value is not None:
                 args += [flag, str(value)]
+        if self.give_up_late_prompts:
+            args += ["--give-up-late-prompts"]
         return args
 
     def local_prefill_tokens(self) -> int:

@@ -32,7 +32,7 @@ from typing import cast
 
 from services.engine_sim import clock, transfer
 from services.engine_sim.engine_state import EngineState
-from services.engine_sim.requests import Phase, SimRequest, finish_length, finish_stop
+from services.engine_sim.requests import Phase, SimRequest, finish_abort, finish_length, finish_stop
 from services.engine_sim.tokens import EOS_TOKEN_ID
 from shared.engine.model import Step
 
@@ -100,6 +100,11 @@ def plan(eng: EngineState) -> Step | None:
         eng.metrics.first_token(req, now)
         _emit(eng, req, token, now)
         joined += 1
+    for req in _live(step.given_up):  # colocated: waited past its TTFT target unstarted (give_up_late_prompts)
+        eng.finish_request(req, finish_abort(
+            f"waited {now - req.arrival_s:.1f} s without starting, past its TTFT target of {req.slo_ttft_s:.1f} s; "
+            "retry later", HTTPStatus.TOO_MANY_REQUESTS))
+        eng.metrics.num_aborted_requests.inc()
     for _ in step.retracted:
         eng.num_retracted_total += 1
         eng.metrics.num_retracted_requests_total.inc()

@@ -115,6 +115,14 @@ class EngineSimSettings(ServiceSettings):
         "preemption; prefill mode only).",
     )
 
+    give_up_late_prompts: bool = Field(
+        False,
+        description="Colocated mode: at each step boundary, refuse (429, finish_reason abort) the prompts still "
+        "waiting, unstarted, past their TTFT target (poise_slo). They are late whatever happens; past capacity "
+        "the queue otherwise fills with them, each served at the cost of one that still had time. Not an SGLang "
+        "option: Poise's engines only.",
+    )
+
     @model_validator(mode="after")
     def _check(self) -> EngineSimSettings:
         if self.bootstrap_port is not None and self.bootstrap_port == self.port and self.port != 0:

@@ -108,7 +108,8 @@ class SimEngine:
             chunk_tokens=settings.chunked_prefill_size, decode_kv="grow", colocated_kv="grow",
             reserved_decode_tokens=settings.num_reserved_decode_tokens,
             prefix_cache=not settings.disable_radix_cache, kv_capacity=self.capacity, max_running=self.max_running,
-            mixed_chunk_tokens=MAX_PREFILL_TOKENS if settings.chunked_prefill_size == -1 else None)
+            mixed_chunk_tokens=MAX_PREFILL_TOKENS if settings.chunked_prefill_size == -1 else None,
+            give_up_late=settings.give_up_late_prompts)
         self.chunked = self.core.chunked
         self.chunk_size = self.core.chunk  # the prefill token budget of a pass
         self.length_predictor: LengthPredictor | None = (

@@ -30,7 +30,11 @@ What is modelled, per role (SGLang's ``--disaggregation-mode``):
   its KV in and calls :meth:`transfer_done`; it joins the running batch (up to ``max_running``) with its first
   token, and each step emits one token per request the decode batch policy selects (all, by default).
 - ``null`` (colocated), and decode engines holding prompts to prefill locally: decode-prioritised mixed steps,
-  every selected running request decodes and prefill chunks fill what is left of the chunk budget.
+  every selected running request decodes and prefill chunks fill what is left of the chunk budget. With
+  ``give_up_late`` (Poise's engines; SGLang has no such rule) a colocated engine gives up, at each step
+  boundary, the prompts still waiting unstarted past their TTFT target (``Step.given_up``; the adapter refuses
+  them): they are late whatever happens, and past capacity the queue otherwise fills with them, each served
+  in the engine's slack at the cost of one that still had time.
 
 KV (``decode_kv`` / ``colocated_kv``): ``whole`` reserves prompt + whole output at admission, so a request never
 runs out (an oracle no engine has, the simulator's default); ``grow`` is SGLang's: a request outgrowing its
@@ -133,7 +137,8 @@ class Step:
 
     Made at the boundary, for the adapter to act on: ``admitted`` (decode: KV reserved, the prompt's KV may
     come now), ``prompts_admitted`` (prompts that got KV), ``joined`` (joined the running batch; a fresh one
-    got its first token), ``finished`` (ended on joining: a one-token output), ``retracted``."""
+    got its first token), ``finished`` (ended on joining: a one-token output), ``retracted``, ``given_up``
+    (``give_up_late``: out of the queue, unstarted, past their TTFT target; the adapter refuses them)."""
 
     time_s: float = 0.0
     prefill: list[tuple[EngineRequest, int]] = field(default_factory=list)
@@ -143,6 +148,7 @@ class Step:
     joined: list[EngineRequest] = field(default_factory=list)
     finished: list[EngineRequest] = field(default_factory=list)
     retracted: list[EngineRequest] = field(default_factory=list)
+    given_up: list[EngineRequest] = field(default_factory=list)
 
     @property
     def idle(self) -> bool:
@@ -171,12 +177,14 @@ class EngineModel:
                  decode_policy: str = "continuous", preemption: Preemption = "chunk", chunk_tokens: int | None = None,
                  decode_kv: KvModel = "whole", colocated_kv: KvModel = "whole", reserved_decode_tokens: int = 512,
                  prefix_cache: bool = False, kv_capacity: int | None = None, max_running: int | None = None,
-                 mixed_chunk_tokens: int | None = None, colocated_chunk_tokens: int | None = None) -> None:
+                 mixed_chunk_tokens: int | None = None, colocated_chunk_tokens: int | None = None,
+                 give_up_late: bool = False) -> None:
         p = latency.profile
         self.latency = latency
         self.prefill_policy = make_prefill_policy(prefill_policy, latency)
         self.decode_policy = make_decode_batch_policy(decode_policy, latency)
         self.preemptible = preemption == "operator"
+        self.give_up_late = give_up_late  # colocated: refuse prompts waiting past their TTFT target (module doc)
         self.kv_capacity = kv_capacity or p.kv_capacity_tokens
         self.max_running = max_running or p.max_running_requests
         self._chunk_setting = p.chunked_prefill_size if chunk_tokens is None else chunk_tokens
@@ -475,9 +483,27 @@ class EngineModel:
             self._join_ready(now, step)
         if self.grows:
             self._grow(now, step)
+        if self.give_up_late and self.waiting:
+            self._give_up_late(now, step)
         step.decode = self._decode_batch(now)
         self._mixed_step(now, step)
         return step
+
+    def _give_up_late(self, now: float, step: Step) -> None:
+        """Colocated: out of the queue with the prompts that waited past their TTFT target and never started
+        (none prefilled, none back from a retraction, whose output is already out)."""
+        late = [r for r in self.waiting
+                if now - r.arrival_s > r.slo_ttft_s and r.prefilled == 0 and not r.recompute]
+        if not late:
+            return
+        gone = {id(r) for r in late}
+        kept = [r for r in self.waiting if id(r) not in gone]
+        self.waiting.clear()  # in place: the adapters hold this deque
+        self.waiting.extend(kept)
+        for req in late:
+            req.phase = Phase.FINISHED  # it holds nothing: waiting prompts get KV only on admission
+        step.given_up.extend(late)
+        self.replan = True
 
     def _mixed_step(self, now: float, step: Step) -> None:
         """Decode-prioritised: the selected running requests decode, prefill chunks fill what is left of the

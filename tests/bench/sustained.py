@@ -93,7 +93,8 @@ def mix_builder(policy: str, decode_kv: str | None = None) -> Callable[[], Polic
     engines = functools.partial(make_mix, decode_kv=decode_kv)
     if on_poise_engines:
         engines = functools.partial(engines, prefill_policy=POISE_ENGINE.prefill_policy,
-                                    preemption=POISE_ENGINE.preemption, chunk_tokens=POISE_ENGINE.chunk_tokens)
+                                    preemption=POISE_ENGINE.preemption, chunk_tokens=POISE_ENGINE.chunk_tokens,
+                                    give_up_late=POISE_ENGINE.give_up_late)
     if base.startswith("static-"):
         if on_poise_engines:  # and Poise's gateway: the split's prefill engines get prompts as Poise's do
             late_binding, depth = POISE_LATE_BINDING

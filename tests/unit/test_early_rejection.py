@@ -181,3 +181,30 @@ def test_past_the_decode_side_s_capacity_the_simulated_cluster_keeps_serving_in_
     within = simulate(long_context_load(2.5, 600.0), make_mix("static-minload", 3, "2P1D", early_rejection=True),
                       model, slo, first_token_delay=NO_DELAY)
     assert within.config["early_rejections"] == 0 and within.summary.slo_attainment == 1.0
+
+
+def test_colocated_engines_that_give_up_late_prompts_serve_the_rest_in_time() -> None:
+    """Two colocated engines with Poise's prefill order, a little past their prefill capacity: left queued,
+    prompts that waited out their target are served late in the slack of ones that still had time, and the
+    queue of them grows; given up (``give_up_late``), each is refused with a retryable 429 and the rest meet
+    their target. Within capacity nothing is given up."""
+    model, slo = LatencyModel(load_profile()), SLO(ttft_s=2.0, tpot_s=0.2)
+
+    def load(gap_s: float) -> Workload:
+        return Workload(name="test", requests=[
+            TraceRequest(index=i, arrival_s=i * gap_s, input_tokens=4000 + (i * 7919) % 4000, output_tokens=50)
+            for i in range(int(120 / gap_s))])
+
+    def run(gap_s: float, give_up: bool):  # type: ignore[no-untyped-def]
+        mix = make_mix("colocated", 2, prefill_policy="flowprefill-fewest-late", preemption="operator", chunk_tokens=0,
+                       give_up_late=give_up)
+        return simulate(load(gap_s), mix, model, slo, first_token_delay=NO_DELAY)
+
+    kept, given_up = run(0.1, False), run(0.1, True)
+    assert kept.summary.slo_attainment < 0.5 and kept.config["early_rejections"] == 0
+    refused = [r for r in given_up.records if not r.ok]
+    assert refused and all((r.error or "").startswith("429: early rejection: waited") for r in refused)
+    assert given_up.config["early_rejections"] == len(refused)
+    assert given_up.summary.slo_attainment > 0.75 and given_up.summary.ttft_p99_s < 2.5
+    within = run(0.2, True)
+    assert within.config["early_rejections"] == 0 and within.summary.slo_attainment == 1.0

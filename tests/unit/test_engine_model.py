@@ -111,6 +111,45 @@ def test_a_colocated_engine_prefills_no_more_prompts_than_it_has_running_slots()
     assert most == 3 and sorted(r.rid for r in clock.finished) == [r.rid for r in reqs]
 
 
+def test_give_up_late_refuses_only_unstarted_prompts_past_their_target() -> None:
+    # One running slot, taken by a long request: the queue behind it waits. At each boundary the prompts that
+    # waited past their TTFT target without starting leave (the adapter refuses them); one with time left,
+    # one without a target, and one back from a retraction (its output is already out) stay.
+    eng = model(max_running=1, give_up_late=True)
+    blocker = request("blocker", 100, 400)
+    eng.add_prompts([blocker])
+    clock = Clock()
+    clock.step(eng)  # the blocker's prefill; it now holds the slot
+    late = request("late", 100, 4, arrival_s=clock.now)
+    late.slo_ttft_s = 0.5
+    in_time = request("in-time", 100, 4, arrival_s=clock.now)
+    in_time.slo_ttft_s = 60.0
+    untimed = request("untimed", 100, 4, arrival_s=clock.now)
+    back = request("back", 100, 4, arrival_s=clock.now)
+    back.slo_ttft_s, back.recompute = 0.5, True
+    eng.add_prompts([late, in_time, untimed, back])
+    given_up: list[EngineRequest] = []
+    while clock.now < 1.0:
+        step = clock.step(eng)
+        assert step is not None
+        given_up += step.given_up
+    assert [r.rid for r in given_up] == ["late"] and late.phase is Phase.FINISHED and late.kv_held == 0
+    assert [r.rid for r in eng.waiting] == ["in-time", "untimed", "back"]
+    clock.run(eng)
+    assert sorted(r.rid for r in clock.finished) == ["back", "blocker", "in-time", "untimed"]
+    assert eng.used_kv == 0
+    # Off by default (SGLang's engines): the same late prompt waits and is served.
+    plain = model(max_running=1)
+    plain.add_prompts([request("blocker", 100, 400)])
+    clock = Clock()
+    clock.step(plain)
+    late = request("late", 100, 4, arrival_s=clock.now)
+    late.slo_ttft_s = 0.5
+    plain.add_prompts([late])
+    clock.run(plain)
+    assert sorted(r.rid for r in clock.finished) == ["blocker", "late"]
+
+
 def test_decode_reserves_prompt_plus_sglangs_reserve_and_grows_a_token_a_step() -> None:
     eng = model("decode", reserved_decode_tokens=8)
     req = request("d", 100, 30)

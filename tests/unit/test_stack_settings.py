@@ -24,8 +24,9 @@ def test_the_poise_planner_is_the_default_and_brings_its_mix() -> None:
     for s in (load_settings(StackSettings), parse_settings(RunSettings, []), parse_settings(MainJobSettings, [])):
         assert (s.planner_policy, s.dispatch_policy) == ("poise", "arrow")
         assert s.engine_args() == ["--prefill-policy", POISE_ENGINE.prefill_policy, "--preemption", "operator",
-                                   "--chunked-prefill-size", "-1"]
+                                   "--chunked-prefill-size", "-1", "--give-up-late-prompts"]
         assert POISE_ENGINE.prefill_policy == "flowprefill-fewest-late" and POISE_ENGINE.chunk_tokens == 0
+        assert POISE_ENGINE.give_up_late
         args = s.gateway_policy_args()
         assert args[args.index("--local-prefill-max-tokens") + 1] == "512" and "--early-rejection" in args
         # The gateway holds prompts until a prefill engine has room, in the engines' own order.
@@ -35,6 +36,7 @@ def test_the_poise_planner_is_the_default_and_brings_its_mix() -> None:
     assert (static.planner_policy, static.dispatch_policy) == ("static", "least-load")
     assert static.engine_args() == [] and static.gateway_policy_args() == []
     assert "--late-binding" not in parse_settings(RunSettings, ["--no-late-binding"]).gateway_policy_args()
+    assert "--give-up-late-prompts" not in parse_settings(RunSettings, ["--no-give-up-late-prompts"]).engine_args()
     # What is given wins over what the planner brings.
     mine = parse_settings(RunSettings, ["--dispatch-policy", "least-load", "--prefill-policy", "fcfs",
                                         "--chunked-prefill-size", "4096"])
@@ -141,6 +143,9 @@ def test_the_live_comparison_simulates_the_late_binding_the_stack_ran() -> None:
         return make_mix("poise", 4, "2P2D", **{k: v for k, v in overrides.items() if v is not None}).late_binding
 
     assert simulated([]) == (POISE_ENGINE.prefill_policy, 2)
+    overrides = simulated_poise_overrides(parse_settings(RunSettings, ["--no-give-up-late-prompts"]))
+    assert make_mix("poise", 4, "2P2D", **{k: v for k, v in overrides.items() if v is not None}).engine.give_up_late is False
+    assert simulated_poise_overrides(parse_settings(RunSettings, []))["give_up_late"] is True
     assert simulated(["--no-late-binding"]) is None
     assert simulated(["--late-binding-policy", "edf", "--late-binding-depth", "3"]) == ("edf", 3)
 
