@@ -390,8 +390,9 @@ def cmd_sim(argv: list[str]) -> int:
     if c["retractions"]:
         print(f"decode KV ran out: {c['retractions']} retractions (requests parked until their KV fit again)")
     if c["early_rejections"]:
-        print(f"early rejection: {c['early_rejections']} requests refused with a 429 (a decode backlog would "
-              f"have made them late; counted as misses)")
+        print(f"early rejection: {c['early_rejections']} requests refused with a 429 (a backlog would have made "
+              f"them late, or they waited out their TTFT target in the gateway or on a colocated engine; counted "
+              f"as misses)")
     if mix.controlled:
         lc = c["lifecycle"]
         print(f"control: {lc['flips']} flips, {lc['starts']} starts, {lc['stops']} stops, {lc['migrations']} migrations; "
