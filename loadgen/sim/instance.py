@@ -48,7 +48,7 @@ from typing import Literal
 
 from loadgen.sim.events import PRIORITY_STEP_END, PRIORITY_TRANSFER_DONE, EventQueue
 from shared.engine.chunking import role_chunk_tokens
-from shared.engine.model import EngineModel, EngineRequest, Phase, Step
+from shared.engine.model import EngineModel, EngineRequest, Phase, Step, given_up_reason
 from shared.engine.prefix_cache import PrefixCache
 from shared.event_rate import EventRate
 from shared.latency import LatencyModel
@@ -573,9 +573,8 @@ class SimInstance:
         """A colocated engine refused a prompt that waited past its TTFT target (``EngineSpec.give_up_late``):
         a retryable 429, as the gateway's early rejection answers. Not a departure the dispatcher counts in
         the engine's service rate: it was never served."""
-        req.error = (f"429: early rejection: waited {self.queue.now_s - req.arrival_s:.1f} s on colocated engine "
-                     f"{self.instance_id} without starting, past its TTFT target of {req.slo_ttft_s:.1f} s; "
-                     "retry later")
+        req.error = (f"429: early rejection: {given_up_reason(self.queue.now_s - req.arrival_s, req.slo_ttft_s)} "
+                     f"(colocated engine {self.instance_id})")
         req.finished_s = self.queue.now_s
         self.assigned -= 1
         self.given_up += 1

@@ -34,7 +34,7 @@ from services.engine_sim import clock, transfer
 from services.engine_sim.engine_state import EngineState
 from services.engine_sim.requests import Phase, SimRequest, finish_abort, finish_length, finish_stop
 from services.engine_sim.tokens import EOS_TOKEN_ID
-from shared.engine.model import Step
+from shared.engine.model import Step, given_up_reason
 
 __all__ = ["Step", "apply", "cut", "plan", "take_intake"]
 
@@ -101,9 +101,8 @@ def plan(eng: EngineState) -> Step | None:
         _emit(eng, req, token, now)
         joined += 1
     for req in _live(step.given_up):  # colocated: waited past its TTFT target unstarted (give_up_late_prompts)
-        eng.finish_request(req, finish_abort(
-            f"waited {now - req.arrival_s:.1f} s without starting, past its TTFT target of {req.slo_ttft_s:.1f} s; "
-            "retry later", HTTPStatus.TOO_MANY_REQUESTS))
+        eng.finish_request(req, finish_abort(given_up_reason(now - req.arrival_s, req.slo_ttft_s),
+                                             HTTPStatus.TOO_MANY_REQUESTS))
         eng.metrics.num_aborted_requests.inc()
     for _ in step.retracted:
         eng.num_retracted_total += 1

@@ -718,6 +718,12 @@ def _arrival(req: EngineRequest) -> float:
     return req.arrival_s
 
 
+def given_up_reason(waited_s: float, slo_ttft_s: float) -> str:
+    """What a prompt a colocated engine gave up (``give_up_late``) is told, with a retryable 429 (engine_sim and
+    the simulator alike)."""
+    return f"waited {waited_s:.1f} s without starting, past its TTFT target of {slo_ttft_s:.1f} s; retry later"
+
+
 def retraction_order(req: EngineRequest) -> tuple[int, int]:
     """SGLang's decode retraction order (``shared.policies.retraction``): the first to go sorts lowest."""
     return retraction_key(req.generated, req.prompt_tokens)
