@@ -28,8 +28,8 @@ class ClusterView:
         self.instances: dict[str, InstanceInfo] = {}
         self._loads: dict[str, tuple[LoadReport, float]] = {}
         self._inflight: dict[str, _Inflight] = {}
-        # Requests that left each engine (finished, failed or moved): a decode engine's service rate, which
-        # early rejection divides its queue by (shared/policies/admission.py).
+        # Requests served to their end on each engine: a decode engine's service rate, which early rejection
+        # divides its queue by (shared/policies/admission.py).
         self._departures: dict[str, EventRate] = {}
         self.on_release: Callable[[], None] | None = None  # called after every release (the late-binding queue)
 
@@ -50,13 +50,16 @@ class ClusterView:
         slot.tokens += tokens
         slot.tokens_sq += tokens * tokens
 
-    def release(self, instance_id: str, tokens: int) -> None:
+    def release(self, instance_id: str, tokens: int, *, finished: bool = False) -> None:
+        """Give back a request's slot on an engine; ``finished``: the request was served there to its end
+        (what the engine's finish rate counts)."""
         slot = self._inflight.get(instance_id)
         if slot is not None:
             slot.reqs = max(0, slot.reqs - 1)
             slot.tokens = max(0, slot.tokens - tokens)
             slot.tokens_sq = max(0, slot.tokens_sq - tokens * tokens)
-        self._departures.setdefault(instance_id, EventRate()).record(time.monotonic())
+        if finished:
+            self._departures.setdefault(instance_id, EventRate()).record(time.monotonic())
         if self.on_release is not None:
             self.on_release()
 
@@ -94,8 +97,9 @@ class ClusterView:
         return views
 
     def _finish_rate(self, info: InstanceInfo, now: float) -> float | None:
-        """Requests per second that left a decode or colocated engine lately (None: a prefill engine, or too
-        few to tell)."""
+        """Requests per second that finished on a decode or colocated engine lately (None: a prefill engine, or
+        too few to tell). A request refused, failed or moved away was not served there, so it does not count:
+        an engine refusing prompts would otherwise look faster than it serves (the simulator counts the same)."""
         departures = self._departures.get(info.instance_id)
         if info.role == "prefill" or departures is None:
             return None

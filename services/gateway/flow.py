@@ -2,7 +2,10 @@
 
 Retry rule: a leg that fails before the first token (engine unreachable, error status, KV handoff
 failure, no token in time) is aborted on both engines and the request is placed again, excluding the
-failed engine, up to ``retries`` times.
+failed engine, up to ``retries`` times. Not retried: a request the engine refused for itself (a 4xx other
+than the busy ones), and, with ``refuse_late`` (the gateway's early rejection), a request already past its
+TTFT target (a colocated engine that gave it up, for one): the gateway refuses a request it holds that
+long, and another pair would only serve it late in the place of one with time left.
 
 After the first token the stream belongs to the client, and the gateway keeps it whole across engines:
 
@@ -101,7 +104,7 @@ class RequestFlow:
     def __init__(self, parsed: ParsedRequest, *, cluster: ClusterView, policy: DispatchPolicy, http: Http1Pool,
                  metrics: GatewayMetrics, retries: int, first_token_timeout_s: float,
                  late_binding: LateBindingQueue | None = None, max_rescues: int = 2,
-                 predict_length: bool = False, stream_legs: bool = False) -> None:
+                 predict_length: bool = False, stream_legs: bool = False, refuse_late: bool = False) -> None:
         self.parsed = parsed
         # The decode leg streams for streaming clients, and for the others too when ``stream_legs``: then a
         # non-streaming answer is assembled here from the stream, and can be moved or rescued mid-answer
@@ -112,6 +115,7 @@ class RequestFlow:
         self.http = http
         self.metrics = metrics
         self.retries = retries
+        self.refuse_late = refuse_late  # no retry past the TTFT target (module doc)
         self.first_token_timeout_s = first_token_timeout_s
         self.late_binding = late_binding
         self.client_id = ("chatcmpl-" if parsed.endpoint == "chat" else "cmpl-") + _next_id()
@@ -187,10 +191,14 @@ class RequestFlow:
         for instance_id, tokens in self._held:
             self.cluster.acquire(instance_id, tokens)
 
-    def _release(self) -> None:
+    def _release(self, finished_on: str | None = None) -> None:
         for instance_id, tokens in self._held:
-            self.cluster.release(instance_id, tokens)
+            self.cluster.release(instance_id, tokens, finished=instance_id == finished_on)
         self._held.clear()
+
+    def _past_ttft_target(self) -> bool:
+        slo = self.parsed.slo
+        return slo is not None and slo.ttft_s is not None and time.monotonic() - self.arrived > slo.ttft_s
 
     def _prefill_done(self, placement: Placement) -> None:
         """The first token reached the decode side: the prefill engine's part is over (its queue is shorter)."""
@@ -257,10 +265,15 @@ class RequestFlow:
                 exclude.add(exc.instance_id)
                 if exc.final:
                     break  # the engine refused the request itself: another pair would refuse it too
+                if self.refuse_late and self._past_ttft_target():
+                    break  # late already: refused as the gateway refuses a request it held this long
                 if attempt_no < self.retries:
                     self.metrics.retries.inc()
         assert last_error is not None
         status = last_error.status if last_error.status and 400 <= last_error.status < 500 else 502
+        if status == 429:  # the engine was busy or gave the request up: the client may come back
+            raise APIError(429, f"engine error: {last_error}", type_="rate_limit_error", code="engine_error",
+                           headers={"retry-after": "1"})
         raise APIError(status, f"engine error: {last_error}", type_="server_error" if status >= 500 else "invalid_request_error",
                        code="engine_error")
 
@@ -525,7 +538,7 @@ class RequestFlow:
         attempt, self.attempt = self.attempt, None
         if attempt is not None and not attempt.finished and self.outcome.status == "ok":
             self.outcome.status = "aborted"
-        self._release()
+        self._release(finished_on=attempt.decode.instance_id if attempt is not None and attempt.finished else None)
         if not self.outcome.output_tokens:
             self.outcome.output_tokens = self.outcome.content_chunks
         return attempt

@@ -70,6 +70,14 @@ def _error_message(content: bytes) -> str:
     return str(body)
 
 
+def _error_status(body: dict[str, Any]) -> int | None:
+    """The HTTP status an engine put in a streamed error chunk (SGLang's create_streaming_error_response:
+    ``{"error": {..., "code": 429}}``): a stream that already answered 200 carries the failure's status there."""
+    err = body.get("error")
+    code = err.get("code") if isinstance(err, dict) else None
+    return code if isinstance(code, int) and 400 <= code < 600 else None
+
+
 def new_bootstrap_room() -> int:
     # SGLang's router draws rooms the same way (random 63-bit); collisions are negligible.
     return random.getrandbits(63)
@@ -272,7 +280,7 @@ class Attempt:
                 log.warning("decode engine %s sent a malformed event: %.100r", self.decode.instance_id, data)
                 continue
             if "error" in event.data and not event.data.get("choices"):
-                raise LegFailed(self.decode.instance_id, _error_message(data))
+                raise LegFailed(self.decode.instance_id, _error_message(data), _error_status(event.data))
             return event
 
     def give_up_stalled(self, reason: str) -> None:

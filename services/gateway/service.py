@@ -232,7 +232,8 @@ class GatewayService:
                            retries=self.settings.retries, first_token_timeout_s=self.settings.first_token_timeout_s,
                            late_binding=self.late_binding, max_rescues=self.settings.max_rescues,
                            predict_length=self.settings.length_predictions,
-                           stream_legs=self.settings.move_non_streaming)
+                           stream_legs=self.settings.move_non_streaming,
+                           refuse_late=self.settings.early_rejection)
         self.flows[flow.client_id] = flow
         return flow
 
