@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from loadgen.sim.instance import EngineSpec
 from shared.latency import LatencyModel
 from shared.policies import (
@@ -195,6 +197,12 @@ POISE_ENGINE = EngineSpec(prefill_policy=POISE_PREFILL_POLICY, preemption="opera
 POISE_LATE_BINDING = (POISE_PREFILL_POLICY, LATE_BINDING_DEPTH)
 
 
+def early_rejection_on(engine: EngineSpec) -> EarlyRejectionParams:
+    """Early rejection in front of ``engine``: colocated engines that give up late prompts themselves are not
+    judged (``EarlyRejectionParams.colocated``), as ``poise up`` runs its gateway beside such engines."""
+    return EarlyRejectionParams(colocated=not engine.give_up_late)
+
+
 def _poise(instances: int, split: str | None) -> PolicyMix:
     roles, layout = _roles(instances, split)
     return PolicyMix("poise", roles, LeastLoad(),
@@ -207,7 +215,8 @@ def _poise(instances: int, split: str | None) -> PolicyMix:
                      f"early rejection when the decode side cannot start a request in time; "
                      f"decode drains by migration (recompute); "
                      f"engines: {POISE_ENGINE.describe()}", engine=POISE_ENGINE, local_prefill=DOPD_LOCAL_PREFILL,
-                     early_rejection=EarlyRejectionParams(), drain_by_migration=True, late_binding=POISE_LATE_BINDING,
+                     early_rejection=early_rejection_on(POISE_ENGINE), drain_by_migration=True,
+                     late_binding=POISE_LATE_BINDING,
                      migration_mechanism=Recompute.name,
                      bind=lambda model, ctx: {"dispatch": ArrowDispatch(model, ctx), "pools": PoisePools(model, ctx)})
 
@@ -330,8 +339,12 @@ def make_mix(name: str, instances: int, split: str | None = None, *, prefill_pol
         notes.append(f"local prefill up to {local_prefill_tokens} tokens" if local_prefill_tokens > 0
                      else "no local prefill")
     if early_rejection is not None and early_rejection != (mix.early_rejection is not None):
-        changes["early_rejection"] = EarlyRejectionParams() if early_rejection else None
-        notes.append("early rejection" if early_rejection else "no early rejection")
+        changes["early_rejection"] = early_rejection_on(engine) if early_rejection else None
+        notes.append("no early rejection" if not early_rejection else "early rejection" if not engine.give_up_late
+                     else "early rejection of decode engines (colocated ones give up late prompts themselves)")
+    rejection = changes.get("early_rejection", mix.early_rejection)
+    if isinstance(rejection, EarlyRejectionParams) and rejection.colocated == engine.give_up_late:
+        changes["early_rejection"] = msgspec.structs.replace(rejection, colocated=not engine.give_up_late)
     if drain_by_migration is not None and drain_by_migration != mix.drain_by_migration:
         changes["drain_by_migration"] = drain_by_migration
         notes.append("decode drains by migration" if drain_by_migration else "decode drains wait for their answers")

@@ -69,7 +69,8 @@ class GatewayService:
             LocalPrefillParams(max_local_prefill_tokens=settings.local_prefill_max_tokens,
                                max_prefill_queue=settings.local_prefill_max_queue)
             if settings.local_prefill_max_tokens > 0 else None,
-            EarlyRejectionParams(factor=settings.early_rejection_factor) if settings.early_rejection else None)
+            EarlyRejectionParams(factor=settings.early_rejection_factor, colocated=settings.early_rejection_colocated)
+            if settings.early_rejection else None)
         self.counter: TokenCounter = make_counter(settings.tokenizer)
         self.slo_table = SloTable.from_settings(settings)
         self.late_binding: LateBindingQueue | None = None

@@ -28,7 +28,10 @@ the inner policy places the request; when its decode (or colocated) engine's wai
 open engine of the same role that can start it in time takes it, and when none can, the request is refused.
 Colocated engines are judged like decode ones: past their capacity a colocated cluster otherwise queues
 every request behind the whole backlog, as a split's decode side does (docs/evaluation.md, "What the
-gateway's rules changed about the modes").
+gateway's rules changed about the modes"). Not where they give up late prompts themselves
+(``EarlyRejectionParams.colocated``; Poise's engines): their fewest-late order keeps the prompts that can make
+their targets, and the queue's length over the finish rate then overstates the wait of a prompt it keeps
+(docs/evaluation.md, "Early rejection and colocated engines that give up late prompts").
 """
 
 from __future__ import annotations
@@ -58,6 +61,10 @@ class EarlyRejectionParams(msgspec.Struct, frozen=True, kw_only=True):
     min_queue: int = 4
     # ... nor one that has not lasted this long (seen at min_queue or more at every dispatch since).
     persist_s: float = 1.0
+    # Judge colocated engines too (their waiting queue). Off where they refuse late prompts themselves
+    # (``give_up_late``): the fewest-late order then keeps the prompts that can make it, and the queue's
+    # length over the finish rate overstates the wait of a prompt it would keep.
+    colocated: bool = True
 
     def __post_init__(self) -> None:
         if self.factor <= 0 or self.standing_factor <= 0:
@@ -116,7 +123,7 @@ class EarlyRejection:
         if not isinstance(decision, Placement):
             return decision
         decode = next((e for e in engines if e.instance_id == decision.decode_id), None)
-        if decode is None or decode.role not in _JUDGED:
+        if decode is None or decode.role not in _JUDGED or (decode.role == "null" and not self.params.colocated):
             return decision
         target = request.slo_ttft_s or self.ttft_slo_s
         wait = self._wait_s(decode, now_s)

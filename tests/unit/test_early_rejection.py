@@ -122,6 +122,13 @@ def test_a_colocated_engine_is_judged_by_its_waiting_queue_and_another_colocated
     assert policy.place(REQ, room, 0.0) == Placement(prefill_id=None, decode_id="c1")
 
 
+def test_colocated_engines_are_left_alone_when_not_judged_but_decode_engines_are_not() -> None:
+    policy = EarlyRejection(LeastLoad(), ttft_slo_s=2.0, params=EarlyRejectionParams(persist_s=0.0, colocated=False))
+    full = [eng("c0", "null", waiting_reqs=40, finish_rate_rps=4.0)]
+    assert policy.place(REQ, full, 0.0) == Placement(prefill_id=None, decode_id="c0")
+    assert isinstance(policy.place(REQ, cluster(40, 40), 0.0), Rejection)
+
+
 def test_a_locally_prefilled_request_moves_only_to_an_engine_that_prefills() -> None:
     short = RequestView(rid="r", input_tokens=100, max_output_tokens=100)
     engines = [eng("p0", "prefill"), eng("d0", kv_waiting_reqs=40, finish_rate_rps=2.0, local_prefill=True),

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from loadgen.sim.baselines import POISE_ENGINE
+from loadgen.sim.baselines import POISE_ENGINE, make_mix
 from services.cli.main import RunSettings
 from services.cli.run_job import MainJobSettings
 from services.cli.stack import StackSettings
 from shared.errors import ConfigError, PoiseError
+from shared.policies.admission import EarlyRejectionParams
 from shared.settings import load_settings, parse_settings
 
 
@@ -29,6 +30,9 @@ def test_the_poise_planner_is_the_default_and_brings_its_mix() -> None:
         assert POISE_ENGINE.give_up_late
         args = s.gateway_policy_args()
         assert args[args.index("--local-prefill-max-tokens") + 1] == "512" and "--early-rejection" in args
+        # ... judging decode engines only: colocated ones give up late prompts themselves, as in the simulator.
+        assert "--no-early-rejection-colocated" in args
+        assert make_mix("poise", 8, "4P4D").early_rejection == EarlyRejectionParams(colocated=False)
         # The gateway holds prompts until a prefill engine has room, in the engines' own order.
         assert args[args.index("--late-binding-policy") + 1] == POISE_ENGINE.prefill_policy and "--late-binding" in args
     # --planner-policy static is the old stack: fixed roles, least-load, stock engines, no local prefill.
@@ -37,6 +41,9 @@ def test_the_poise_planner_is_the_default_and_brings_its_mix() -> None:
     assert static.engine_args() == [] and static.gateway_policy_args() == []
     assert "--late-binding" not in parse_settings(RunSettings, ["--no-late-binding"]).gateway_policy_args()
     assert "--give-up-late-prompts" not in parse_settings(RunSettings, ["--no-give-up-late-prompts"]).engine_args()
+    stock_engines = parse_settings(RunSettings, ["--no-give-up-late-prompts"])
+    assert "--no-early-rejection-colocated" not in stock_engines.gateway_policy_args()
+    assert make_mix("poise", 8, "4P4D", give_up_late=False).early_rejection == EarlyRejectionParams(colocated=True)
     # What is given wins over what the planner brings.
     mine = parse_settings(RunSettings, ["--dispatch-policy", "least-load", "--prefill-policy", "fcfs",
                                         "--chunked-prefill-size", "4096"])
