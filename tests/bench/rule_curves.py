@@ -8,8 +8,8 @@ engines, from ``tests/bench/results/sustained/sustained.json``: run that bench f
 - the oracle fixed split on Poise's engines and gateway (the sustained bench's ``+poise-engines`` split: late
   binding and early rejection), without and with the rule (what the rule does alone, beside the others);
 - Poise without and with it (the rule's ``in_poise`` says which is its default);
-- colocated serving on Poise's engines and gateway, and, for a rule that judges colocated engines too (early
-  rejection), without it.
+- colocated serving on Poise's engines and gateway, and, for a rule Poise's mix keeps off colocated engines
+  that give up late prompts themselves (early rejection), with it on them too.
 
 A refused request counts as a miss, as in every attainment here. Each rule's module
 (``tests.bench.early_rejection``, ``tests.bench.late_binding_kv``) is its command; ``--workloads a,b`` picks
@@ -19,6 +19,7 @@ workloads, ``--jobs N`` runs N simulations at once.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import shlex
@@ -29,6 +30,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
+
+import msgspec
 
 from loadgen.sim.baselines import PolicyMix, make_mix
 from loadgen.sim.goodput import Yardstick
@@ -47,6 +50,13 @@ from tests.bench.sustained import (
 )
 
 
+def judge_colocated_engines(mix: PolicyMix) -> PolicyMix:
+    """``mix`` with early rejection judging colocated engines too (``EarlyRejectionParams.colocated``), which
+    ``make_mix`` leaves alone when they give up late prompts themselves."""
+    assert mix.early_rejection is not None
+    return dataclasses.replace(mix, early_rejection=msgspec.structs.replace(mix.early_rejection, colocated=True))
+
+
 @dataclass(frozen=True)
 class Rule:
     """A rule of Poise's mix as ``make_mix`` turns it on (``keyword=on``) and off (``keyword=off``)."""
@@ -62,7 +72,9 @@ class Rule:
     workloads: tuple[str, ...]
     multiples: tuple[float, ...]  # of the better stock baseline's goodput
     in_poise: bool = True  # the poise mix has the rule on by default (else it is tried on it)
-    judges_colocated: bool = False  # the rule acts on colocated engines too: colocated serving runs without it too
+    # The rule turned on for colocated engines too, where Poise's mix leaves them alone (early rejection:
+    # they give up late prompts themselves): colocated serving runs with it too.
+    on_colocated: Callable[[PolicyMix], PolicyMix] | None = None
 
     @property
     def suffix(self) -> str:
@@ -71,17 +83,17 @@ class Rule:
     def configurations(self, split: str) -> list[str]:
         fixed = f"static-{split}+poise-engines"
         poise = [f"poise-no-{self.name}", "poise"] if self.in_poise else ["poise", "poise" + self.suffix]
-        colocated = [self.colocated_off, COLOCATED_POISE_ENGINES] if self.judges_colocated else [COLOCATED_POISE_ENGINES]
+        colocated = [COLOCATED_POISE_ENGINES, self.colocated_on] if self.on_colocated else [COLOCATED_POISE_ENGINES]
         return [fixed, fixed + self.suffix, *poise, *colocated]
 
     @property
-    def colocated_off(self) -> str:
-        return f"{COLOCATED_POISE_ENGINES}-no-{self.name}"
+    def colocated_on(self) -> str:
+        return COLOCATED_POISE_ENGINES + self.suffix
 
     def gains(self, names: list[str]) -> list[tuple[str, str, str]]:
         """(label, configuration without the rule, with it) of each gain column."""
         out = [("fixed split", names[0], names[1]), ("poise", names[2], names[3])]
-        return out + ([("colocated", names[4], names[5])] if self.judges_colocated else [])
+        return out + ([("colocated", names[4], names[5])] if self.on_colocated else [])
 
     def builder(self, config: str) -> Callable[[], PolicyMix]:
         if config == "poise":
@@ -90,9 +102,9 @@ class Rule:
             return functools.partial(make_mix, "poise", INSTANCES, START, **{self.keyword: self.off})
         if config == "poise" + self.suffix:
             return functools.partial(make_mix, "poise", INSTANCES, START, **{self.keyword: self.on})
-        if config == self.colocated_off:
-            return functools.partial(cast(Callable[..., PolicyMix], mix_builder(COLOCATED_POISE_ENGINES)),
-                                     **{self.keyword: self.off})
+        if config == self.colocated_on and self.on_colocated is not None:
+            on_colocated, build = self.on_colocated, mix_builder(COLOCATED_POISE_ENGINES)
+            return lambda: on_colocated(build())
         if config.startswith("static-"):
             # The split on Poise's engines and gateway (mix_builder), with the rule on or off; mix_builder's
             # factories are make_mix partials: they take make_mix's keywords.
