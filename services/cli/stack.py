@@ -228,8 +228,9 @@ class StackSettings(ServiceSettings):
             args += ["--local-prefill-max-tokens", str(local)]
         if self.early_rejection:  # unset: on with the poise planner (POISE_STACK_DEFAULTS), else off
             args += ["--early-rejection"]
-            if self.give_up_late_prompts:  # colocated engines refuse late prompts themselves (the simulator's
-                args += ["--no-early-rejection-colocated"]  # make_mix does the same)
+            if self.give_up_late_prompts:
+                # Colocated engines refuse late prompts themselves; make_mix leaves them unjudged the same way.
+                args += ["--no-early-rejection-colocated"]
         for spec in self.gateway_slo_class:
             args += [f"--slo-class={spec}"]
         if self.gateway_slo_preset:
