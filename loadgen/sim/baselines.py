@@ -197,12 +197,6 @@ POISE_ENGINE = EngineSpec(prefill_policy=POISE_PREFILL_POLICY, preemption="opera
 POISE_LATE_BINDING = (POISE_PREFILL_POLICY, LATE_BINDING_DEPTH)
 
 
-def early_rejection_on(engine: EngineSpec) -> EarlyRejectionParams:
-    """Early rejection in front of ``engine``: colocated engines that give up late prompts themselves are not
-    judged (``EarlyRejectionParams.colocated``), as ``poise up`` runs its gateway beside such engines."""
-    return EarlyRejectionParams(colocated=not engine.give_up_late)
-
-
 def _poise(instances: int, split: str | None) -> PolicyMix:
     roles, layout = _roles(instances, split)
     return PolicyMix("poise", roles, LeastLoad(),
@@ -215,8 +209,7 @@ def _poise(instances: int, split: str | None) -> PolicyMix:
                      f"early rejection when the decode side cannot start a request in time; "
                      f"decode drains by migration (recompute); "
                      f"engines: {POISE_ENGINE.describe()}", engine=POISE_ENGINE, local_prefill=DOPD_LOCAL_PREFILL,
-                     early_rejection=early_rejection_on(POISE_ENGINE), drain_by_migration=True,
-                     late_binding=POISE_LATE_BINDING,
+                     early_rejection=EarlyRejectionParams(), drain_by_migration=True, late_binding=POISE_LATE_BINDING,
                      migration_mechanism=Recompute.name,
                      bind=lambda model, ctx: {"dispatch": ArrowDispatch(model, ctx), "pools": PoisePools(model, ctx)})
 
@@ -339,9 +332,11 @@ def make_mix(name: str, instances: int, split: str | None = None, *, prefill_pol
         notes.append(f"local prefill up to {local_prefill_tokens} tokens" if local_prefill_tokens > 0
                      else "no local prefill")
     if early_rejection is not None and early_rejection != (mix.early_rejection is not None):
-        changes["early_rejection"] = early_rejection_on(engine) if early_rejection else None
+        changes["early_rejection"] = EarlyRejectionParams() if early_rejection else None
         notes.append("no early rejection" if not early_rejection else "early rejection" if not engine.give_up_late
                      else "early rejection of decode engines (colocated ones give up late prompts themselves)")
+    # Colocated engines that give up late prompts themselves are not judged (EarlyRejectionParams.colocated),
+    # whatever the mix's engines became above: as poise up runs its gateway beside such engines.
     rejection = changes.get("early_rejection", mix.early_rejection)
     if isinstance(rejection, EarlyRejectionParams) and rejection.colocated == engine.give_up_late:
         changes["early_rejection"] = msgspec.structs.replace(rejection, colocated=not engine.give_up_late)
