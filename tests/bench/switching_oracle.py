@@ -168,7 +168,7 @@ def run_workloads(workloads: list[str], jobs: int, configs: list[str]) -> dict[s
     rows = {}
     for workload, plan in plans.items():
         row = {"workload": workload, **plan, "configs": configs, "runs": runs[workload], "attainment": attain[workload],
-               "command": command}
+               "command": command, "when": time.strftime("%Y-%m-%d", time.gmtime())}
         rows[workload] = {**row, **analyse(row)}
     return rows
 
@@ -197,16 +197,19 @@ def write_report(rows: dict[str, dict[str, Any]], stem: str, data_plane: bool) -
         "Poise's sustained goodput to 1.3x the better stock baseline's (the issue's goal), or to 1.1x Poise's "
         "goodput where that is higher, evenly on a log scale; a goodput here is the highest of these rates at which the curve and every lower one hold 90%.",
         "",
-        "| workload | set | better stock baseline | 1.3x of it | rate | poise | best fixed | "
+        "Rows are re-measured one workload at a time (`--workloads`) as the mix changes: each says when "
+        "(UTC), and rows measured on an older mix describe that mix (docs/known-gaps.md).",
+        "",
+        "| workload | set | measured | better stock baseline | 1.3x of it | rate | poise | best fixed | "
         "oracle, 300-s windows (switches) | oracle, 60-s windows (switches) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for w in order:
         row = rows[w]
         kind = "tune" if w in TUNE else "seen" if w in SEEN else "held-out"
         for k, e in enumerate(row["per_rate"]):
-            head = (f"| {w} | {kind} | {row['better_stock_goodput']:.2f}x | {row['goal_scale']:.2f}x"
-                    if k == 0 else "| | | |")
+            head = (f"| {w} | {kind} | {row.get('when', '-')} | {row['better_stock_goodput']:.2f}x | "
+                    f"{row['goal_scale']:.2f}x" if k == 0 else "| | | | |")
             lines.append(f"{head} | {e['rate_scale']:.4g}x | {_pct(e['poise'])} | {_pct(e['best_fixed_attainment'])} "
                          f"({e['best_fixed']}) | {_pct(e['oracle_300s'])} ({e['switches_300s']}) | "
                          f"{_pct(e['oracle_60s'])} ({e['switches_60s']}) |")
