@@ -47,6 +47,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
+import msgspec
+
 from loadgen.sim.baselines import POISE_ENGINE, POISE_LATE_BINDING, PolicyMix, make_mix
 from loadgen.sim.goodput import CurvePoint, GoodputResult, Yardstick, curve_point, search_goodput
 from loadgen.sim.goodput_report import write_goodput_report
@@ -74,6 +76,15 @@ GOAL = 1.3  # the issue's margin over the better stock baseline
 SUMMARY = OUT / "sustained" / "sustained.json"  # the SGLang-KV run's table, which later benches read
 BISECTIONS = 4
 MODEL = LatencyModel(load_profile())
+
+
+def model_for(max_running: int | None) -> LatencyModel:
+    """The bench's latency model, with the engines' request cap replaced (``--max-running-requests``): the
+    profile's 256 is DOPD's decode batch, while SGLang 0.5.23 caps a server at ``min(max(min(KV tokens /
+    context length x 512, 4096), 2048), KV tokens / 2)`` unless told (2048 for this profile's pool)."""
+    if max_running is None:
+        return MODEL
+    return LatencyModel(msgspec.structs.replace(MODEL.profile, max_running_requests=max_running), MODEL.time_scale)
 
 
 # Baselines on Poise's own engines (their prefill order and preemption; ``<policy>+poise-engines``) and gateway
@@ -108,21 +119,21 @@ def mix_builder(policy: str, decode_kv: str | None = None) -> Callable[[], Polic
     return functools.partial(make_mix, policy, INSTANCES, START, decode_kv=decode_kv)
 
 
-def _task(workload: str, policy: str, decode_kv: str | None = None) -> GoodputResult:
+def _task(workload: str, policy: str, decode_kv: str | None = None, max_running: int | None = None) -> GoodputResult:
     """One goodput search of :func:`mix_builder`'s ``policy``."""
     w = load_trace(workload)
     slo = slo_for(workload)
     build = mix_builder(policy, decode_kv)
     t0 = time.monotonic()
-    result = search_goodput(w, build, MODEL, slo, target=TARGET, bisections=BISECTIONS, probe_above=1)
+    result = search_goodput(w, build, model_for(max_running), slo, target=TARGET, bisections=BISECTIONS, probe_above=1)
     result.policy = policy
     print(f"  {workload} {policy}: {result.goodput_scale:.2f}x ({len(result.points)} runs, "
           f"{time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
     return result
 
 
-def _point(workload: str, policy: str, decode_kv: str | None, scale: float) -> CurvePoint:
-    return curve_point(load_trace(workload), make_mix(policy, INSTANCES, START, decode_kv=decode_kv), MODEL,
+def _point(workload: str, policy: str, decode_kv: str | None, max_running: int | None, scale: float) -> CurvePoint:
+    return curve_point(load_trace(workload), make_mix(policy, INSTANCES, START, decode_kv=decode_kv), model_for(max_running),
                        slo_for(workload), scale, yardstick=Yardstick())
 
 
@@ -157,7 +168,8 @@ def load_results(path: Path) -> dict[str, GoodputResult]:
 
 
 def run_workload(workload: str, pool: ProcessPoolExecutor, out: Path, command: str,
-                 only: list[str] | None = None, resume: bool = False, decode_kv: str | None = None) -> dict[str, object]:
+                 only: list[str] | None = None, resume: bool = False, decode_kv: str | None = None,
+                 max_running: int | None = None) -> dict[str, object]:
     """Every search of one workload; with ``only``, just those policies, the rest read from the last run; with
     ``resume``, only the searches the last run did not finish."""
     w = load_trace(workload)
@@ -166,7 +178,7 @@ def run_workload(workload: str, pool: ProcessPoolExecutor, out: Path, command: s
     cache = out / f"{workload}-all.json"
     earlier = load_results(cache) if only is not None or resume else {}
     todo = [n for n in names if (only is not None and n in only) or n not in earlier]
-    futures = {n: pool.submit(_task, workload, n, decode_kv) for n in todo}
+    futures = {n: pool.submit(_task, workload, n, decode_kv, max_running) for n in todo}
 
     def best_on_poise_engines() -> tuple[str, bool]:
         """The oracle split on Poise's engines (named once the stock searches say which split is best), and
@@ -180,7 +192,7 @@ def run_workload(workload: str, pool: ProcessPoolExecutor, out: Path, command: s
     if all(f"static-{s}" in results for s in SPLITS):  # stock splits known: search it beside the others
         best_on_ours, again = best_on_poise_engines()
         if again:
-            futures[best_on_ours] = pool.submit(_task, workload, best_on_ours, decode_kv)
+            futures[best_on_ours] = pool.submit(_task, workload, best_on_ours, decode_kv, max_running)
     for n in todo:  # each search lands in the cache as it ends, so an interrupted run resumes (--resume)
         results[n] = futures[n].result()
         cache.write_text(json.dumps({k: asdict(r) for k, r in results.items()}, indent=1, default=str))
@@ -190,7 +202,7 @@ def run_workload(workload: str, pool: ProcessPoolExecutor, out: Path, command: s
         results[best_on_ours] = futures[best_on_ours].result()
         cache.write_text(json.dumps({k: asdict(r) for k, r in results.items()}, indent=1, default=str))
     elif again:
-        results[best_on_ours] = pool.submit(_task, workload, best_on_ours, decode_kv).result()
+        results[best_on_ours] = pool.submit(_task, workload, best_on_ours, decode_kv, max_running).result()
         cache.write_text(json.dumps({k: asdict(r) for k, r in results.items()}, indent=1, default=str))
     else:
         results[best_on_ours] = earlier[best_on_ours]
@@ -202,7 +214,7 @@ def run_workload(workload: str, pool: ProcessPoolExecutor, out: Path, command: s
     missing = sorted(p.rate_scale for p in start.points if p.attainment >= TARGET and p.rate_scale not in have)
     missing += sorted(p.rate_scale for p in start.points if p.attainment >= 0.95 and p.rate_scale not in have
                       and p.rate_scale not in missing)
-    for _scale, point in zip(missing, pool.map(functools.partial(_point, workload, "poise", decode_kv), missing), strict=True):
+    for _scale, point in zip(missing, pool.map(functools.partial(_point, workload, "poise", decode_kv, max_running), missing), strict=True):
         poise.points.append(point)
     poise.points.sort(key=lambda p: p.rate_scale)
     cache.write_text(json.dumps({k: asdict(r) for k, r in results.items()}, indent=1, default=str))
@@ -301,12 +313,17 @@ def main() -> None:
                              "results/sustained-whole/")
     parser.add_argument("--resume", action="store_true",
                         help="keep the searches an interrupted run already finished (<workload>-all.json)")
+    parser.add_argument("--max-running-requests", type=int, default=None,
+                        help="the engines' request cap instead of the profile's (a what-if: see model_for); "
+                             "writes to results/sustained-mrr<N>/")
     args = parser.parse_args()
     workloads = args.workloads.split(",")
     unknown = sorted(set(workloads) - set(TUNE + HELD_OUT))
     if unknown:
         raise SystemExit(f"unknown workload: {', '.join(unknown)}; known: {', '.join(TUNE + HELD_OUT)}")
     out = OUT / ("sustained-whole" if args.decode_kv == "whole" else "sustained")
+    if args.max_running_requests is not None:
+        out = out.with_name(f"{out.name}-mrr{args.max_running_requests}")
     out.mkdir(parents=True, exist_ok=True)
     command = shlex.join(["python", "-m", "tests.bench.sustained", *sys.argv[1:]])
     summary = out / "sustained.json"
@@ -319,7 +336,8 @@ def main() -> None:
             print(f"{workload} ({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
             only = [] if args.summarize else args.policies.split(",") if args.policies else None
             row_command = produced_by.get(workload, command) if args.summarize else command
-            row = {**run_workload(workload, pool, out, row_command, only, args.resume, args.decode_kv),
+            row = {**run_workload(workload, pool, out, row_command, only, args.resume, args.decode_kv,
+                                         args.max_running_requests),
                    "command": row_command}
             with _locked(out / "sustained.lock"):  # runs on disjoint workloads may share the summary
                 current = json.loads(summary.read_text())["rows"] if summary.exists() else rows
@@ -327,7 +345,7 @@ def main() -> None:
                 order = {w: k for k, w in enumerate(TUNE + HELD_OUT)}
                 rows.sort(key=lambda r: order[str(r["workload"])])
                 summary.write_text(json.dumps({"rows": rows}, indent=1, default=str))
-                _write_summary_md(out, rows)
+                _write_summary_md(out, rows, args.max_running_requests)
     print((out / "sustained.md").read_text())
 
 
@@ -338,7 +356,7 @@ def _locked(path: Path) -> Iterator[None]:
         yield
 
 
-def _write_summary_md(out: Path, rows: list[dict[str, object]]) -> None:
+def _write_summary_md(out: Path, rows: list[dict[str, object]], max_running: int | None = None) -> None:
     commands = sorted({str(r["command"]) for r in rows})
     (out / "sustained.md").write_text(
         "# Sustained serving: poise against every fixed split and colocated\n\nCommands (each row names its "
@@ -352,6 +370,9 @@ def _write_summary_md(out: Path, rows: list[dict[str, object]]) -> None:
            "SGLang's growth per token with retraction (the simulator's default).\n\n"
            if out.name == "sustained-whole" else
            "KV model: SGLang's (decode and colocated KV grow per token from prompt + 512 and retract when full).\n\n")
+        + (f"Request cap: {max_running} running requests per engine, not the profile's "
+           f"{MODEL.profile.max_running_requests} (a what-if: SGLang 0.5.23's own default on this KV pool is 2048; "
+           "docs/known-gaps.md).\n\n" if max_running is not None else "")
         + summary_table(rows))
 
 
