@@ -10,6 +10,9 @@ Pure objects (../shared/spec/spec-ares-kairos-flowprefill.md, section 3):
 - ``flowprefill-fewest-late``: the same, but when the feasible prompts cannot all meet their deadlines one
   after another, it gives up the fewest (:func:`fewest_late`, Moore and Hodgson's rule) instead of letting
   the deadline order make every later one late. A Poise extension, not in the paper.
+- ``flowprefill-fewest-late-cautious``: the same rule with every prompt's prefill counted at
+  ``CAUTIOUS_LATE_COST`` times its time alone (``FlowPrefillParams.late_cost``), so it gives up more of a
+  burst, and earlier. Measured, not adopted (docs/evaluation.md).
 - :class:`Sedf` (``sedf``) and :class:`DEdf` (``d-edf``): the priority functions alone, chunks filled in
   that order and re-ranked before every pass, like :class:`shared.policies.prefill_order.Edf` (the paper's
   ablation baselines, and S-EDF for chunked engines).
@@ -86,7 +89,14 @@ def edf_key(item: PrefillItem, now_s: float) -> SortKey:
     return (0, deadline, item.arrival_s, item.rid)
 
 
-def fewest_late(model: LatencyModel, queue: Sequence[T], now_s: float, batch_tokens: int) -> list[T]:
+#: ``flowprefill-fewest-late-cautious``'s cost factor. On a colocated engine a prompt's prefill shares each step
+#: with the decode batch, and the arrivals behind it keep coming, so it ends later than its work alone says;
+#: tried at 1.5, 2.5, 4 and 8 on stress-bursts' first burst, 2.5 held the most (docs/evaluation.md).
+CAUTIOUS_LATE_COST = 2.5
+
+
+def fewest_late(model: LatencyModel, queue: Sequence[T], now_s: float, batch_tokens: int,
+                cost_factor: float = 1.0) -> list[T]:
     """Rank ``queue`` by S-EDF, reordered so that the fewest prompts miss their deadlines.
 
     S-EDF serves the feasible prompts by deadline. In a burst that outruns the engine, the sum of their prefill
@@ -100,6 +110,8 @@ def fewest_late(model: LatencyModel, queue: Sequence[T], now_s: float, batch_tok
     A prompt's time is its own work plus its token share of a pass's launch overhead (passes of
     ``batch_tokens``), since batched prompts share one launch. When every feasible prompt fits, the order is
     S-EDF's unchanged.
+
+    ``cost_factor`` multiplies every prompt's time in that walk (1: its work alone; more gives up more).
     """
     # The simulator asks this on every arrival and completion of every engine, over queues of hundreds past
     # capacity: each prompt's work is computed once and serves both its S-EDF key and its cost below.
@@ -118,7 +130,8 @@ def fewest_late(model: LatencyModel, queue: Sequence[T], now_s: float, batch_tok
             break
         feasible = i + 1
         n = item.input_tokens - item.prefilled
-        cost = work + (overhead * (n / batch_tokens) if n < batch_tokens else overhead)  # min(1, n / G) of it
+        launch = overhead * (n / batch_tokens) if n < batch_tokens else overhead  # min(1, n / G) of it
+        cost = (work + launch) * cost_factor
         finish += cost
         if finish > key[1]:  # past capacity, almost every prompt: push and pop the longest in one go
             longest, j = heapq.heappushpop(taken, (-cost, i))
@@ -158,10 +171,14 @@ class FlowPrefillParams:
     priority: Priority = "sedf"
     # Give up the fewest prompts when the feasible ones cannot all make their deadlines (fewest_late); S-EDF only.
     fewest_late: bool = False
+    # fewest_late counts each prompt's prefill as this many times its work alone (1: as the latency model says).
+    late_cost: float = 1.0
 
     def __post_init__(self) -> None:
         if self.fewest_late and self.priority != "sedf":
             raise ValueError("fewest_late reorders an S-EDF ranking; it needs priority 'sedf'")
+        if self.late_cost < 1.0:
+            raise ValueError(f"late_cost must be >= 1 (a prompt takes at least its own work), got {self.late_cost}")
 
 
 class FlowPrefill:
@@ -224,7 +241,7 @@ class FlowPrefill:
     def plan(self, queue: Sequence[T], budget: int, now_s: float) -> PrefillPlan[T]:
         waiting = [r for r in queue if r.input_tokens > r.prefilled]
         if self.params.fewest_late:
-            ranked = fewest_late(self.model, waiting, now_s, self.params.batch_tokens)
+            ranked = fewest_late(self.model, waiting, now_s, self.params.batch_tokens, self.params.late_cost)
         else:
             ranked = rank(self.model, self.params.priority, waiting, now_s)
         return PrefillPlan(fill(self.batch(ranked, now_s), budget))

@@ -16,7 +16,7 @@ from shared.policies.context import PolicyContext, lookup
 from shared.policies.decode_batch import Continuous, DecodeBatchPolicy
 from shared.policies.dispatch import DispatchParams, DispatchPolicy, LeastLoad, RoundRobin
 from shared.policies.dopd import DopdPools, DopdScaling
-from shared.policies.flowprefill import DEdf, FlowPrefill, FlowPrefillParams, Sedf
+from shared.policies.flowprefill import CAUTIOUS_LATE_COST, DEdf, FlowPrefill, FlowPrefillParams, Sedf
 from shared.policies.kairos import KairosLiteralPrefill, KairosPrefill, KairosSlack, KairosSlackParams
 from shared.policies.length_batching import LengthBatching
 from shared.policies.local_prefill import LocalPrefill, LocalPrefillParams
@@ -87,6 +87,8 @@ PREFILL_POLICIES: dict[str, Callable[[LatencyModel], PrefillPolicy]] = {
     "flowprefill-edf": lambda model: FlowPrefill(model, FlowPrefillParams(priority="edf")),
     # Poise's extension: the fewest prompts late when a burst outruns the engine (flowprefill.fewest_late).
     "flowprefill-fewest-late": lambda model: FlowPrefill(model, FlowPrefillParams(fewest_late=True)),
+    "flowprefill-fewest-late-cautious": lambda model: FlowPrefill(
+        model, FlowPrefillParams(fewest_late=True, late_cost=CAUTIOUS_LATE_COST)),
     Sedf.name: Sedf,
     DEdf.name: lambda model: DEdf(),
     LengthBatching.name: LengthBatching,

@@ -17,7 +17,7 @@ from shared.policies import (
     make_prefill_policy,
     preempts,
 )
-from shared.policies.flowprefill import fewest_late, rank, sedf_key, ttft_hat
+from shared.policies.flowprefill import CAUTIOUS_LATE_COST, fewest_late, rank, sedf_key, ttft_hat
 from tests.unit.prefill_items import Prompt
 
 MODEL = LatencyModel(load_profile())
@@ -70,6 +70,17 @@ def test_fewest_late_gives_up_the_long_prompt_that_would_make_two_short_ones_lat
     assert [p.rid for p in fewest_late(MODEL, queue, 0.0, 4096)] == ["b", "c", "a", "late", "free"]
     assert rids(FlowPrefill(MODEL), queue, 0.0) == ["a"]  # "b" would push the batch past G
     assert rids(make_prefill_policy("flowprefill-fewest-late", MODEL), queue, 0.0) == ["b", "c", "free"]
+
+
+def test_a_cost_factor_gives_up_what_fits_only_at_the_work_alone() -> None:
+    # Three 2K-token prompts (~70 ms each alone) due at 0.25 s: all fit at their work alone, not at 2.5x it
+    # (~175 ms each), where only one makes it: the first two are given up (equal costs: the earliest goes).
+    queue = [Prompt("a", 0.0, 2_000, 0.25), Prompt("b", 0.0, 2_000, 0.26), Prompt("c", 0.0, 2_000, 0.27)]
+    assert [p.rid for p in fewest_late(MODEL, queue, 0.0, 4096)] == ["a", "b", "c"]
+    assert [p.rid for p in fewest_late(MODEL, queue, 0.0, 4096, CAUTIOUS_LATE_COST)] == ["c", "a", "b"]
+    assert rids(make_prefill_policy("flowprefill-fewest-late-cautious", MODEL), queue, 0.0)[0] == "c"
+    with pytest.raises(ValueError, match="late_cost"):
+        FlowPrefillParams(fewest_late=True, late_cost=0.5)
 
 
 def _fewest_late_as_specified(queue: list[Prompt], now_s: float, batch_tokens: int) -> list[Prompt]:
