@@ -368,7 +368,7 @@ def _write_summary_md(out: Path, rows: list[dict[str, object]], max_running: int
         "first failure, and Poise's first failure over that baseline's goodput.\n\n"
         + ("KV model: whole outputs reserved at admission (an oracle that knows each output's length), not "
            "SGLang's growth per token with retraction (the simulator's default).\n\n"
-           if out.name == "sustained-whole" else
+           if out.name.startswith("sustained-whole") else
            "KV model: SGLang's (decode and colocated KV grow per token from prompt + 512 and retract when full).\n\n")
         + (f"Request cap: {max_running} running requests per engine, not the profile's "
            f"{MODEL.profile.max_running_requests} (a what-if: SGLang 0.5.23's own default on this KV pool is 2048; "
