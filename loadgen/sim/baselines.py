@@ -25,6 +25,7 @@ from loadgen.sim.instance import EngineSpec
 from shared.latency import LatencyModel
 from shared.policies import (
     DECODE_BATCH_POLICIES,
+    POISE_LATE_BINDING_POLICY,
     POISE_PREFILL_POLICY,
     PREEMPTION,
     PREFILL_POLICIES,
@@ -194,7 +195,7 @@ POISE_ENGINE = EngineSpec(prefill_policy=POISE_PREFILL_POLICY, preemption="opera
 #: without it every prompt queued at a prefill engine holds its decode KV while it waits, and past the prefill
 #: side's capacity the decode pools fill with prompts not yet computed (long prompts above all). Held at the
 #: gateway, a prompt holds nothing. The curves with and without: tests/bench/results/late_binding_kv.md.
-POISE_LATE_BINDING = (POISE_PREFILL_POLICY, LATE_BINDING_DEPTH)
+POISE_LATE_BINDING = (POISE_LATE_BINDING_POLICY, LATE_BINDING_DEPTH)
 
 
 def _poise(instances: int, split: str | None) -> PolicyMix:

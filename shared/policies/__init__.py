@@ -57,6 +57,7 @@ from shared.policies.prefill_order import (
 from shared.policies.registry import (
     DECODE_BATCH_POLICIES,
     DISPATCH_POLICIES,
+    POISE_LATE_BINDING_POLICY,
     POISE_PREFILL_POLICY,
     POOL_POLICIES,
     PREFILL_POLICIES,
@@ -123,6 +124,7 @@ __all__ = [
     "MigrationPolicy",
     "NoMigration",
     "POOL_POLICIES",
+    "POISE_LATE_BINDING_POLICY",
     "POISE_PREFILL_POLICY",
     "PREFILL_POLICIES",
     "PREEMPTION",

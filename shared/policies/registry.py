@@ -95,10 +95,17 @@ PREFILL_POLICIES: dict[str, Callable[[LatencyModel], PrefillPolicy]] = {
 }
 
 #: The prefill policy of Poise's own engines (the simulator's ``poise`` mix and ``poise up``'s engine_sim):
-#: FlowPrefill, giving up the fewest prompts when a burst outruns the engine. On the sustained yardstick it
-#: held more attainment than plain FlowPrefill at and below each tune-set trace's goodput and gained a goodput
-#: step on stress-bursts and stress-mix-shift (docs/adaptive-pd.md).
-POISE_PREFILL_POLICY = "flowprefill-fewest-late"
+#: FlowPrefill, giving up the fewest prompts when a burst outruns the engine, each prompt counted at
+#: ``CAUTIOUS_LATE_COST`` times its work alone. Fewest-late held more attainment than plain FlowPrefill at and
+#: below each tune-set trace's goodput and gained a goodput step on stress-bursts and stress-mix-shift; the
+#: cautious count held more again on the held-out stress-step and stress-diurnal near their goodput
+#: (docs/adaptive-pd.md, docs/evaluation.md).
+POISE_PREFILL_POLICY = "flowprefill-fewest-late-cautious"
+
+#: The order in which Poise's gateway releases held prompts (late binding): the engines' rule, each prompt
+#: counted at its work alone. The gateway does not share a step with any decode batch, and counting it
+#: cautiously there too gave up more than it saved on Azure code (docs/evaluation.md).
+POISE_LATE_BINDING_POLICY = "flowprefill-fewest-late"
 
 #: Decode batch selection inside an engine (decode or colocated). One object per engine.
 DECODE_BATCH_POLICIES: dict[str, Callable[[LatencyModel], DecodeBatchPolicy]] = {

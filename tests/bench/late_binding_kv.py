@@ -17,11 +17,11 @@ workloads, ``--jobs N`` runs N simulations at once.
 
 from __future__ import annotations
 
-from shared.policies import POISE_PREFILL_POLICY
+from shared.policies import POISE_LATE_BINDING_POLICY
 from tests.bench.rule_curves import Rule, main
 
 LATE_BINDING = Rule(
-    name="late-binding", keyword="late_binding", on=POISE_PREFILL_POLICY, off="none",
+    name="late-binding", keyword="late_binding", on=POISE_LATE_BINDING_POLICY, off="none",
     module="tests.bench.late_binding_kv", stem="late_binding_kv", title="Late binding and the decode KV",
     about="Cells: % of requests in time (refused ones count as misses); in brackets, % refused early (Poise's "
           "early rejection and late binding's give-up). Late binding holds prompts in the gateway in FlowPrefill's "

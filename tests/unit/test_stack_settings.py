@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadgen.sim.baselines import POISE_ENGINE, make_mix
+from loadgen.sim.baselines import POISE_ENGINE, POISE_LATE_BINDING, make_mix
 from services.cli.main import RunSettings
 from services.cli.run_job import MainJobSettings
 from services.cli.stack import StackSettings
@@ -26,15 +26,15 @@ def test_the_poise_planner_is_the_default_and_brings_its_mix() -> None:
         assert (s.planner_policy, s.dispatch_policy) == ("poise", "arrow")
         assert s.engine_args() == ["--prefill-policy", POISE_ENGINE.prefill_policy, "--preemption", "operator",
                                    "--chunked-prefill-size", "-1", "--give-up-late-prompts"]
-        assert POISE_ENGINE.prefill_policy == "flowprefill-fewest-late" and POISE_ENGINE.chunk_tokens == 0
+        assert POISE_ENGINE.prefill_policy == "flowprefill-fewest-late-cautious" and POISE_ENGINE.chunk_tokens == 0
         assert POISE_ENGINE.give_up_late
         args = s.gateway_policy_args()
         assert args[args.index("--local-prefill-max-tokens") + 1] == "512" and "--early-rejection" in args
         # ... judging decode engines only: colocated ones give up late prompts themselves, as in the simulator.
         assert "--no-early-rejection-colocated" in args
         assert make_mix("poise", 8, "4P4D").early_rejection == EarlyRejectionParams(colocated=False)
-        # The gateway holds prompts until a prefill engine has room, in the engines' own order.
-        assert args[args.index("--late-binding-policy") + 1] == POISE_ENGINE.prefill_policy and "--late-binding" in args
+        # The gateway holds prompts until a prefill engine has room, in fewest-late order (no decode shares it).
+        assert args[args.index("--late-binding-policy") + 1] == POISE_LATE_BINDING[0] and "--late-binding" in args
     # --planner-policy static is the old stack: fixed roles, least-load, stock engines, no local prefill.
     static = parse_settings(StackSettings, ["--planner-policy", "static"])
     assert (static.planner_policy, static.dispatch_policy) == ("static", "least-load")
@@ -135,7 +135,7 @@ def test_sim_late_binding_flag_replaces_the_mixs_queue() -> None:
     from services.cli.main import SimSettings
 
     # Poise's mix holds prompts in the gateway in its engines' order (SGLang's decode side reserves KV at dispatch).
-    assert parse_settings(SimSettings, []).mix_builder("poise")().late_binding == (POISE_ENGINE.prefill_policy, 2)
+    assert parse_settings(SimSettings, []).mix_builder("poise")().late_binding == (POISE_LATE_BINDING[0], 2)
     off = parse_settings(SimSettings, ["--late-binding", "none"]).mix_builder("poise")()
     assert off.late_binding is None and "late binding none" in off.description
     assert parse_settings(SimSettings, []).mix_builder("static-minload")().late_binding is None
@@ -149,7 +149,7 @@ def test_the_live_comparison_simulates_the_late_binding_the_stack_ran() -> None:
         overrides = simulated_poise_overrides(parse_settings(RunSettings, argv))
         return make_mix("poise", 4, "2P2D", **{k: v for k, v in overrides.items() if v is not None}).late_binding
 
-    assert simulated([]) == (POISE_ENGINE.prefill_policy, 2)
+    assert simulated([]) == (POISE_LATE_BINDING[0], 2)
     overrides = simulated_poise_overrides(parse_settings(RunSettings, ["--no-give-up-late-prompts"]))
     assert make_mix("poise", 4, "2P2D", **{k: v for k, v in overrides.items() if v is not None}).engine.give_up_late is False
     assert simulated_poise_overrides(parse_settings(RunSettings, []))["give_up_late"] is True
