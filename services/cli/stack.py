@@ -84,7 +84,7 @@ class StackSettings(ServiceSettings):
     slo_ttft_s: float | None = Field(None, gt=0.0, description="TTFT SLO (s) the planner and gateway policies plan for; unset = the trace's (poise run) or Arrow Table 1's Azure conversation value, 2 s.")
     slo_tpot_s: float | None = Field(None, gt=0.0, description="TPOT SLO (s) the policies plan for; unset = the trace's (poise run) or 0.15 s (Azure conversation).")
     # -- engine scheduling (every engine_sim; see services/engine_sim/config.py) ------------------------------
-    prefill_policy: str | None = Field(None, description="Prefill scheduling policy of every engine (shared.policies PREFILL_POLICIES: fcfs, edf, ...); unset = flowprefill-fewest-late with --planner-policy poise, else engine_sim's default (fcfs).")
+    prefill_policy: str | None = Field(None, description="Prefill scheduling policy of every engine (shared.policies PREFILL_POLICIES: fcfs, edf, ...); unset = flowprefill-fewest-late-cautious with --planner-policy poise, else engine_sim's default (fcfs).")
     decode_policy: str | None = Field(None, description="Decode batch policy of every engine (shared.policies DECODE_BATCH_POLICIES: continuous, ...); unset = engine_sim's default.")
     preemption: str | None = Field(None, description="Where prefill engines may switch to a more urgent prompt: chunk (SGLang, at chunk boundaries) or operator (FlowPrefill); unset = operator with --planner-policy poise, else chunk.")
     give_up_late_prompts: bool | None = Field(None, description="Colocated engines refuse (429) prompts still waiting, unstarted, past their TTFT target (engine_sim --give-up-late-prompts); unset = on with --planner-policy poise, else off.")

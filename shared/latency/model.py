@@ -5,13 +5,15 @@ papers (see ../shared/spec, Part C of spec-arrow-dopd.md and section 4 of spec-a
 
 - prefill of ``n`` new tokens after ``c`` cached/earlier-chunk tokens:
   ``overhead + a*n + b*((c+n)^2 - c^2)``  (quadratic in the full length, split exactly across chunks)
-- decode step: ``overhead + per_seq*batch + per_ctx*sum(context tokens)``
+- decode step: ``overhead + per_seq*batch + per_ctx*sum(context tokens)``, replayed from a CUDA graph up to the
+  profile's largest captured batch and dearer (eager) past it
 - KV transfer: ``overhead + tokens * kv_bytes_per_token / bandwidth``
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -43,6 +45,13 @@ class LatencyProfile(msgspec.Struct, frozen=True, kw_only=True):
     transfer_overhead_s: float = 0.002
     transfer_bytes_per_s: float = 25e9
     role_switch_s: float = 1.0
+    # SGLang replays a decode step from a captured CUDA graph only up to its largest captured batch
+    # (``cuda_graph_max_bs``: 256 on an 80-140 GB GPU at TP < 4); a larger batch runs eagerly, which costs
+    # ``max(eager_decode_factor x the graphed step, eager_decode_floor_s)``: kernel launches the graph saves
+    # either stretch a GPU-bound step a little or, for a small one, set its length. None: every step graphed.
+    cuda_graph_max_batch: int | None = None
+    eager_decode_factor: float = 1.0
+    eager_decode_floor_s: float = 0.0
     # Operator boundaries, where an operator-level preemptible prefill (FlowPrefill) can stop: the dense
     # decoder layer's qkv_proj, attn, o_proj, gate_up_proj and down_proj, times the model's layers.
     num_layers: int = 32
@@ -57,7 +66,7 @@ class LatencyProfile(msgspec.Struct, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         numbers = {f: getattr(self, f) for f in self.__struct_fields__
-                   if f not in ("name", "model", "gpu", "provenance", "operator_weights")}
+                   if f not in ("name", "model", "gpu", "provenance", "operator_weights", "cuda_graph_max_batch")}
         negative = [f for f, v in numbers.items() if v < 0]
         if negative:
             raise ConfigError(f"latency profile {self.name!r}: negative values for {', '.join(negative)}")
@@ -65,6 +74,11 @@ class LatencyProfile(msgspec.Struct, frozen=True, kw_only=True):
                   "num_layers", "operators_per_layer"):
             if numbers[f] <= 0:
                 raise ConfigError(f"latency profile {self.name!r}: {f} must be positive")
+        if self.cuda_graph_max_batch is not None and self.cuda_graph_max_batch <= 0:
+            raise ConfigError(f"latency profile {self.name!r}: cuda_graph_max_batch must be positive (or null)")
+        if self.eager_decode_factor < 1.0:
+            raise ConfigError(f"latency profile {self.name!r}: eager_decode_factor must be >= 1 (an eager step is "
+                              f"never faster than a graphed one), got {self.eager_decode_factor}")
         if self.transfer_bytes_per_s <= 0:
             raise ConfigError(f"latency profile {self.name!r}: transfer_bytes_per_s must be positive")
         if len(self.operator_weights) != self.operators_per_layer - 1 or min(self.operator_weights) <= 0:
@@ -112,6 +126,7 @@ class LatencyModel:
         # One prefill pass's launch overhead, time-scaled (the profile is frozen): read once per queued prompt
         # by the prefill policies' rankings.
         self.pass_overhead_s = profile.prefill_overhead_s * time_scale
+        self._graph_max_batch = profile.cuda_graph_max_batch or sys.maxsize
 
     # -- prefill -----------------------------------------------------------------------------------
     def prefill_work_s(self, new_tokens: int, done_tokens: int = 0) -> float:
@@ -210,11 +225,14 @@ class LatencyModel:
 
     # -- decode ------------------------------------------------------------------------------------
     def decode_step_time_s(self, batch_size: int, context_tokens: int) -> float:
-        """One decode iteration over ``batch_size`` sequences holding ``context_tokens`` in total."""
+        """One decode iteration over ``batch_size`` sequences holding ``context_tokens`` in total (eager past
+        the profile's largest CUDA-graph batch)."""
         if batch_size <= 0:
             return 0.0
         p = self.profile
         t = p.decode_overhead_s + p.decode_s_per_seq * batch_size + p.decode_s_per_context_token * context_tokens
+        if batch_size > self._graph_max_batch:
+            t = max(t * p.eager_decode_factor, p.eager_decode_floor_s)
         return t * self.time_scale
 
     def mixed_step_time_s(self, batch_size: int, context_tokens: int, prefill_parts: Iterable[tuple[int, int]]) -> float:

@@ -85,8 +85,32 @@ def decode_samples(raw: dict[str, Any]) -> list[DecodeSample]:
                          step_s=r["graph_step_s"], steps=30, context_source="estimate") for r in raw["decode"]]
 
 
+@dataclass(frozen=True)
+class EagerFit:
+    """An eager decode step as ``max(factor x the graphed step, floor_s)`` (the profile's ``eager_decode_*``)."""
+
+    factor: float
+    floor_s: float
+    max_rel_error: float
+
+
+def fit_eager(raw: dict[str, Any]) -> EagerFit:
+    """The (factor, floor) that best predict each eager step from the graphed step of the same shape, by least
+    squares of the relative error over a grid (factor in steps of 0.005, floor in steps of 0.1 ms): a small
+    step is bound by the kernel launches the graph saves, a GPU-bound one runs them beside its kernels."""
+    pairs = [(r["graph_step_s"], r["eager_step_s"]) for r in raw["decode"]]
+
+    def errors(factor: float, floor_s: float) -> list[float]:
+        return [max(factor * g, floor_s) / e - 1 for g, e in pairs]
+
+    grid = [(1 + i * 0.005, j * 1e-4) for i in range(101) for j in range(int(max(e for _, e in pairs) / 1e-4) + 1)]
+    factor, floor_s = min(grid, key=lambda c: sum(x * x for x in errors(*c)))
+    return EagerFit(factor, floor_s, max(abs(x) for x in errors(factor, floor_s)))
+
+
 def fitted_profile(base: LatencyProfile, prefill: PrefillFit, decode: DecodeFit, raw: dict[str, Any],
                    gpu: Gpu = H100) -> LatencyProfile:
+    eager = fit_eager(raw)
     copied = f"Every other field is copied from {base.name} (KV capacity, transfer, role switch)."
     if gpu != SHIPPED_GPU:
         copied += f" They are the {SHIPPED_GPU.label}'s: an {gpu.label}'s larger memory holds more KV than this says."
@@ -95,6 +119,7 @@ def fitted_profile(base: LatencyProfile, prefill: PrefillFit, decode: DecodeFit,
         prefill_overhead_s=prefill.overhead_s, prefill_s_per_token=prefill.s_per_token,
         prefill_s_per_token2=prefill.s_per_token2, decode_overhead_s=decode.overhead_s,
         decode_s_per_seq=decode.s_per_seq, decode_s_per_context_token=decode.s_per_context_token,
+        eager_decode_factor=round(eager.factor, 3), eager_decode_floor_s=round(eager.floor_s, 4),
         provenance=[
             f"Fitted by tests/bench/gpu_latency_check.py to tests/bench/results/gpu/llama_forward_{gpu.key}.json: a "
             f"Llama-3.1-8B-shaped forward pass with random bf16 weights in eager torch {raw['torch']} on one "
@@ -102,7 +127,9 @@ def fitted_profile(base: LatencyProfile, prefill: PrefillFit, decode: DecodeFit,
             f"Prefill: one prompt alone, CUDA-graph replays up to {GRAPH_UP_TO} tokens (the GPU's time without "
             "Python's launch gaps), eager passes above; the intercept is the memory-bound floor of a short "
             "pass (reading 16 GB of weights), not a scheduler's overhead, which this measurement has none of.",
-            "Decode: one step over B sequences of C context tokens each, replayed from a CUDA graph.",
+            "Decode: one step over B sequences of C context tokens each, replayed from a CUDA graph; past "
+            "cuda_graph_max_batch (copied) a step costs max(eager_decode_factor x that, eager_decode_floor_s), "
+            "fitted to the same shapes run eagerly (fit_eager).",
             copied,
             "SGLang's kernels (FlashInfer/FA3, fused norms, paged KV) and scheduler differ: this is a measured "
             "reference for the model's shapes, not a profile of an SGLang server (use `poise profile` for that).",
@@ -169,6 +196,12 @@ def report(raw: dict[str, Any], shipped: LatencyProfile, fitted: LatencyProfile,
         p = ship.decode_step_time_s(r["batch"], r["batch"] * r["context"])
         lines.append(f"| {r['batch']} | {r['context']} | {ms(r['graph_step_s'])} | {ms(p)} | "
                      f"{pct(r['graph_step_s'], p)} | {ms(r['eager_step_s'])} |")
+    eager_fit = fit_eager(raw)
+    lines += ["", f"Eager against graphed (SGLang runs a decode batch above its largest captured graph eagerly): "
+              f"max({eager_fit.factor:.3f} x the graphed step, {ms(eager_fit.floor_s)} ms) predicts every eager "
+              f"step above within {eager_fit.max_rel_error * 100:.0f}% (`fit_eager`; the profiles' `eager_decode_factor` and "
+              "`eager_decode_floor_s`). This eager torch launches more kernels than SGLang's fused ones, so its "
+              "floor likely overstates SGLang's."]
     lines += ["", "## Packing short prompts into one pass (DOPD's length-aware batching)", "",
               "k prompts of s tokens: k passes of one prompt against one pass of all k. The model charges one "
               "launch overhead per pass and the same work either way.", "",

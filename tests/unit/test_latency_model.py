@@ -44,6 +44,24 @@ def test_decode_step_linear_in_context_and_batch(model: LatencyModel) -> None:
     assert model.decode_step_time_s(16, 8000) - base == pytest.approx(model.profile.decode_s_per_seq * 8)
 
 
+def test_a_decode_batch_past_the_largest_cuda_graph_runs_eagerly(model: LatencyModel) -> None:
+    p = model.profile
+    assert p.cuda_graph_max_batch == 256  # SGLang's on an H100 at TP 1
+
+    def graphed(batch: int, context: int) -> float:
+        return p.decode_overhead_s + p.decode_s_per_seq * batch + p.decode_s_per_context_token * context
+
+    assert model.decode_step_time_s(256, 256 * 1500) == pytest.approx(graphed(256, 256 * 1500))
+    # GPU-bound: the launches the graph saves stretch the step by the factor ...
+    assert model.decode_step_time_s(300, 300 * 1500) == pytest.approx(p.eager_decode_factor * graphed(300, 300 * 1500))
+    # ... and a step shorter than the launches alone takes the launches' time.
+    assert graphed(300, 300) < p.eager_decode_floor_s
+    assert model.decode_step_time_s(300, 300) == pytest.approx(p.eager_decode_floor_s)
+    # Without a graph limit every step is graphed.
+    unlimited = LatencyModel(msgspec.structs.replace(p, cuda_graph_max_batch=None))
+    assert unlimited.decode_step_time_s(300, 300 * 1500) == pytest.approx(graphed(300, 300 * 1500))
+
+
 def test_transfer_time_is_bytes_over_bandwidth(model: LatencyModel) -> None:
     p = model.profile
     assert model.kv_transfer_time_s(1000) == pytest.approx(p.transfer_overhead_s + 1000 * p.kv_bytes_per_token / p.transfer_bytes_per_s)
@@ -73,6 +91,8 @@ def test_profiles_load_from_files(tmp_path: Path) -> None:
     ({"prefill_s_per_token": -1.0}, "negative"),
     ({"kv_capacity_tokens": 0}, "must be positive"),
     ({"transfer_bytes_per_s": 0.0}, "must be positive"),
+    ({"cuda_graph_max_batch": 0}, "cuda_graph_max_batch"),
+    ({"eager_decode_factor": 0.9}, "eager_decode_factor"),
 ])
 def test_bad_profiles_are_rejected(tmp_path: Path, change: dict[str, float], message: str) -> None:
     data = msgspec.to_builtins(load_profile())
