@@ -230,6 +230,10 @@ class EngineModel:
         # A mixed step's prefill budget (a decode engine prefilling locally, a colocated one): the chunk, or
         # the profile's where prefill passes run unchunked; engine_sim passes its own budget, SGLang's.
         self.mixed_chunk = self._mixed_chunk_setting or (chunk if self.chunked else profile.chunked_prefill_size)
+        # Policies that weigh a prompt's prefill by whether decode shares its steps (FlowPrefill's cautious count).
+        sharing = getattr(self.prefill_policy, "set_decode_sharing", None)
+        if sharing is not None:
+            sharing(role != "prefill")
         self.reset_cache()
 
     def reset_cache(self) -> None:

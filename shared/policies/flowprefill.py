@@ -11,8 +11,9 @@ Pure objects (../shared/spec/spec-ares-kairos-flowprefill.md, section 3):
   after another, it gives up the fewest (:func:`fewest_late`, Moore and Hodgson's rule) instead of letting
   the deadline order make every later one late. A Poise extension, not in the paper.
 - ``flowprefill-fewest-late-cautious``: the same rule with every prompt's prefill counted at
-  ``CAUTIOUS_LATE_COST`` times its time alone (``FlowPrefillParams.late_cost``), so it gives up more of a
-  burst, and earlier. Measured, not adopted (docs/evaluation.md).
+  ``CAUTIOUS_LATE_COST`` times its time alone (``FlowPrefillParams.late_cost``) on an engine whose prefill
+  shares its steps with decode, so a colocated engine gives up more of a burst, and earlier. Poise's engines'
+  order (docs/engine-scheduling.md).
 - :class:`Sedf` (``sedf``) and :class:`DEdf` (``d-edf``): the priority functions alone, chunks filled in
   that order and re-ranked before every pass, like :class:`shared.policies.prefill_order.Edf` (the paper's
   ablation baselines, and S-EDF for chunked engines).
@@ -89,8 +90,10 @@ def edf_key(item: PrefillItem, now_s: float) -> SortKey:
     return (0, deadline, item.arrival_s, item.rid)
 
 
-#: ``flowprefill-fewest-late-cautious``'s cost factor. On a colocated engine a prompt's prefill shares each step
-#: with the decode batch, and the arrivals behind it keep coming, so it ends later than its work alone says;
+#: ``flowprefill-fewest-late-cautious``'s cost factor, on engines whose prefill shares each step with a decode
+#: batch (colocated ones): there a prompt's prefill waits on the decode work of every step, and the arrivals
+#: behind it keep coming, so it ends later than its work alone says. A prefill engine's steps are its own;
+#: counted cautiously there too, the Mooncake synthetic trace lost a goodput step. The factor was
 #: tried at 1.5, 2.5, 4 and 8 on stress-bursts' first burst, 2.5 held the most (docs/evaluation.md).
 CAUTIOUS_LATE_COST = 2.5
 
@@ -171,7 +174,8 @@ class FlowPrefillParams:
     priority: Priority = "sedf"
     # Give up the fewest prompts when the feasible ones cannot all make their deadlines (fewest_late); S-EDF only.
     fewest_late: bool = False
-    # fewest_late counts each prompt's prefill as this many times its work alone (1: as the latency model says).
+    # fewest_late counts each prompt's prefill as this many times its work alone (1: as the latency model says)
+    # on an engine whose prefill shares its steps with a decode batch; a prefill engine counts the work alone.
     late_cost: float = 1.0
 
     def __post_init__(self) -> None:
@@ -212,6 +216,12 @@ class FlowPrefill:
     def __init__(self, model: LatencyModel, params: FlowPrefillParams | None = None) -> None:
         self.model = model
         self.params = params or FlowPrefillParams()
+        self._late_cost = self.params.late_cost
+
+    def set_decode_sharing(self, shares: bool) -> None:
+        """Whether this engine's prefill shares its steps with a decode batch (colocated, or a decode engine
+        prefilling short prompts locally): ``late_cost`` applies only there. The engine calls it on each role."""
+        self._late_cost = self.params.late_cost if shares else 1.0
 
     def batch(self, ranked: Sequence[T], now_s: float) -> list[T]:
         """Algorithm 1: H (``ranked[0]``) and the prompts batched with it, in priority order."""
@@ -241,7 +251,7 @@ class FlowPrefill:
     def plan(self, queue: Sequence[T], budget: int, now_s: float) -> PrefillPlan[T]:
         waiting = [r for r in queue if r.input_tokens > r.prefilled]
         if self.params.fewest_late:
-            ranked = fewest_late(self.model, waiting, now_s, self.params.batch_tokens, self.params.late_cost)
+            ranked = fewest_late(self.model, waiting, now_s, self.params.batch_tokens, self._late_cost)
         else:
             ranked = rank(self.model, self.params.priority, waiting, now_s)
         return PrefillPlan(fill(self.batch(ranked, now_s), budget))

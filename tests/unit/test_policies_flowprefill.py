@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from shared.engine.model import EngineModel
 from shared.latency import LatencyModel, load_profile
 from shared.policies import (
     DEdf,
@@ -81,6 +82,17 @@ def test_a_cost_factor_gives_up_what_fits_only_at_the_work_alone() -> None:
     assert rids(make_prefill_policy("flowprefill-fewest-late-cautious", MODEL), queue, 0.0)[0] == "c"
     with pytest.raises(ValueError, match="late_cost"):
         FlowPrefillParams(fewest_late=True, late_cost=0.5)
+
+
+def test_the_cautious_count_applies_where_decode_shares_the_steps() -> None:
+    queue = [Prompt("a", 0.0, 2_000, 0.25), Prompt("b", 0.0, 2_000, 0.26), Prompt("c", 0.0, 2_000, 0.27)]
+    engine = EngineModel("prefill", MODEL, prefill_policy="flowprefill-fewest-late-cautious")
+    assert rids(engine.prefill_policy, queue, 0.0)[0] == "a"  # a prefill engine's steps are its own
+    for role in ("null", "decode"):  # colocated, or a decode engine prefilling short prompts locally
+        engine.switch_role(role)
+        assert rids(engine.prefill_policy, queue, 0.0)[0] == "c"
+    engine.switch_role("prefill")
+    assert rids(engine.prefill_policy, queue, 0.0)[0] == "a"
 
 
 def _fewest_late_as_specified(queue: list[Prompt], now_s: float, batch_tokens: int) -> list[Prompt]:
