@@ -10,7 +10,7 @@ from shared.policies import DISPATCH_POLICIES, POISE_LATE_BINDING_POLICY, PREFIL
 from shared.settings import ControlPlaneSettings, SloPlanSettings, settings_config
 
 #: The gateway rules the poise planner brings with it (`poise up`, `make deploy`, the compose file), as the
-#: simulator's ``poise`` mix runs them: early rejection, and late binding in the engines' own order, so decode
+#: simulator's ``poise`` mix runs them: early rejection, and late binding in FlowPrefill's fewest-late order, so decode
 #: engines reserve KV only for prompts about to be prefilled (SGLang's reserve at dispatch).
 POISE_GATEWAY_RULES: dict[str, Any] = {"early_rejection": True, "late_binding": True,
                                        "late_binding_policy": POISE_LATE_BINDING_POLICY}
