@@ -98,8 +98,8 @@ PREFILL_POLICIES: dict[str, Callable[[LatencyModel], PrefillPolicy]] = {
 #: FlowPrefill, giving up the fewest prompts when a burst outruns the engine, each prompt counted at
 #: ``CAUTIOUS_LATE_COST`` times its work alone where decode shares the engine's steps. Fewest-late held more
 #: attainment than plain FlowPrefill at and below each tune-set trace's goodput and gained a goodput step on
-#: stress-bursts and stress-mix-shift; the cautious count gains one more on the held-out stress-step and on
-#: stress-mix-shift, level on the rest of the sustained table (docs/adaptive-pd.md, docs/evaluation.md).
+#: stress-bursts and stress-mix-shift; the cautious count's factor comes from stress-bursts, and it keeps the
+#: tune set level (docs/adaptive-pd.md, docs/evaluation.md).
 POISE_PREFILL_POLICY = "flowprefill-fewest-late-cautious"
 
 #: The order in which Poise's gateway releases held prompts (late binding): the engines' rule, each prompt
