@@ -463,6 +463,7 @@ class SimEngine:
             while True:
                 self._wake.clear()
                 if self._paused or self.switching or self.frozen:
+                    self._prev_deadline = 0.0  # time without steps is no step's lateness
                     await self._wake.wait()
                     continue
                 batching.take_intake(self)
@@ -472,7 +473,12 @@ class SimEngine:
                     await self._wait_for_work()
                     continue
                 now = clock.monotonic()
-                start = self._prev_deadline if now - self._prev_deadline < CATCH_UP_SLACK_S else now
+                if now - self._prev_deadline < CATCH_UP_SLACK_S:
+                    start = self._prev_deadline
+                else:
+                    if self._prev_deadline:  # back to back with the last step, yet started late: the host's time
+                        self.metrics.behind_model_seconds.inc(now - self._prev_deadline)
+                    start = now
                 deadline = start + step.time_s
                 self._prev_deadline = deadline
                 if self.preemption == "operator" and self.mode == "prefill" and step.prefill:

@@ -9,7 +9,9 @@ Names, label sets and buckets follow sglang/srt/observability/metrics_collector.
   (tokenizer_metric_labels), plus ``is_streaming`` where SGLang has it.
 
 Poise's own series (not in SGLang) are named ``poise:...`` and carry the scheduler labels: operator-level
-prefill preemptions (``poise:prefill_preemptions_total``, ``poise:prefill_preemption_blocking_seconds``).
+prefill preemptions (``poise:prefill_preemptions_total``, ``poise:prefill_preemption_blocking_seconds``), and
+the time the scheduler fell behind its latency model because the host did not run it in time
+(``poise:engine_sim_behind_model_seconds_total``: while it grows, live timings measure the host, not the model).
 Latencies count from when the request reached this engine (``received_s``), as SGLang's do, not from the
 gateway's arrival that a ``poise_slo`` field moves ``arrival_s`` back to.
 
@@ -166,6 +168,11 @@ class EngineMetrics:
             "poise:prefill_preemption_blocking_seconds",
             "Time from the arrival that preempted a prefill pass to the operator boundary where the pass stopped.",
             sn, registry=r, buckets=PREEMPTION_BLOCKING_BUCKETS).labels(**sched)
+        self.behind_model_seconds = Counter(
+            "poise:engine_sim_behind_model_seconds",
+            "Time steps started later than the latency model's schedule and could not catch up: the host was too "
+            "busy to run this stand-in on time (a GPU engine has no such term).",
+            sn, registry=r).labels(**sched)
         # -- tokenizer ----------------------------------------------------------------------------------
         stream_names = [*tn, "is_streaming"]
         self._prompt_tokens = Counter("sglang:prompt_tokens_total", "Number of prefill tokens processed.",

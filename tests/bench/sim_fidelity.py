@@ -112,17 +112,26 @@ def hit_rate(records: Sequence[RequestRecord]) -> float:
     return sum(r.cached_tokens or 0 for r in records) / prompt if prompt else 0.0
 
 
+def scrape_engines(stack: Stack) -> dict[str, str]:
+    """Each engine's ``/metrics`` text, by instance id."""
+    with httpx.Client(timeout=10.0, trust_env=False) as client:
+        return {instance_id: client.get(url + "/metrics").text for instance_id, url in stack.engines.items()}
+
+
 def prefill_cache_counters(stack: Stack) -> tuple[float, float]:
     """(prompt tokens, of those served from the prefix cache) over the stack's prefill engines so far (SGLang's
     counters): in PD the client's usage comes from the decode engine, which keeps no cache."""
-    prompt = cached = 0.0
-    with httpx.Client(timeout=10.0, trust_env=False) as client:
-        for instance_id, url in stack.engines.items():
-            if instance_id.startswith(ROLE_PREFIX["prefill"]):
-                text = client.get(url + "/metrics").text
-                prompt += metric_total(text, "sglang:prompt_tokens_total")
-                cached += metric_total(text, "sglang:cached_tokens_total")
-    return prompt, cached
+    prefill = [text for instance_id, text in scrape_engines(stack).items()
+               if instance_id.startswith(ROLE_PREFIX["prefill"])]
+    return (sum(metric_total(text, "sglang:prompt_tokens_total") for text in prefill),
+            sum(metric_total(text, "sglang:cached_tokens_total") for text in prefill))
+
+
+def behind_model_s(stack: Stack) -> dict[str, float]:
+    """Per engine, the seconds its steps have run behind the latency model so far because this host did not run
+    engine_sim on time (``poise:engine_sim_behind_model_seconds_total``)."""
+    return {instance_id: metric_total(text, "poise:engine_sim_behind_model_seconds_total")
+            for instance_id, text in scrape_engines(stack).items()}
 
 
 def flush_caches(stack: Stack) -> None:

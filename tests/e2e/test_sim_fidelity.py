@@ -5,7 +5,7 @@ the real stack (NATS, etcd, gateway, control plane, 2P+2D engine_sim with the de
 simulator runs the same mix (``static-minload`` 2P2D: the gateway's least-load policy). The longer check, on
 five slices, is ``python -m tests.bench.sim_fidelity`` (``tests/bench/results/sim_fidelity.md``).
 
-Three replays on one stack, ~85 s in all (stack start and stop included):
+Three replays on one stack, ~85 s in all (stack start and stop included; twice that on a starved host):
 
 1. **calibration**, Azure conversation 40-55 s before the check and 55-70 s after it (85 and about as many
    requests, inside the benchmark's calibration slice): live minus bare-model TTFT per request, over both,
@@ -34,29 +34,66 @@ check, the measured delay is off for the check (8.6% in the run where the calibr
 check was not; 1.8% in a quiet run; +10.2%, live faster than predicted, with only a calibration before the
 check while two benchmark processes and the rest of the suite shared the two cores). Calibrating on both
 sides of the check brackets a load that changes while it runs.
+
+A host too busy to run the stand-in at its model's pace makes the live side measure the host. Two runs on CI
+runners did: TPOT 10-16% over the model's (the decode engines' steps started late), and TTFT P90 3.5x the
+prediction with a serving-path delay P90 of 641 ms (two benchmark processes beside the suite). engine_sim
+counts the time its steps fall behind the model (``poise:engine_sim_behind_model_seconds_total``); quiet and
+busy runs here (one or two CPU-bound processes beside the stack) lost at most 0.13 s per engine in the check
+and had a delay P90 of at most 28 ms. Past 1% of the check lost by one engine, or a delay P90 of 100 ms, the
+measurement is taken again; if the host is still that busy the test is skipped with the numbers that say so,
+never passed.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from loadgen.metrics import Summary
 from loadgen.replay import ReplayResult, replay
 from loadgen.sim.overhead import HANDSHAKE_ONLY, HANDSHAKE_S, LIVE_STACK_DELAY, FirstTokenDelay
-from loadgen.slo import slo_for
+from loadgen.slo import SLO, slo_for
 from loadgen.traces import load_trace
 from loadgen.workload import Workload
 from services.cli.stack import Stack, StackSettings
 from shared.latency import LatencyModel, load_profile
-from tests.bench.sim_fidelity import METRICS, compare, first_token_deltas, misses, simulate_mix
+from tests.bench.sim_fidelity import METRICS, behind_model_s, compare, first_token_deltas, misses, simulate_mix
 
 pytestmark = pytest.mark.e2e
 
 TRACE, START_S, DURATION_S, RATE_SCALE = "azure-conv", 1380.0, 40.0, 1.0
 # Before and after the check, inside the benchmark's calibration slice (0-120 s).
 CALIBRATION_SLICES = ((40.0, 15.0), (55.0, 15.0))
+# Past either bound the host, not the model, sets the live numbers (see the module's docstring): 1% of the
+# check's duration lost by one engine (quiet and busy runs here: at most 0.3%), and a serving-path delay whose
+# P90 is ten times the quiet VM's.
+BEHIND_MODEL_BOUND = 0.01
+HOST_DELAY_P90_BOUND_S = 0.100
+ATTEMPTS = 2
+
+
+@dataclass
+class Measurement:
+    calibrations: list[tuple[Workload, ReplayResult]]
+    live: Summary
+    behind_model_s: float  # the most seconds one engine fell behind its latency model during the check
+
+
+def measure(stack: Stack, before: Workload, workload: Workload, after: Workload, slo: SLO) -> Measurement:
+    def run(slice_: Workload, rate: float = 1.0) -> ReplayResult:
+        return asyncio.run(replay(slice_, stack.gateway_url, model=stack.settings.model, slo=slo, rate_scale=rate,
+                                  timeout_s=120, api_key=stack.api_key))
+
+    calibrations = [(before, run(before))]
+    lag_before = behind_model_s(stack)
+    live = run(workload, RATE_SCALE).summary
+    lag_after = behind_model_s(stack)
+    calibrations.append((after, run(after)))
+    return Measurement(calibrations, live, max(lag_after[i] - lag_before.get(i, 0.0) for i in lag_after))
 
 
 def test_live_stack_and_simulator_agree_on_a_short_slice(tmp_path: Path) -> None:
@@ -69,32 +106,41 @@ def test_live_stack_and_simulator_agree_on_a_short_slice(tmp_path: Path) -> None
     stack = Stack(settings, progress=print)
     stack.start()
     try:
-        def run(slice_: Workload, rate: float = 1.0) -> ReplayResult:
-            return asyncio.run(replay(slice_, stack.gateway_url, model=settings.model, slo=slo, rate_scale=rate,
-                                      timeout_s=120, api_key=stack.api_key))
-
-        calibrations = [(before, run(before))]
-        live = run(workload, RATE_SCALE).summary
-        calibrations.append((after, run(after)))
+        for attempt in range(1, ATTEMPTS + 1):
+            m = measure(stack, before, workload, after, slo)
+            # This host's serving-path delay, measured on the calibration slices (what overhead.py holds for the
+            # VM it was calibrated on); the test slice is then predicted with it.
+            deltas = [d for slice_, measured in m.calibrations
+                      for d in first_token_deltas(measured.records,
+                                                  simulate_mix(slice_, model, slo, delay=HANDSHAKE_ONLY).records)]
+            host = FirstTokenDelay.fit(sorted(deltas), handshake_s=HANDSHAKE_S)
+            starved = [why for why, bad in (
+                (f"an engine ran {m.behind_model_s:.2f} s behind its latency model in the {DURATION_S:g}-s check",
+                 m.behind_model_s > BEHIND_MODEL_BOUND * DURATION_S),
+                (f"the serving path's first-token delay had a P90 of {host.p90_s * 1e3:.0f} ms",
+                 host.p90_s > HOST_DELAY_P90_BOUND_S)) if bad]
+            print(f"attempt {attempt}: first-token delay on this host: median {host.median_s * 1e3:.1f} ms, "
+                  f"p90 {host.p90_s * 1e3:.1f} ms (overhead.py: {LIVE_STACK_DELAY.median_s * 1e3:.1f} / "
+                  f"{LIVE_STACK_DELAY.p90_s * 1e3:.1f} ms); most time an engine ran behind the model in the check: "
+                  f"{m.behind_model_s:.3f} s")
+            if not starved:
+                break
     finally:
         stack.stop()
-    # This host's serving-path delay, measured on the calibration slices (what overhead.py holds for the VM it
-    # was calibrated on); the test slice is then predicted with it.
-    deltas = [d for slice_, measured in calibrations
-              for d in first_token_deltas(measured.records, simulate_mix(slice_, model, slo, delay=HANDSHAKE_ONLY).records)]
-    host = FirstTokenDelay.fit(sorted(deltas), handshake_s=HANDSHAKE_S)
+    if starved:
+        pytest.skip(f"this host could not run the live stack at the model's pace ({'; '.join(starved)}, "
+                    f"{ATTEMPTS} attempts): the live numbers would measure the host, not the simulator")
     sim = simulate_mix(workload, model, slo, RATE_SCALE, host).summary
 
-    assert all(measured.summary.requests_failed == 0 for _, measured in calibrations)
+    assert all(measured.summary.requests_failed == 0 for _, measured in m.calibrations)
+    live = m.live
     assert live.requests_total == len(workload.requests) == sim.requests_total
     assert live.requests_failed == 0 and sim.requests_failed == 0
     row = compare(live, sim)
     fixed = compare(live, simulate_mix(workload, model, slo, RATE_SCALE, LIVE_STACK_DELAY).summary)
-    print(f"first-token delay on this host: median {host.median_s * 1e3:.1f} ms, p90 {host.p90_s * 1e3:.1f} ms "
-          f"(overhead.py: {LIVE_STACK_DELAY.median_s * 1e3:.1f} / {LIVE_STACK_DELAY.p90_s * 1e3:.1f} ms)")
     for name, r in (("host delay", row), ("overhead.py delay", fixed)):
-        print(name, {m: (round(r[m]["live_ms"], 2), round(r[m]["sim_ms"], 2), round(r[m]["error_pct"], 1))
-                     for m in METRICS}, r["attainment"])
+        print(name, {k: (round(r[k]["live_ms"], 2), round(r[k]["sim_ms"], 2), round(r[k]["error_pct"], 1))
+                     for k in METRICS}, r["attainment"])
     problems = misses(row)
     assert not problems, (f"{TRACE} {START_S:g}-{START_S + DURATION_S:g} s x{RATE_SCALE:g}: live stack and simulator "
                           "disagree beyond the issue's bar:\n" + "\n".join(problems))

@@ -8,6 +8,7 @@ have them. Tests of a PD pair, whose KV handoff goes over loopback HTTP, run on 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -22,6 +23,7 @@ from services.engine_sim.requests import Phase, SimRequest
 from services.engine_sim.tokens import EOS_TOKEN_ID, TokenSource, draw_output_length
 from services.worker.sidecar import load_report
 from shared.engine_client import parse_loads
+from tests.bench.router_compare import metric_total
 
 # Virtual time: looptime's loop, and engine_sim's clock driven by it (tests/unit/conftest.py).
 VIRTUAL_TIME = [pytest.mark.looptime, pytest.mark.usefixtures("engine_clock_on_loop")]
@@ -167,6 +169,37 @@ async def test_real_time_pacing_follows_the_latency_model() -> None:
         assert elapsed == pytest.approx(expected, rel=0.01)
         assert req.first_token_s is not None
         assert req.first_token_s - req.arrival_s >= lat.prefill_time_s(1000) * 0.95
+
+
+def behind_model_s(engine: SimEngine) -> float:
+    return metric_total(engine.metrics.render(engine.gauges()).decode(), "poise:engine_sim_behind_model_seconds_total")
+
+
+@pytest.mark.asyncio
+@REAL_TIME
+async def test_a_step_the_host_starts_late_counts_as_time_behind_the_model() -> None:
+    engine = make_engine(time_scale=1.0)
+    async with running(engine):
+        req = engine.submit(prompt_tokens=100, max_new_tokens=40, ignore_eos=True)
+        await until(lambda: len(req.output_ids) >= 2)
+        time.sleep(0.1)  # noqa: ASYNC251 -- the host does not run the loop: the next step starts 0.1 s late
+        await finish(engine, req)
+    assert behind_model_s(engine) >= 0.09
+
+
+@pytest.mark.asyncio
+async def test_time_paused_or_idle_is_not_time_behind_the_model() -> None:
+    engine = make_engine(time_scale=1.0)
+    async with running(engine):
+        req = engine.submit(prompt_tokens=100, max_new_tokens=40, ignore_eos=True)
+        await until(lambda: len(req.output_ids) >= 2)
+        engine.pause("in_place")
+        await asyncio.sleep(0.5)
+        engine.resume()
+        await finish(engine, req)
+        await asyncio.sleep(0.5)
+        await finish(engine, engine.submit(prompt_tokens=100, max_new_tokens=5, ignore_eos=True))
+    assert behind_model_s(engine) == 0.0
 
 
 @pytest.mark.asyncio
