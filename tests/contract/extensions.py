@@ -27,8 +27,10 @@ OMISSIONS: dict[str, set[str]] = {
                       "decode_cuda_graph_memory_gb"},
 }
 
-#: Prometheus families engine_sim exports that SGLang does not have (FlowPrefill's operator preemption).
-METRIC_EXTENSIONS = {"poise:prefill_preemptions", "poise:prefill_preemption_blocking_seconds"}
+#: Prometheus families engine_sim exports that SGLang does not have (FlowPrefill's operator preemption, and the
+#: time the stand-in fell behind its latency model on a busy host).
+METRIC_EXTENSIONS = {"poise:prefill_preemptions", "poise:prefill_preemption_blocking_seconds",
+                     "poise:engine_sim_behind_model_seconds"}
 
 #: /v1/loads?format=prometheus gauges that come from the LoadSnapshot extensions above.
 LOADS_PROMETHEUS_EXTENSIONS = {"sglang_poise_running_tokens"}
