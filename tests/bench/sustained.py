@@ -27,8 +27,9 @@ Writes ``tests/bench/results/sustained/<workload>.{md,json,png}`` and ``sustaine
 The engines run the simulator's default KV model, SGLang's (decode and colocated KV grow per token and retract
 when full); ``--decode-kv whole`` runs every mix with whole outputs reserved at admission instead (an oracle
 that knows each output's length) and writes to ``tests/bench/results/sustained-whole/``.
-``--workloads a,b`` runs some workloads and replaces their rows in the summary (each row keeps the command
-that produced it); ``--jobs N`` runs N simulations at once.
+``--workloads a,b`` runs some workloads and replaces their rows in the summary (each row keeps the commands
+that produced it: a row re-run in part with ``--policies`` adds its command to the earlier ones); ``--jobs N``
+runs N simulations at once.
 """
 
 from __future__ import annotations
@@ -329,16 +330,17 @@ def main() -> None:
     summary = out / "sustained.json"
     kept = json.loads(summary.read_text())["rows"] if summary.exists() else []
     rows = [r for r in kept if r["workload"] not in workloads]
-    produced_by = {r["workload"]: r.get("command", command) for r in kept}
+    produced_by = {r["workload"]: row_commands(r) for r in kept}
     t0 = time.monotonic()
     with ProcessPoolExecutor(args.jobs) as pool:
         for workload in workloads:
             print(f"{workload} ({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
             only = [] if args.summarize else args.policies.split(",") if args.policies else None
-            row_command = produced_by.get(workload, command) if args.summarize else command
-            row = {**run_workload(workload, pool, out, row_command, only, args.resume, args.decode_kv,
-                                         args.max_running_requests),
-                   "command": row_command}
+            commands = commands_for_row(produced_by.get(workload, []), command, summarize=args.summarize,
+                                        partial=only is not None or args.resume)
+            row = {**run_workload(workload, pool, out, "; ".join(commands), only, args.resume, args.decode_kv,
+                                  args.max_running_requests),
+                   "commands": commands}
             with _locked(out / "sustained.lock"):  # runs on disjoint workloads may share the summary
                 current = json.loads(summary.read_text())["rows"] if summary.exists() else rows
                 rows = [r for r in current if r["workload"] != workload] + [row]
@@ -349,6 +351,23 @@ def main() -> None:
     print((out / "sustained.md").read_text())
 
 
+def row_commands(row: dict[str, object]) -> list[str]:
+    """The commands a summary row's searches came from (rows written before rows kept a list name one)."""
+    commands = row.get("commands")
+    return [str(c) for c in commands] if isinstance(commands, list) else [str(row["command"])]
+
+
+def commands_for_row(earlier: list[str], command: str, *, summarize: bool, partial: bool) -> list[str]:
+    """The commands a workload's row names after ``command`` ran: a summary keeps the row's own; a row re-run
+    in part (``--policies``, ``--resume``) keeps the commands its other searches came from and adds this one;
+    a whole re-run names this one alone."""
+    if summarize:
+        return earlier or [command]
+    if partial:
+        return [c for c in earlier if c != command] + [command]
+    return [command]
+
+
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     with open(path, "w") as f:
@@ -357,7 +376,7 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def _write_summary_md(out: Path, rows: list[dict[str, object]], max_running: int | None = None) -> None:
-    commands = sorted({str(r["command"]) for r in rows})
+    commands = sorted({c for r in rows for c in row_commands(r)})
     (out / "sustained.md").write_text(
         "# Sustained serving: poise against every fixed split and colocated\n\nCommands (each row names its "
         "own in sustained.json): " + ", ".join(f"`{c}`" for c in commands) + "\n\n"
