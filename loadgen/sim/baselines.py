@@ -181,9 +181,10 @@ def _dopd_ratio(instances: int, split: str | None) -> PolicyMix:
 
 
 #: Inside the engines, Poise runs FlowPrefill (``POISE_PREFILL_POLICY``: the variant that gives up the fewest
-#: prompts in a burst, counting cautiously where decode shares the steps): on the mixed-SLO benchmark it holds the most goodput of every prefill policy, and on
-#: single-SLO traces it stays within one goodput-search step of FCFS. Decode stays continuous: Kairos' slack
-#: batching buys nothing when a step costs its total context (docs/engine-scheduling.md).
+#: prompts in a burst, counting cautiously where decode shares the steps): on the mixed-SLO benchmark it holds
+#: the most goodput of every prefill policy, and on single-SLO traces it stays within one goodput-search step of
+#: FCFS. Decode stays continuous: Kairos' slack batching buys nothing when a step costs its total context
+#: (docs/engine-scheduling.md).
 #: Its colocated engines refuse prompts that waited out their TTFT target unstarted (``give_up_late``): past
 #: capacity the fewest-late order leaves them queued, to be served late in the slack of prompts with time left.
 POISE_ENGINE = EngineSpec(prefill_policy=POISE_PREFILL_POLICY, preemption="operator", chunk_tokens=0,
@@ -191,10 +192,10 @@ POISE_ENGINE = EngineSpec(prefill_policy=POISE_PREFILL_POLICY, preemption="opera
 
 #: The gateway holds prompts and releases one to a prefill engine only when it has fewer than the default depth
 #: unprefilled, in FlowPrefill's fewest-late order (``shared.policies.late_binding``). Not for the order (the
-#: engines keep FlowPrefill) but for the decode KV: SGLang's decode side reserves a request's KV when it is dispatched, so
-#: without it every prompt queued at a prefill engine holds its decode KV while it waits, and past the prefill
-#: side's capacity the decode pools fill with prompts not yet computed (long prompts above all). Held at the
-#: gateway, a prompt holds nothing. The curves with and without: tests/bench/results/late_binding_kv.md.
+#: engines keep FlowPrefill) but for the decode KV: SGLang's decode side reserves a request's KV when it is
+#: dispatched, so without it every prompt queued at a prefill engine holds its decode KV while it waits, and
+#: past the prefill side's capacity the decode pools fill with prompts not yet computed (long prompts above
+#: all). Held at the gateway, a prompt holds nothing. The curves with and without: tests/bench/results/late_binding_kv.md.
 POISE_LATE_BINDING = (POISE_LATE_BINDING_POLICY, LATE_BINDING_DEPTH)
 
 
