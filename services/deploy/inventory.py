@@ -30,7 +30,7 @@ _NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")  # compose project / node names: low
 PLACED_WORKER_FIELDS = frozenset({
     "namespace", "nats_url", "etcd_url", "instance_id", "role", "engine_kind", "engine_host", "advertise_host",
     "engine_port", "bootstrap_port", "model_path", "model", "tp", "transfer_backend", "ib_device",
-    "mem_fraction_static", "extra_args", "log_dir"})
+    "mem_fraction_static", "profile", "extra_args", "log_dir"})
 
 # RFC 5737 documentation ranges: the example inventory uses them so that it can never be applied by mistake.
 DOCUMENTATION_NETWORKS = tuple(ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"))
@@ -66,7 +66,7 @@ class Model(_Strict):
     mem_fraction_static: float | None = Field(None, gt=0.0, lt=1.0, description="SGLang --mem-fraction-static.")
     engine_args: list[str] = Field(default_factory=list, description="Extra SGLang flags for every engine.")
     cache_dir: str = Field("/data/huggingface", description="Host directory mounted as the engines' Hugging Face cache.")
-    profile: str = Field("llama-3.1-8b-h100", description="Latency profile the planner and gateway plan with.")
+    profile: str = Field("llama-3.1-8b-h100", description="Latency profile the planner and gateway plan with; the engines run its request cap (--max-running-requests, unless engine_args or worker_settings.max_running_requests say otherwise).")
 
 
 class PD(_Strict):

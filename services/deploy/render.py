@@ -217,7 +217,7 @@ def build_plan(inv: Inventory, source: str = "inventory") -> Plan:
                   "engine_port": inv.ports.engine_base + k, "bootstrap_port": inv.ports.bootstrap_base + k,
                   "model_path": inv.model.path, "model": inv.served_model, "tp": inv.model.tp,
                   "transfer_backend": inv.transfer.backend, "ib_device": inv.transfer.ib_device,
-                  "mem_fraction_static": inv.model.mem_fraction_static,
+                  "mem_fraction_static": inv.model.mem_fraction_static, "profile": inv.model.profile,
                   "extra_args": inv.model.engine_args or None, "log_dir": LOG_DIR, **inv.worker_settings}
         argv = flags(fields)
         try:

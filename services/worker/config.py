@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from shared.latency import DEFAULT_PROFILE
+from shared.latency import DEFAULT_PROFILE, load_profile
 from shared.protocol import Subjects
 from shared.protocol.messages import EngineKind, Role
 from shared.settings import ControlPlaneSettings, settings_config
@@ -55,6 +55,7 @@ class WorkerSettings(ControlPlaneSettings):
     transfer_backend: Literal["mooncake", "mooncake_tcp", "nixl"] = Field("mooncake", description="sglang only: --disaggregation-transfer-backend. mooncake_tcp is SGLang's Mooncake over TCP (no RDMA, ib_device unused). Runtime role switch needs mooncake or mooncake_tcp.")
     ib_device: str | None = Field(None, description="sglang only: --disaggregation-ib-device, e.g. mlx5_0 (a comma list or SGLang's per-GPU JSON map also work).")
     mem_fraction_static: float | None = Field(None, gt=0.0, lt=1.0, description="sglang only: --mem-fraction-static (share of GPU memory for weights and KV).")
+    max_running_requests: int | None = Field(None, ge=0, description="sglang only: --max-running-requests, the most requests the engine runs at once. Unset = the latency profile's cap (max_running_requests of profile), so the engine runs the requests the planner, the gateway and every simulated table assume; 0 = no flag, SGLang sizes it from its KV pool (2048 on the default profile's). A --max-running-requests in extra_args wins.")
     enable_pd_role_switch: bool | None = Field(None, description="sglang only: pass --enable-pd-role-switch to prefill/decode engines, so the planner can flip them. Unset = on for mooncake/mooncake_tcp, off for nixl (SGLang 0.5.23 refuses role switches on nixl).")
     return_hidden_states: Literal["off", "last", "full"] = Field("off", description="sglang only: let requests ask for hidden states (the ARES length predictor reads the last token's). last = --return-hidden-states-mode last; full = --enable-return-hidden-states (every position); off = neither.")
     sglang_python: str | None = Field(None, description="sglang only: Python interpreter of the SGLang environment; runs `-m sglang.launch_server` and the version check. Unset = the worker's own interpreter.")
@@ -87,6 +88,8 @@ class WorkerSettings(ControlPlaneSettings):
                              "supports_role_switch)")
         if self.ib_device and self.transfer_backend == "mooncake_tcp":
             raise ValueError("ib_device has no effect with transfer_backend=mooncake_tcp (SGLang clears it: TCP, no RDMA)")
+        if self.engine_kind == "sglang" and self.max_running_requests is None:
+            load_profile(self.profile)  # a profile that does not load fails here, not at the engine's first launch
         if self.restart_backoff_max_s < self.restart_backoff_s:
             raise ValueError("restart_backoff_max_s must be >= restart_backoff_s")
         return self
@@ -94,6 +97,13 @@ class WorkerSettings(ControlPlaneSettings):
     @property
     def public_host(self) -> str:
         return self.advertise_host or self.engine_host
+
+    @property
+    def sglang_request_cap(self) -> int | None:
+        """The ``--max-running-requests`` a spawned SGLang engine gets (``None``: none, SGLang's own)."""
+        if self.max_running_requests is None:
+            return load_profile(self.profile).max_running_requests
+        return self.max_running_requests or None
 
     @property
     def sglang_role_switch(self) -> bool:

@@ -1,8 +1,9 @@
 """How the sidecar starts an engine: the command line (a pure function) and the child process.
 
 :func:`build_engine_command` turns :class:`WorkerSettings` into argv for engine_sim or SGLang (``None`` for
-``attach``); it is unit-tested and does no I/O. :class:`EngineProcess` runs that argv as a child in its own
-session with output appended to a log file, and stops it with SIGTERM, then SIGKILL.
+``attach``); it is unit-tested and reads nothing but the latency profile (SGLang's request cap).
+:class:`EngineProcess` runs that argv as a child in its own session with output appended to a log file, and
+stops it with SIGTERM, then SIGKILL.
 
 SGLang is pinned: :data:`SUPPORTED_SGLANG_VERSIONS` are the versions whose source the command line
 (:data:`SGLANG_OPTIONS`) and the HTTP API Poise uses were checked against. :func:`installed_sglang_version`
@@ -84,6 +85,7 @@ SGLANG_OPTIONS: dict[str, str] = {
     "--port": "sglang/srt/arg_groups/fields/serving.py:66",
     "--tp-size": "sglang/srt/arg_groups/fields/parallel.py:45",
     "--mem-fraction-static": "sglang/srt/arg_groups/fields/schedule.py:27",
+    "--max-running-requests": "sglang/srt/arg_groups/fields/schedule.py:31",
     "--disaggregation-mode": "sglang/srt/arg_groups/fields/disagg.py:55",  # Literal null|prefill|decode
     "--disaggregation-bootstrap-port": "sglang/srt/arg_groups/fields/disagg.py:81",  # int, default 8998
     "--disaggregation-transfer-backend": "sglang/srt/arg_groups/fields/disagg.py:65",  # choices.py:122
@@ -109,6 +111,9 @@ def _sglang_command(s: WorkerSettings, python: str, role: Role) -> list[str]:
     cmd += ["--host", s.engine_host, "--port", str(s.engine_port), "--tp-size", str(s.tp)]
     if s.mem_fraction_static is not None:
         cmd += ["--mem-fraction-static", repr(s.mem_fraction_static)]
+    cap = s.sglang_request_cap
+    if cap is not None and not any(a.partition("=")[0] == "--max-running-requests" for a in s.extra_args):
+        cmd += ["--max-running-requests", str(cap)]
     if _pd_mode(role):  # colocated ("null") is SGLang's default mode: no disaggregation flags
         cmd += ["--disaggregation-mode", role,
                 "--disaggregation-bootstrap-port", str(s.bootstrap_port),

@@ -128,6 +128,8 @@ def test_engine_commands_carry_the_inventorys_sglang_flags(plan: Plan) -> None:
             assert _value(cmd, "--disaggregation-transfer-backend") == "mooncake"
             assert _value(cmd, "--disaggregation-ib-device") == "mlx5_0"
             assert _value(cmd, "--mem-fraction-static") == "0.85"
+            # the profile's cap, the one the planner and the simulated tables assume (SGLang's own is 2048 here)
+            assert _value(cmd, "--max-running-requests") == "256"
             assert "--enable-pd-role-switch" in cmd and "--enable-metrics" in cmd
             assert cmd[-2:] == ("--chunked-prefill-size", "8192")  # the inventory's engine_args, last
             assert dict(c.ports) == {"engine HTTP + metrics": 30000 + k, "KV bootstrap": 8998 + k}

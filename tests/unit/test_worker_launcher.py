@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import socket
+from pathlib import Path
+from typing import Any
 
+import msgspec
 import pytest
 
 from services.worker.config import WorkerSettings
@@ -16,6 +19,7 @@ from services.worker.launcher import (
 )
 from shared.devservers import port_available
 from shared.errors import ConfigError
+from shared.latency import load_profile, save_profile
 from shared.runtime import restart_delay
 from shared.settings import load_settings, parse_settings
 
@@ -69,7 +73,7 @@ def test_sglang_pd_command(role: str) -> None:
     cmd = build_engine_command(s, python="py")
     assert cmd == ["py", "-m", "sglang.launch_server", "--model-path", "/models/llama", "--served-model-name", "llama",
                    "--host", "127.0.0.1", "--port", "31000", "--tp-size", "2", "--mem-fraction-static", "0.85",
-                   "--disaggregation-mode", role, "--disaggregation-bootstrap-port", "9000",
+                   "--max-running-requests", "256", "--disaggregation-mode", role, "--disaggregation-bootstrap-port", "9000",
                    "--disaggregation-transfer-backend", "mooncake", "--disaggregation-ib-device", "mlx5_0",
                    "--enable-pd-role-switch", "--enable-metrics", "--enable-cache-report", "--log-level", "info"]
 
@@ -92,6 +96,31 @@ def test_sglang_command_per_role_backend_and_tp(role: str, backend: str, tp: int
     assert cmd[cmd.index("--disaggregation-bootstrap-port") + 1] == "9000"
     # Runtime role switch only where SGLang 0.5.23 supports it (Mooncake's KV manager).
     assert ("--enable-pd-role-switch" in cmd) == (backend != "nixl")
+
+
+def test_sglang_runs_the_profiles_request_cap_unless_told_otherwise(tmp_path: Path) -> None:
+    """SGLang 0.5.23 sizes its cap from the KV pool (2048 on the default profile's) where the profile, and so
+    the planner, the gateway and every simulated table, assume 256: a spawned engine gets the profile's."""
+    base = {"engine_kind": "sglang", "role": "decode", "model_path": "m"}
+
+    def cap(**fields: Any) -> list[str]:
+        cmd = build_engine_command(_settings(**base, **fields), python="py")
+        assert cmd is not None
+        return [cmd[i + 1] if a == "--max-running-requests" else a.partition("=")[2]
+                for i, a in enumerate(cmd) if a.partition("=")[0] == "--max-running-requests"]
+
+    assert cap() == ["256"]
+    profile = load_profile()
+    custom = tmp_path / "custom.json"
+    save_profile(msgspec.structs.replace(profile, max_running_requests=1024), custom)
+    assert cap(profile=str(custom)) == ["1024"]
+    assert cap(max_running_requests=512) == ["512"]
+    assert cap(max_running_requests=0) == []  # SGLang's own
+    assert cap(extra_args=["--max-running-requests", "64"]) == ["64"]  # the operator's flag, once
+    assert cap(extra_args=["--max-running-requests=64"]) == ["64"]
+    with pytest.raises(ValueError, match="latency profile"):
+        _settings(**base, profile=str(tmp_path / "missing.json"))
+    _settings(**base, profile=str(tmp_path / "missing.json"), max_running_requests=0)  # not read then
 
 
 def test_sglang_python_and_hidden_states() -> None:
