@@ -134,6 +134,28 @@ def behind_model_s(stack: Stack) -> dict[str, float]:
             for instance_id, text in scrape_engines(stack).items()}
 
 
+#: /proc/stat's first line, after "cpu": user nice system idle iowait irq softirq steal (guest time is in user).
+_STEAL, _CPU_FIELDS = 7, 8
+
+
+def cpu_ticks() -> list[int] | None:
+    """This host's CPU time so far by kind (/proc/stat, clock ticks); None where there is no /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            return [int(x) for x in f.readline().split()[1:_CPU_FIELDS + 1]]
+    except (OSError, ValueError):
+        return None
+
+
+def steal_share(before: list[int] | None, after: list[int] | None) -> float | None:
+    """Of the CPU time between two :func:`cpu_ticks`, the share the hypervisor ran other guests on this VM's
+    CPUs while they had work (steal time): lateness no process on this host caused."""
+    if before is None or after is None or len(before) <= _STEAL or len(after) <= _STEAL:
+        return None
+    total = sum(after) - sum(before)
+    return (after[_STEAL] - before[_STEAL]) / total if total > 0 else None
+
+
 def flush_caches(stack: Stack) -> None:
     """Empty every engine's prefix cache (SGLang's /flush_cache, once idle), so that a slice replayed again (the
     same prompts) does not find the last run's: its TTFT would be the cache's, not the slice's."""

@@ -38,11 +38,18 @@ sides of the check brackets a load that changes while it runs.
 A host too busy to run the stand-in at its model's pace makes the live side measure the host. Two runs on CI
 runners did: TPOT 10-16% over the model's (the decode engines' steps started late), and TTFT P90 3.5x the
 prediction with a serving-path delay P90 of 641 ms (two benchmark processes beside the suite). engine_sim
-counts the time its steps fall behind the model (``poise:engine_sim_behind_model_seconds_total``); quiet and
-busy runs here (one or two CPU-bound processes beside the stack) lost at most 0.13 s per engine in the check
-and had a delay P90 of at most 28 ms. Past 1% of the check lost by one engine, or a delay P90 of 100 ms, the
-measurement is taken again; if the host is still that busy the test is skipped with the numbers that say so,
-never passed.
+counts the time its steps fall behind the model (``poise:engine_sim_behind_model_seconds_total``). Past 1% of
+the check lost by one engine, or a delay P90 of 100 ms, the measurement is taken again; if the host is still
+that busy the test is skipped with the numbers that say so (and this VM's CPU steal time), never passed.
+
+Where the 1% comes from: 16 runs of the check on the shared 2-core VM (2026-11-29, bounds lifted; idle, and
+beside one to three CPU-bound processes), by the most one engine lost in the 40 s. The seven that lost under
+0.4 s (0.015-0.375 s) all met the bar, TTFT P50 within 8.2%, TPOT within 0.4%. Of the five that lost
+0.44-1.2 s, two failed on TTFT P50 (+12%, +18%: the same host lateness in the calibration slices had inflated
+the delay the prediction used) and one passed with TPOT P90 7% over. All four that lost 2.2-3.8 s failed,
+TPOT P90 12-15% over: about five points per second lost. The lateness came in bursts from outside the stack:
+idle runs lost as much as busy ones, while the hypervisor took 4-12% of the VM's CPU (steal time, up to 27%
+over 5 s); a bound at 2% would have let both TTFT P50 failures through.
 """
 
 from __future__ import annotations
@@ -61,7 +68,16 @@ from loadgen.traces import load_trace
 from loadgen.workload import Workload
 from services.cli.stack import Stack, StackSettings
 from shared.latency import LatencyModel, load_profile
-from tests.bench.sim_fidelity import METRICS, behind_model_s, compare, first_token_deltas, misses, simulate_mix
+from tests.bench.sim_fidelity import (
+    METRICS,
+    behind_model_s,
+    compare,
+    cpu_ticks,
+    first_token_deltas,
+    misses,
+    simulate_mix,
+    steal_share,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -69,8 +85,8 @@ TRACE, START_S, DURATION_S, RATE_SCALE = "azure-conv", 1380.0, 40.0, 1.0
 # Before and after the check, inside the benchmark's calibration slice (0-120 s).
 CALIBRATION_SLICES = ((40.0, 15.0), (55.0, 15.0))
 # Past either bound the host, not the model, sets the live numbers (see the module's docstring): 1% of the
-# check's duration lost by one engine (quiet and busy runs here: at most 0.3%), and a serving-path delay whose
-# P90 is ten times the quiet VM's.
+# check's duration lost by one engine (every run here under it met the bar; above it, six of nine did not),
+# and a serving-path delay whose P90 is ten times the quiet VM's.
 BEHIND_MODEL_BOUND = 0.01
 HOST_DELAY_P90_BOUND_S = 0.100
 ATTEMPTS = 2
@@ -81,6 +97,7 @@ class Measurement:
     calibrations: list[tuple[Workload, ReplayResult]]
     live: Summary
     behind_model_s: float  # the most seconds one engine fell behind its latency model during the check
+    steal: float | None  # the hypervisor's share of this VM's CPU time during the check (None: not on Linux)
 
 
 def measure(stack: Stack, before: Workload, workload: Workload, after: Workload, slo: SLO) -> Measurement:
@@ -89,11 +106,12 @@ def measure(stack: Stack, before: Workload, workload: Workload, after: Workload,
                                   timeout_s=120, api_key=stack.api_key))
 
     calibrations = [(before, run(before))]
-    lag_before = behind_model_s(stack)
+    lag_before, ticks_before = behind_model_s(stack), cpu_ticks()
     live = run(workload, RATE_SCALE).summary
-    lag_after = behind_model_s(stack)
+    lag_after, ticks_after = behind_model_s(stack), cpu_ticks()
     calibrations.append((after, run(after)))
-    return Measurement(calibrations, live, max(lag_after[i] - lag_before.get(i, 0.0) for i in lag_after))
+    return Measurement(calibrations, live, max(lag_after[i] - lag_before.get(i, 0.0) for i in lag_after),
+                       steal_share(ticks_before, ticks_after))
 
 
 def test_live_stack_and_simulator_agree_on_a_short_slice(tmp_path: Path) -> None:
@@ -119,17 +137,18 @@ def test_live_stack_and_simulator_agree_on_a_short_slice(tmp_path: Path) -> None
                  m.behind_model_s > BEHIND_MODEL_BOUND * DURATION_S),
                 (f"the serving path's first-token delay had a P90 of {host.p90_s * 1e3:.0f} ms",
                  host.p90_s > HOST_DELAY_P90_BOUND_S)) if bad]
+            steal = "" if m.steal is None else f"; CPU steal time in the check: {m.steal:.1%}"
             print(f"attempt {attempt}: first-token delay on this host: median {host.median_s * 1e3:.1f} ms, "
                   f"p90 {host.p90_s * 1e3:.1f} ms (overhead.py: {LIVE_STACK_DELAY.median_s * 1e3:.1f} / "
                   f"{LIVE_STACK_DELAY.p90_s * 1e3:.1f} ms); most time an engine ran behind the model in the check: "
-                  f"{m.behind_model_s:.3f} s")
+                  f"{m.behind_model_s:.3f} s{steal}")
             if not starved:
                 break
     finally:
         stack.stop()
     if starved:
         pytest.skip(f"this host could not run the live stack at the model's pace ({'; '.join(starved)}, "
-                    f"{ATTEMPTS} attempts): the live numbers would measure the host, not the simulator")
+                    f"{ATTEMPTS} attempts{steal}): the live numbers would measure the host, not the simulator")
     sim = simulate_mix(workload, model, slo, RATE_SCALE, host).summary
 
     assert all(measured.summary.requests_failed == 0 for _, measured in m.calibrations)
