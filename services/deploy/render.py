@@ -40,6 +40,8 @@ from services.monitor.config import MonitorSettings
 from services.planner.config import PlannerSettings
 from services.worker.config import WorkerSettings
 from services.worker.launcher import build_engine_command
+from shared.policies.late_binding import DEFAULT_DEPTH as LATE_BINDING_DEPTH
+from shared.policies.late_binding import replica_depth
 from shared.settings import parse_settings
 
 ENGINE_PYTHON = "python3"  # the interpreter in the engine image (deploy/Dockerfile.sglang)
@@ -190,6 +192,10 @@ def build_plan(inv: Inventory, source: str = "inventory") -> Plan:
                                                        # and the poise planner brings early rejection and late
                                                        # binding in FlowPrefill's order
                                                        "move_non_streaming": cp.migration_policy != "none" or None,
+                                                       # the replicas share each engine's late-binding depth
+                                                       "late_binding_depth": (replica_depth(LATE_BINDING_DEPTH,
+                                                                                            cp.gateway_replicas)
+                                                                              if cp.gateway_replicas > 1 else None),
                                                        **(POISE_GATEWAY_RULES if cp.planner_policy == "poise" else {})})
                                + cp.gateway_args, (("HTTP API + metrics", port),))
     control: list[Container] = [_nats(inv, worker_ids), _etcd(inv, ctrl), _etcd_auth(inv, worker_ids)]

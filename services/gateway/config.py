@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from shared.policies import DISPATCH_POLICIES, POISE_LATE_BINDING_POLICY, PREFILL_POLICIES
+from shared.policies.late_binding import DEFAULT_DEPTH as LATE_BINDING_DEPTH
 from shared.settings import ControlPlaneSettings, SloPlanSettings, settings_config
 
 #: The gateway rules the poise planner brings with it (`poise up`, `make deploy`, the compose file), as the
@@ -62,7 +63,7 @@ class GatewaySettings(SloPlanSettings, ControlPlaneSettings):
     # -- late binding (services/gateway/late_binding.py) --------------------------------------------------
     late_binding: bool = Field(False, description="Hold requests in the gateway and send one to a prefill engine only when it has fewer than late_binding_depth prompts sent and not yet prefilled, in late_binding_policy's order (for engines whose scheduler cannot be patched).")
     late_binding_policy: str = Field("edf", description=f"Prefill policy that orders the held requests: one of {', '.join(sorted(PREFILL_POLICIES))}.")
-    late_binding_depth: int = Field(2, ge=1, description="Late binding: prompts a prefill engine may hold unprefilled before the gateway holds the next ones.")
+    late_binding_depth: int = Field(LATE_BINDING_DEPTH, ge=1, description="Late binding: prompts a prefill engine may hold unprefilled, of those this gateway sent, before it holds the next ones. Replicas count only their own: give each its share (make deploy and compose give each of two replicas 1).")
 
     @field_validator("late_binding_policy")
     @classmethod

@@ -31,6 +31,16 @@ _UNBOUNDED = 1 << 40
 DEFAULT_DEPTH = 2
 
 
+def replica_depth(depth: int, replicas: int) -> int:
+    """Each of ``replicas`` gateways' share of an engine's ``depth``: a gateway counts only the prompts it sent
+    itself, so replicas that each held ``depth`` would let an engine hold ``replicas x depth`` unprefilled
+    (and their decode KV). At least one each, so with more replicas than ``depth`` the engine may hold one per
+    replica."""
+    if depth < 1 or replicas < 1:
+        raise ValueError(f"depth and replicas must be >= 1, got {depth} and {replicas}")
+    return max(1, depth // replicas)
+
+
 @dataclass(slots=True)
 class LateBinding:
     policy: PrefillPolicy

@@ -39,6 +39,7 @@ from services.migrator.config import MigratorSettings
 from services.monitor.config import MonitorSettings
 from services.planner.config import PlannerSettings
 from services.worker.config import WorkerSettings
+from shared.policies.late_binding import replica_depth
 from shared.settings import parse_settings
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -57,6 +58,7 @@ CONTAINER_ONLY = {"advertise_host"}
 # Secrets: poise up makes them per run, compose reads them from deploy/.env; set on both sides or neither.
 SECRETS = {"nats_password", "etcd_password", "api_keys", "engine_api_key"}
 COMPOSE_ONLY_SERVICES = {"prometheus", "grafana", "etcd-auth", "gateway-2", "gateway-lb"}
+GATEWAY_REPLICAS = 2  # gateway and gateway-2, behind gateway-lb
 # nats-server / etcd flags whose values are addresses or paths (their presence still has to match).
 SERVER_WHERE = {"-a", "-p", "-sd", "-c", "--data-dir", "--listen-client-urls", "--advertise-client-urls",
                 "--listen-peer-urls", "--initial-advertise-peer-urls", "--initial-cluster"}
@@ -154,6 +156,8 @@ def test_poise_service_matches_poise_up(name: str, services: dict[str, dict[str,
             assert var[len(prefix):].lower() in cls.model_fields, f"{name}: {var} is not a field of {cls.__name__}"
     ours = _parse(cls, command[3:], env).model_dump()
     theirs = _parse(cls, list(proc.args), dict(proc.env)).model_dump()
+    if name == "gateway":  # one of two replicas: each holds its share of an engine's late-binding depth
+        theirs["late_binding_depth"] = replica_depth(theirs["late_binding_depth"], GATEWAY_REPLICAS)
     same = {k for k in ours if k not in WHERE | SECRETS}
     assert {k: ours[k] for k in same} == {k: theirs[k] for k in same}
     for key in (WHERE - CONTAINER_ONLY) & ours.keys():  # a port/address may differ, but not be set on one side only

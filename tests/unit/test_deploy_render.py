@@ -165,6 +165,8 @@ def test_control_plane_commands(plan: Plan) -> None:
     gateway = ctrl["gateway"].command  # the poise planner brings early rejection and late binding, as poise up
     assert "--early-rejection" in gateway and "--late-binding" in gateway
     assert gateway[gateway.index("--late-binding-policy") + 1] == "flowprefill-fewest-late"
+    # a replica counts only the prompts it sent: the two share each engine's depth of 2
+    assert {_value(ctrl[g].command, "--late-binding-depth") for g in ("gateway", "gateway-2")} == {"1"}
 
 
 def test_a_migration_policy_lets_the_gateway_move_non_streaming_requests() -> None:
@@ -227,6 +229,7 @@ def test_the_gateways_load_balancer_has_their_limits_and_one_gateway_needs_none(
     ctrl = {c.name: c for c in one.plan.nodes[0].containers}
     assert "gateway-lb" not in ctrl and "gateway-2" not in ctrl and "ctrl/nginx/gateway-lb.conf" not in one.files
     assert _value(ctrl["gateway"].command, "--port") == "8000"
+    assert "--late-binding-depth" not in ctrl["gateway"].command  # one gateway: its default, the whole depth
     # A replica port that collides with another service's is refused up front.
     data["control_plane"]["gateway_replicas"] = 2
     data["ports"]["gateway_replica_base"] = 9099  # the second replica would take the monitor's 9100
