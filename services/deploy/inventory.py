@@ -92,7 +92,7 @@ class ControlPlane(_Strict):
     monitoring: bool = Field(True, description="Run Prometheus and Grafana on the control-plane node.")
     gateway_replicas: int = Field(2, ge=1, le=16, description="Gateways behind nginx on ports.gateway (1: one gateway "
                                   "on ports.gateway, no nginx). A gateway's death loses the requests it holds; the "
-                                  "others keep serving.")
+                                  "others keep serving. Each gets its share of an engine's late-binding depth.")
 
 
 class Ports(_Strict):
