@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from shared.latency import DEFAULT_PROFILE, load_profile
 from shared.protocol import Subjects
@@ -63,6 +63,9 @@ class WorkerSettings(ControlPlaneSettings):
     engine_api_key: str | None = Field(None, description="The engine's API key (SGLang --api-key): a spawned engine is started with it (engine_sim through its environment, SGLang with the flag) and the sidecar sends it; with attach, the running engine's key. Prefer the env var POISE_WORKER_ENGINE_API_KEY to the flag.")
     engine_env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables of the spawned engine (JSON object), e.g. {\"CUDA_VISIBLE_DEVICES\": \"2,3\", \"MOONCAKE_PROTOCOL\": \"tcp\"}.")
     extra_args: list[str] = Field(default_factory=list, description="Extra engine command-line arguments, appended as given (JSON list).")
+    # The profile's request cap, read once when the settings are made: the sidecar builds the engine's command
+    # on its event loop, at every (re)launch.
+    _profile_cap: int | None = PrivateAttr(None)
 
     @field_validator("instance_id")
     @classmethod
@@ -89,7 +92,8 @@ class WorkerSettings(ControlPlaneSettings):
         if self.ib_device and self.transfer_backend == "mooncake_tcp":
             raise ValueError("ib_device has no effect with transfer_backend=mooncake_tcp (SGLang clears it: TCP, no RDMA)")
         if self.engine_kind == "sglang" and self.max_running_requests is None:
-            load_profile(self.profile)  # a profile that does not load fails here, not at the engine's first launch
+            # a profile that does not load fails here, not at the engine's first launch
+            self._profile_cap = load_profile(self.profile).max_running_requests
         if self.restart_backoff_max_s < self.restart_backoff_s:
             raise ValueError("restart_backoff_max_s must be >= restart_backoff_s")
         return self
@@ -102,7 +106,7 @@ class WorkerSettings(ControlPlaneSettings):
     def sglang_request_cap(self) -> int | None:
         """The ``--max-running-requests`` a spawned SGLang engine gets (``None``: none, SGLang's own)."""
         if self.max_running_requests is None:
-            return load_profile(self.profile).max_running_requests
+            return self._profile_cap
         return self.max_running_requests or None
 
     @property

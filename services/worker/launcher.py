@@ -1,9 +1,8 @@
 """How the sidecar starts an engine: the command line (a pure function) and the child process.
 
 :func:`build_engine_command` turns :class:`WorkerSettings` into argv for engine_sim or SGLang (``None`` for
-``attach``); it is unit-tested and reads nothing but the latency profile (SGLang's request cap).
-:class:`EngineProcess` runs that argv as a child in its own session with output appended to a log file, and
-stops it with SIGTERM, then SIGKILL.
+``attach``); it is unit-tested and does no I/O. :class:`EngineProcess` runs that argv as a child in its own
+session with output appended to a log file, and stops it with SIGTERM, then SIGKILL.
 
 SGLang is pinned: :data:`SUPPORTED_SGLANG_VERSIONS` are the versions whose source the command line
 (:data:`SGLANG_OPTIONS`) and the HTTP API Poise uses were checked against. :func:`installed_sglang_version`
