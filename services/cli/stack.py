@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -28,6 +28,7 @@ from loadgen.slo import slo_for
 from services.cli.stack_lock import StackLock, check_ports_free
 from services.cli.supervise import retired
 from services.gateway.config import POISE_GATEWAY_RULES
+from services.worker.presets import SGLANG_CPU_MODEL
 from shared.devservers import EtcdServer, ManagedProcess, NatsServer, free_port
 from shared.errors import PoiseError
 from shared.latency import DEFAULT_PROFILE, load_profile
@@ -38,6 +39,7 @@ from shared.security import Credentials, EtcdAuth, NatsUser
 from shared.settings import ServiceSettings, settings_config
 
 STATE_DIR = Path(".poise")
+SIM_MODEL = "meta-llama/Llama-3.1-8B-Instruct"  # the default latency profile's model, which engine_sim emulates
 DEFAULT_SLO_TRACE = "azure-conv"  # Arrow Table 1's Azure conversation SLO (2 s TTFT, 0.15 s TPOT): `poise up`'s default
 ENV_PREFIX = {"services.monitor": "POISE_MONITOR_", "services.planner": "POISE_PLANNER_",
               "services.migrator": "POISE_MIGRATOR_", "services.gateway": "POISE_GATEWAY_",
@@ -61,11 +63,12 @@ class StackSettings(ServiceSettings):
 
     model_config = settings_config("POISE_STACK_")
 
+    engines: Literal["sim", "sglang-cpu"] = Field("sim", description="What the workers run: sim = engine_sim (the latency profile's GPU, in real time); sglang-cpu = real SGLang 0.5.23 on this CPU with SmolLM2-135M-Instruct (the worker's sglang-cpu preset; make sglang-setup installs it), one core per engine. SGLang engines run SGLang's own scheduling: the engine_sim scheduling fields below do not reach them.")
     prefill: int = Field(2, description="Number of prefill engines (engine_sim + worker sidecar each).")
     decode: int = Field(2, description="Number of decode engines.")
     colocated: int = Field(0, description="Number of colocated (SGLang disaggregation mode null) engines.")
     profile: str = Field(DEFAULT_PROFILE, description="Latency profile of the simulated engines (name or JSON path).")
-    model: str = Field("meta-llama/Llama-3.1-8B-Instruct", description="Served model name.")
+    model: str = Field(None, validate_default=False, description="Served model name; unset = meta-llama/Llama-3.1-8B-Instruct (engine_sim's profile model) or SmolLM2-135M-Instruct (sglang-cpu).")  # type: ignore[assignment]  # always set by _engines_imply
     time_scale: float = Field(1.0, description="engine_sim compute time multiplier (0 = free compute).")
     seed: int = Field(0, description="Seed of the simulated engines (token ids, stop lengths).")
     namespace: str = Field("default", description="Poise namespace of this stack.")
@@ -78,7 +81,7 @@ class StackSettings(ServiceSettings):
     run_dir: Path | None = Field(None, description="Where logs and stack.json go (default <state dir>/runs/<timestamp>).")
     gateway_args: list[str] = Field(default_factory=list, description="Extra flags for the gateway (JSON list).")
     planner_args: list[str] = Field(default_factory=list, description="Extra flags for the planner (JSON list), e.g. [\"--tick-interval-s\", \"1\"].")
-    ready_timeout_s: float = Field(60.0, description="How long to wait for every engine to register.")
+    ready_timeout_s: float = Field(None, validate_default=False, description="How long to wait for every engine to register; unset = 60 s with engine_sim, 900 s with sglang-cpu (an SGLang engine takes 30-180 s to start on a CPU, longer on a busy one).")  # type: ignore[assignment]  # always set by _engines_imply
     planner_policy: str = Field(DEFAULT_PLANNER_POLICY, description="The planner's pool policy: poise (the P:D controller: scores every split on the served mix, flips one instance at a time towards a clearly better one), static (roles never change), arrow or dopd. poise also sets, unless given, --dispatch-policy arrow, --prefill-policy flowprefill-fewest-late, --preemption operator, --chunked-prefill-size -1, --give-up-late-prompts, --late-binding with --late-binding-policy flowprefill-fewest-late (the simulator's poise mix) and local prefill of prompts up to 512 tokens.")
     dispatch_policy: str = Field(None, validate_default=False, description="The gateway's dispatch policy: least-load, round-robin, arrow or cache-aware (SMG's); unset = arrow with --planner-policy poise, least-load with the others.")  # type: ignore[assignment]  # always set by _planner_policy_implies
     slo_ttft_s: float | None = Field(None, gt=0.0, description="TTFT SLO (s) the planner and gateway policies plan for; unset = the trace's (poise run) or Arrow Table 1's Azure conversation value, 2 s.")
@@ -105,6 +108,20 @@ class StackSettings(ServiceSettings):
     auth: bool = Field(True, description="NATS users with per-service permissions, etcd authentication and a gateway API key, with credentials made for this run (<run dir>/credentials.json); --no-auth turns all three off (debugging).")
     api_key: str | None = Field(None, description="The gateway's API key (clients send 'Authorization: Bearer <key>'; poise run's replay does); unset = a random one with auth on (in stack.json), none with --no-auth.")
     spare_worker_ids: int = Field(16, ge=0, description="With auth and the planner's local connector: NATS users made for this many more engine ids per role, for the engines the connector starts.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _engines_imply(cls, data: Any) -> Any:
+        """The served model and the start-up wait follow the engines, unless set."""
+        if not isinstance(data, dict):
+            return data
+        sglang = data.get("engines") == "sglang-cpu"
+        merged = dict(data)
+        if merged.get("model") is None:
+            merged["model"] = SGLANG_CPU_MODEL if sglang else SIM_MODEL
+        if merged.get("ready_timeout_s") is None:
+            merged["ready_timeout_s"] = 900.0 if sglang else 60.0
+        return merged
 
     @model_validator(mode="before")
     @classmethod
@@ -193,8 +210,11 @@ class StackSettings(ServiceSettings):
         return "ares-noise" if self.migration_policy.startswith("ares") else None
 
     def engine_args(self) -> list[str]:
-        """engine_sim flags for the scheduling settings that are set (the worker appends them to its engine)."""
+        """engine_sim flags for the scheduling settings that are set (the worker appends them to its engine);
+        none for SGLang engines, which run SGLang's own scheduling."""
         args: list[str] = []
+        if self.engines != "sim":
+            return args
         predictor = self.engines_length_predictor()
         if predictor is not None:
             args += ["--length-predictor", predictor]
@@ -228,7 +248,7 @@ class StackSettings(ServiceSettings):
             args += ["--local-prefill-max-tokens", str(local)]
         if self.early_rejection:  # unset: on with the poise planner (POISE_STACK_DEFAULTS), else off
             args += ["--early-rejection"]
-            if self.give_up_late_prompts:
+            if self.give_up_late_prompts and self.engines == "sim":
                 # Colocated engines refuse late prompts themselves; make_mix leaves them unjudged the same way.
                 args += ["--no-early-rejection-colocated"]
         for spec in self.gateway_slo_class:
@@ -391,17 +411,24 @@ class Stack:
         self._say(f"planner policy {s.planner_policy}, dispatch {s.dispatch_policy}, planning for TTFT {ttft:g}s / "
                   f"TPOT {tpot:g}s")
         engine_args = s.engine_args()
-        if engine_args or s.late_binding:
+        if engine_args or s.late_binding or s.engines != "sim":
             late = f"late binding {s.late_binding_policy} depth {s.late_binding_depth}" if s.late_binding else "no late binding"
-            self._say(f"engines: {' '.join(engine_args) or 'default scheduling'}; gateway: {late}")
+            scheduling = ' '.join(engine_args) or ("SGLang's own scheduling" if s.engines != "sim" else "default scheduling")
+            self._say(f"engines: {s.engines}, {scheduling}; gateway: {late}")
         engines = self._instance_ids()
-        for instance_id, role in engines:
+        cores = os.cpu_count() or 1
+        for n, (instance_id, role) in enumerate(engines):
             engine_port = self._free_port()
             self.engines[instance_id] = f"http://{s.host}:{engine_port}"
-            args = [*common, "--instance-id", instance_id, "--role", role, "--engine-kind", "sim",
+            args = [*common, "--instance-id", instance_id, "--role", role,
                     "--engine-host", s.host, "--engine-port", str(engine_port),
-                    "--profile", s.profile, "--model", s.model, "--time-scale", str(s.time_scale),
-                    "--seed", str(s.seed + len(self.processes)), "--log-dir", str(self.run_dir / "logs")]
+                    "--profile", s.profile, "--model", s.model, "--log-dir", str(self.run_dir / "logs")]
+            if s.engines == "sim":
+                args += ["--engine-kind", "sim", "--time-scale", str(s.time_scale),
+                         "--seed", str(s.seed + len(self.processes))]
+            else:  # one core each, round robin: SGLang's CPU backend is 4x slower on two threads per engine here
+                args += ["--engine-preset", s.engines,
+                         "--engine-env", json.dumps({"SGLANG_CPU_OMP_THREADS_BIND": str(n % cores)})]
             if role != "null":  # decode engines get one too: a flip to prefill needs it
                 args += ["--bootstrap-port", str(self._free_port())]
             if engine_args:  # every engine, whatever its role: a flip keeps the engine's settings

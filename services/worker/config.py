@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
@@ -60,12 +60,29 @@ class WorkerSettings(ControlPlaneSettings):
     return_hidden_states: Literal["off", "last", "full"] = Field("off", description="sglang only: let requests ask for hidden states (the ARES length predictor reads the last token's). last = --return-hidden-states-mode last; full = --enable-return-hidden-states (every position); off = neither.")
     sglang_python: str | None = Field(None, description="sglang only: Python interpreter of the SGLang environment; runs `-m sglang.launch_server` and the version check. Unset = the worker's own interpreter.")
     sglang_allow_unpinned: bool = Field(False, description="sglang only: launch even when the engine environment's sglang is not a version this worker was checked against (only a warning then).")
+    device: str | None = Field(None, description="sglang only: --device (cpu, cuda, ...); unset = SGLang's auto-detection.")
+    attention_backend: str | None = Field(None, description="sglang only: --attention-backend; unset = SGLang's choice for the device.")
+    max_total_tokens: int | None = Field(None, ge=1, description="sglang only: --max-total-tokens, the KV pool's size in tokens; unset = SGLang sizes it from mem_fraction_static.")
+    sleep_on_idle: bool = Field(False, description="sglang only: --sleep-on-idle: a fully idle scheduler waits on its sockets instead of polling (SGLang's loop otherwise keeps one core busy per engine, which on a host that runs several engines and the control plane starves the others).")
+    disable_overlap_schedule: bool = Field(False, description="sglang only: --disable-overlap-schedule (every role: a decode engine may be switched to prefill).")
+    decode_retraction_backup: Literal["none", "cpu_tensor", "host_pool"] | None = Field(None, description="sglang only: --disaggregation-decode-retraction-backup of PD engines; unset = SGLang's host_pool, which needs CUDA.")
+    decode_cuda_graph_memory_gb: float | None = Field(None, ge=0.0, description="sglang only: decode_cuda_graph_memory_gb sent with a switch to decode (SGLang 0.5.23 refuses a switch to decode without it when the engine has no decode CUDA graphs yet, as one launched as prefill has); unset = not sent.")
+    engine_preset: str | None = Field(None, description="Defaults for the engine fields from a named preset (services/worker/presets.py): sglang-cpu = SGLang 0.5.23 on this CPU with SmolLM2-135M-Instruct, from make sglang-setup. A field set here wins; engine_env is merged.")
     engine_api_key: str | None = Field(None, description="The engine's API key (SGLang --api-key): a spawned engine is started with it (engine_sim through its environment, SGLang with the flag) and the sidecar sends it; with attach, the running engine's key. Prefer the env var POISE_WORKER_ENGINE_API_KEY to the flag.")
     engine_env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables of the spawned engine (JSON object), e.g. {\"CUDA_VISIBLE_DEVICES\": \"2,3\", \"MOONCAKE_PROTOCOL\": \"tcp\"}.")
     extra_args: list[str] = Field(default_factory=list, description="Extra engine command-line arguments, appended as given (JSON list).")
     # The profile's request cap, read once when the settings are made: the sidecar builds the engine's command
     # on its event loop, at every (re)launch.
     _profile_cap: int | None = PrivateAttr(None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("engine_preset"):
+            from services.worker.presets import engine_preset
+
+            return engine_preset(data["engine_preset"]).apply(data)
+        return data
 
     @field_validator("instance_id")
     @classmethod

@@ -96,6 +96,13 @@ SGLANG_OPTIONS: dict[str, str] = {
     "--enable-cache-report": "sglang/srt/arg_groups/fields/serving.py:196",
     "--enable-return-hidden-states": "sglang/srt/arg_groups/fields/exec_.py:112",  # store_true (= mode full)
     "--return-hidden-states-mode": "sglang/srt/arg_groups/fields/exec_.py:117",  # last|full
+    "--api-key": "sglang/srt/arg_groups/fields/serving.py:160",
+    "--device": "sglang/srt/arg_groups/fields/device.py:24",
+    "--attention-backend": "sglang/srt/arg_groups/fields/exec_.py:207",
+    "--max-total-tokens": "sglang/srt/arg_groups/fields/schedule.py:39",
+    "--disable-overlap-schedule": "sglang/srt/arg_groups/fields/schedule.py:193",  # store_true
+    "--sleep-on-idle": "sglang/srt/arg_groups/fields/device.py:74",  # store_true
+    "--disaggregation-decode-retraction-backup": "sglang/srt/arg_groups/fields/disagg.py:95",
 }
 
 
@@ -108,6 +115,14 @@ def _sglang_command(s: WorkerSettings, python: str, role: Role) -> list[str]:
     if s.model:
         cmd += ["--served-model-name", s.model]
     cmd += ["--host", s.engine_host, "--port", str(s.engine_port), "--tp-size", str(s.tp)]
+    for flag, value in (("--device", s.device), ("--attention-backend", s.attention_backend),
+                        ("--max-total-tokens", s.max_total_tokens)):
+        if value is not None:
+            cmd += [flag, str(value)]
+    if s.disable_overlap_schedule:
+        cmd += ["--disable-overlap-schedule"]
+    if s.sleep_on_idle:
+        cmd += ["--sleep-on-idle"]
     if s.mem_fraction_static is not None:
         cmd += ["--mem-fraction-static", repr(s.mem_fraction_static)]
     cap = s.sglang_request_cap
@@ -121,13 +136,16 @@ def _sglang_command(s: WorkerSettings, python: str, role: Role) -> list[str]:
             cmd += ["--disaggregation-ib-device", s.ib_device]
         if s.sglang_role_switch:
             cmd += ["--enable-pd-role-switch"]
+        if s.decode_retraction_backup is not None:
+            cmd += ["--disaggregation-decode-retraction-backup", s.decode_retraction_backup]
     if s.return_hidden_states == "full":
         cmd += ["--enable-return-hidden-states"]
     elif s.return_hidden_states == "last":
         cmd += ["--return-hidden-states-mode", "last"]
     cmd += ["--enable-metrics", "--enable-cache-report"]
     if s.engine_api_key:  # SGLang reads it from its command line only (so it shows in ps on the engine's host)
-        cmd += ["--api-key", s.engine_api_key]
+        # One token: argparse takes a separate value that starts with "-" (a random key may) for an option.
+        cmd += [f"--api-key={s.engine_api_key}"]
     return cmd + role_extra_args(s.extra_args, role)
 
 

@@ -625,7 +625,8 @@ class WorkerService(AsyncServiceMixin):
                 if restart:
                     result = await self._relaunch(cmd.new_role)
                 else:
-                    result = await self._client.pd_role_switch(cmd.new_role)
+                    result = await self._client.pd_role_switch(
+                        cmd.new_role, decode_cuda_graph_memory_gb=self.settings.decode_cuda_graph_memory_gb)
             except _RESTART_ERRORS as exc:  # a relaunch can fail to spawn (OSError)
                 log.warning("role switch of %s to %s failed: %s", self.instance_id, cmd.new_role, exc)
                 try:

@@ -26,14 +26,19 @@ CASES = [
     )
 ] + [dict(role="prefill", transfer_backend="nixl", ib_device="mlx5_0,mlx5_1", tp=4),
      dict(role="decode", transfer_backend="mooncake", ib_device='{"0": "mlx5_0", "1": "mlx5_2"}', tp=2),
-     dict(role="decode", transfer_backend="mooncake", enable_pd_role_switch=False)]
+     dict(role="decode", transfer_backend="mooncake", enable_pd_role_switch=False),
+     # a random key may start with "-", which argparse would read as an option given as a separate token
+     dict(role="prefill", transfer_backend="mooncake", engine_api_key="-k3y_with-dash"),
+     # the sglang-cpu preset's CPU options, in each role
+     *(dict(role=role, engine_preset="sglang-cpu") for role in ("prefill", "decode", "null"))]
 
 
 def _argv(case: dict[str, Any]) -> list[str]:
     settings = load_settings(WorkerSettings, instance_id="w0", engine_kind="sglang", model_path="/models/llama",
                              engine_port=30000, bootstrap_port=8998, **case)
     cmd = build_engine_command(settings, python="python")
-    assert cmd is not None and cmd[:3] == ["python", "-m", "sglang.launch_server"]
+    assert cmd is not None and cmd[1:3] == ["-m", "sglang.launch_server"]
+    assert cmd[0] == (settings.sglang_python or "python")
     return cmd[3:]
 
 
@@ -76,30 +81,33 @@ def test_command_line_parses_as_sglang_would(case: dict[str, Any]) -> None:
     i = 0
     seen: set[str] = set()
     while i < len(argv):
-        option = argv[i]
+        option, inline, inline_value = argv[i].partition("=")
         assert option.startswith("--") and option in SGLANG_OPTIONS, f"unexpected token {option!r} in {argv}"
         assert option in OPTIONS and option not in seen, option
         seen.add(option)
         spec = OPTIONS[option]
-        has_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+        has_value = bool(inline) or (i + 1 < len(argv) and not argv[i + 1].startswith("-"))
         if spec["kind"] == "flag":
             assert not has_value, f"{option} takes no value ({spec['source']})"
             i += 1
             continue
         assert spec["kind"] == "value" and has_value, f"{option} needs a value ({spec['source']})"
-        value = argv[i + 1]
-        {"int": int, "float": float, "str": str}[spec["type"]](value)  # raises on a wrong type
+        value = inline_value if inline else argv[i + 1]
+        # raises on a wrong type; SGLang's human_readable_int also takes "16k", the launcher writes digits
+        {"int": int, "float": float, "str": str, "custom:human_readable_int": int}[spec["type"]](value)
         if spec.get("choices"):
             assert value in spec["choices"], f"{option} {value!r} not in {spec['choices']}"
-        i += 2
+        i += 1 if inline else 2
     # And argparse, given every 0.5.23 option (full names only), accepts the whole line.
     parsed = _parser().parse_args(argv)
     assert parsed.model_path == "/models/llama" and parsed.tp_size == case.get("tp", 1)
+    if "engine_api_key" in case:
+        assert parsed.api_key == case["engine_api_key"]
     assert parsed.enable_metrics is True
     if case["role"] != "null":
         assert parsed.disaggregation_mode == case["role"]
         assert parsed.disaggregation_bootstrap_port == 8998
-        assert parsed.disaggregation_transfer_backend == case["transfer_backend"]
+        assert parsed.disaggregation_transfer_backend == case.get("transfer_backend", "mooncake_tcp")
 
 
 def test_abbreviations_are_not_relied_on() -> None:
@@ -107,4 +115,4 @@ def test_abbreviations_are_not_relied_on() -> None:
     launcher must never depend on that."""
     assert "--tp" not in OPTIONS and [o for o in OPTIONS if o.startswith("--tp")] == ["--tp-size"]
     for case in CASES:
-        assert all(tok in OPTIONS for tok in _argv(case) if tok.startswith("--"))
+        assert all(tok.partition("=")[0] in OPTIONS for tok in _argv(case) if tok.startswith("--"))

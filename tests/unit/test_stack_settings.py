@@ -190,3 +190,13 @@ def test_poise_sim_on_a_whole_trace_replays_the_trace_the_benchmarks_load() -> N
     assert select_workload(parse_settings(SimSettings, ["--trace", "stress-bursts"])).requests == trace.requests
     part = select_workload(parse_settings(SimSettings, ["--trace", "stress-bursts", "--duration-s", "60"]))
     assert part.requests[0].arrival_s == 0.0  # a slice still starts at its first request
+
+
+def test_sglang_cpu_engines_bring_their_model_and_wait_and_no_engine_sim_flags() -> None:
+    s = load_settings(StackSettings, engines="sglang-cpu")
+    assert s.model == "SmolLM2-135M-Instruct" and s.ready_timeout_s == 900.0
+    assert s.engine_args() == []  # SGLang runs its own scheduling: FlowPrefill etc. are engine_sim's
+    assert "--no-early-rejection-colocated" not in s.gateway_policy_args()  # SGLang engines do not give up
+    sim = load_settings(StackSettings)
+    assert sim.model == "meta-llama/Llama-3.1-8B-Instruct" and sim.ready_timeout_s == 60.0 and sim.engine_args()
+    assert load_settings(StackSettings, engines="sglang-cpu", model="m", ready_timeout_s=5).model == "m"

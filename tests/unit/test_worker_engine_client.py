@@ -138,3 +138,23 @@ async def test_health_loads_and_abort_requests() -> None:
     assert loads.num_running_reqs == 1 and loads.num_waiting_reqs == 2
     await client.abort(abort_all=True)
     assert seen[1] == ("GET", "http://engine:1/v1/loads?include=core%2Cdisagg")
+
+
+@pytest.mark.asyncio
+async def test_a_switch_to_decode_carries_the_cuda_graph_memory_budget_when_given() -> None:
+    """SGLang 0.5.23 refuses a switch to decode without ``decode_cuda_graph_memory_gb`` on an engine launched as
+    prefill; the field goes only with a switch to decode, and only when set."""
+    bodies: list[dict[str, object]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        bodies.append(body)
+        return httpx.Response(200, json={"success": True, "message": "", "old_role": "x", "new_role": body["new_role"],
+                                         "safe_to_restore": True})
+
+    client = _client(handler)
+    await client.pd_role_switch("decode", decode_cuda_graph_memory_gb=0.0)
+    await client.pd_role_switch("prefill", decode_cuda_graph_memory_gb=0.0)
+    await client.pd_role_switch("decode")
+    assert bodies == [{"new_role": "decode", "decode_cuda_graph_memory_gb": 0.0}, {"new_role": "prefill"},
+                      {"new_role": "decode"}]

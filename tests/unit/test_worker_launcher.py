@@ -236,3 +236,33 @@ def test_flags_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (s.instance_id, s.role, s.engine_port, s.load_interval_s, s.extra_args, s.namespace) == \
         ("d1", "decode", 1234, 0.5, ["--a", "b"], "ns1")
     assert s.engine_env == {"CUDA_VISIBLE_DEVICES": "2,3"} and s.enable_pd_role_switch is False
+
+
+def test_the_sglang_cpu_preset_fills_what_is_unset_and_the_operator_wins() -> None:
+    from services.worker.presets import SGLANG_CPU_MODEL, sglang_cpu_venv
+
+    s = _settings(engine_kind=None, engine_preset="sglang-cpu", engine_env={"SGLANG_CPU_OMP_THREADS_BIND": "1"},
+                  advertise_host="10.1.2.3")
+    assert s.engine_kind == "sglang" and s.model == SGLANG_CPU_MODEL and s.transfer_backend == "mooncake_tcp"
+    assert s.sglang_python == str(sglang_cpu_venv() / "bin" / "python") and s.decode_cuda_graph_memory_gb == 0.0
+    assert s.engine_env == {"SGLANG_USE_CPU_ENGINE": "1", "SGLANG_HOST_IP": "10.1.2.3",
+                            "SGLANG_CPU_OMP_THREADS_BIND": "1"}
+    cmd = build_engine_command(s)
+    assert cmd is not None
+    for flag, value in (("--device", "cpu"), ("--attention-backend", "torch_native"), ("--max-total-tokens", "16384"),
+                        ("--disaggregation-decode-retraction-backup", "none"),
+                        ("--disaggregation-transfer-backend", "mooncake_tcp")):
+        assert cmd[cmd.index(flag) + 1] == value, flag
+    assert "--disable-overlap-schedule" in cmd and "--sleep-on-idle" in cmd
+    colocated = build_engine_command(_settings(engine_kind=None, engine_preset="sglang-cpu", role="null"))
+    assert colocated is not None and "--disaggregation-decode-retraction-backup" not in colocated
+    own = _settings(engine_kind=None, engine_preset="sglang-cpu", max_total_tokens=4096, model_path="/m",
+                    engine_env={"SGLANG_HOST_IP": "127.0.0.2"})
+    assert own.max_total_tokens == 4096 and own.model_path == "/m" and own.engine_env["SGLANG_HOST_IP"] == "127.0.0.2"
+    with pytest.raises(ConfigError, match="unknown engine preset 'tpu'; known: sglang-cpu"):
+        _settings(engine_preset="tpu")
+
+
+def test_an_engine_api_key_that_starts_with_a_dash_stays_the_flags_value() -> None:
+    cmd = build_engine_command(_settings(engine_kind="sglang", model_path="m", engine_api_key="-abc"))
+    assert cmd is not None and "--api-key=-abc" in cmd and "--api-key" not in cmd
