@@ -52,10 +52,12 @@ run: setup
 up: setup
 	$(POISE) up $(ARGS)
 
-## With ../shared/sglang-cpu beside the clone, SGLang for CPU is installed first and the real-SGLang tier
-## (tests/sglang/) must run; without it that tier is skipped and says why.
+## With ../shared/sglang-cpu beside the clone, SGLang for CPU is installed first, the real-SGLang tier
+## (tests/sglang/) must run, and the contract fixtures are checked against the installed sglang's source;
+## without it both are skipped and say why.
 test: setup $(if $(HAVE_SGLANG_CPU),sglang-setup)
-	$(if $(HAVE_SGLANG_CPU),POISE_REQUIRE_SGLANG=1 POISE_SGLANG_CPU_VENV=$(abspath $(SGLANG_VENV))) $(PY) -m pytest -q $(ARGS)
+	$(if $(HAVE_SGLANG_CPU),POISE_REQUIRE_SGLANG=1 POISE_SGLANG_CPU_VENV=$(abspath $(SGLANG_VENV)) \
+	  POISE_SGLANG_WHEEL=$(abspath $(SGLANG_VENV))/lib/python3.11/site-packages) $(PY) -m pytest -q $(ARGS)
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not e2e and not sglang" $(ARGS)

@@ -293,6 +293,8 @@ class Stack:
         self._lock: StackLock | None = None
         self.processes: list[ManagedProcess] = []
         self.engines: dict[str, str] = {}  # instance id -> engine URL
+        # instance id -> KV bootstrap port of a PD engine (what SGLang's router takes beside a prefill URL)
+        self.bootstrap_ports: dict[str, int] = {}
         self._given_ports: set[int] = set()
         self.nats: NatsServer | None = None
         self.etcd: EtcdServer | None = None
@@ -430,7 +432,8 @@ class Stack:
                 args += ["--engine-preset", s.engines,
                          "--engine-env", json.dumps({"SGLANG_CPU_OMP_THREADS_BIND": str(n % cores)})]
             if role != "null":  # decode engines get one too: a flip to prefill needs it
-                args += ["--bootstrap-port", str(self._free_port())]
+                self.bootstrap_ports[instance_id] = self._free_port()
+                args += ["--bootstrap-port", str(self.bootstrap_ports[instance_id])]
             if engine_args:  # every engine, whatever its role: a flip keeps the engine's settings
                 args += ["--extra-args", json.dumps(engine_args)]
             self._spawn(f"worker-{instance_id}", "services.worker", args, nats_user=worker_user(instance_id),
@@ -479,7 +482,7 @@ class Stack:
         assert self.nats is not None and self.etcd is not None
         state = {"gateway_url": self.gateway_url, "monitor_url": self.monitor_url, "nats_url": self.nats.plain_url,
                  "etcd_url": self.etcd.plain_url, "namespace": self.settings.namespace, "model": self.settings.model,
-                 "run_dir": str(self.run_dir), "engines": self.engines,
+                 "run_dir": str(self.run_dir), "engines": self.engines, "bootstrap_ports": self.bootstrap_ports,
                  "planner_policy": self.settings.planner_policy, "dispatch_policy": self.settings.dispatch_policy,
                  "engine_args": self.settings.engine_args(), "gateway_policy_args": self.settings.gateway_policy_args(),
                  # What `poise admin` and `poise bench` log in with (these files are readable by this user only).

@@ -394,12 +394,15 @@ def create_app(engine: SimEngine) -> FastAPI:
             body = await optional_body(request)
             new_role = P._str(body, "new_role")
             prepare_only = P._bool(body, "prepare_only")
+            P._number(body, "decode_cuda_graph_memory_gb")
+            graph_memory = body.get("decode_cuda_graph_memory_gb")
             if new_role not in (None, "prefill", "decode", ""):  # PdRoleSwitchReqInput.new_role is a Literal
                 raise P.SchemaError(f"new_role: Input should be 'prefill', 'decode' or '', got {new_role!r}",
                                     "new_role")
         except P.SchemaError as exc:
             return _schema_error(exc)
-        result = await engine.pd_role_switch(new_role, prepare_only)
+        result = await engine.pd_role_switch(new_role, prepare_only,
+                                             None if graph_memory is None else float(graph_memory))
         # msgspec_to_builtins(PdRoleSwitchReqOutput) also dumps BaseReq's rid and http_worker_ipc (both None).
         return _json({"rid": None, "http_worker_ipc": None, **result.to_dict()}, 200 if result.success else 400)
 

@@ -147,6 +147,10 @@ class SimEngine:
         self._bootstrap_server: BootstrapServer | None = None
         self._prev_deadline = 0.0
         self.startup_unix_s = time.time()
+        # SGLang captures decode CUDA graphs at launch as decode, or at the first switch to decode, which must
+        # then say how much memory they may take (decode_cuda_graph_memory_gb)
+        self.decode_graphs = settings.mode == "decode"
+        self.startup_s = 0.0  # creation to serving, set by start(): the whole of SGLang's startup_time phases
 
         # counters for /v1/loads
         self.total_prefill_tokens = 0
@@ -199,6 +203,7 @@ class SimEngine:
             await self.start_bootstrap()
         self._task = asyncio.create_task(self._run(), name="engine-sim-scheduler")
         self._started = True
+        self.startup_s = time.time() - self.startup_unix_s
 
     async def stop(self) -> None:
         if not self._started:
@@ -617,9 +622,10 @@ class SimEngine:
             return False
         return self.is_idle()
 
-    async def pd_role_switch(self, new_role: str | None, prepare_only: bool = False) -> RoleSwitchResult:
+    async def pd_role_switch(self, new_role: str | None, prepare_only: bool = False,
+                             decode_cuda_graph_memory_gb: float | None = None) -> RoleSwitchResult:
         """POST /pd_role_switch (role_switch.py)."""
-        return await role_switch.pd_role_switch(self, new_role, prepare_only)
+        return await role_switch.pd_role_switch(self, new_role, prepare_only, decode_cuda_graph_memory_gb)
 
     def pause(self, mode: str) -> None:
         """SGLang's pause_generation. ``abort`` aborts everything then pauses; ``in_place`` stops taking steps

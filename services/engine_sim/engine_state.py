@@ -39,6 +39,7 @@ class EngineState(Protocol):
     window: ThroughputWindow
     stopping: bool
     startup_unix_s: float
+    startup_s: float
     # the /v1/loads counters
     total_prefill_tokens: int
     total_prefill_busy_us: int

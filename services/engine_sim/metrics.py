@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
 from services.engine_sim.requests import SimRequest
 
@@ -98,6 +98,10 @@ class ThroughputWindow:
 
 class EngineMetrics:
     def __init__(self, *, model_name: str, mode: str, role_switch_enabled: bool) -> None:
+        # SGLang exports through prometheus_client's multiprocess collector, which writes no *_created series
+        # (recorded from 0.5.23: tests/contract/fixtures/sglang-0.5.23-cpu/metrics_decode.json); a process-wide
+        # switch, and this process is the engine
+        disable_created_metrics()
         self.registry = CollectorRegistry()
         r = self.registry
         sched = {

@@ -387,8 +387,15 @@ def completion_response(req: SimRequest, model: str, text: str, cached_tokens: i
                      "finish_reason": req.finish["type"] if req.finish else None,
                      "matched_stop": matched_stop(req.finish)}],
         "usage": usage(req.prompt_tokens, len(req.output_ids), cached_tokens=cached_tokens),
-        "metadata": {"weight_version": WEIGHT_VERSION},
+        "metadata": metadata(len(req.output_ids)),
     }
+
+
+def metadata(output_tokens: int) -> dict[str, Any]:
+    """A response's ``metadata``: the weight version, and which output tokens it produced (one version here;
+    recorded from SGLang 0.5.23: tests/contract/fixtures/sglang-0.5.23-cpu/completion.json)."""
+    return {"weight_version": WEIGHT_VERSION,
+            "weight_versions": [{"version": WEIGHT_VERSION, "start": 0, "end": output_tokens}]}
 
 
 def completion_chunk(rid: str, created: int, model: str, text: str, finish: dict[str, Any] | None,
@@ -424,7 +431,7 @@ def chat_response(req: SimRequest, model: str, text: str, cached_tokens: int | N
                      "logprobs": None, "finish_reason": req.finish["type"] if req.finish else None,
                      "matched_stop": matched_stop(req.finish)}],
         "usage": usage(req.prompt_tokens, len(req.output_ids), cached_tokens=cached_tokens),
-        "metadata": {"weight_version": WEIGHT_VERSION},
+        "metadata": metadata(len(req.output_ids)),
     }
 
 

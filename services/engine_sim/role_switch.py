@@ -39,6 +39,7 @@ class Switchable(Protocol):
     mode: Mode
     switching: bool  # a switch is under way: the scheduler takes no steps
     unhealthy: bool  # a switch failed: restart required
+    decode_graphs: bool  # decode CUDA graphs captured (launched as decode, or switched to it once)
 
     @property
     def settings(self) -> EngineSimSettings: ...
@@ -57,7 +58,8 @@ class Switchable(Protocol):
     async def stop_bootstrap(self) -> None: ...
 
 
-async def pd_role_switch(eng: Switchable, new_role: str | None, prepare_only: bool = False) -> RoleSwitchResult:
+async def pd_role_switch(eng: Switchable, new_role: str | None, prepare_only: bool = False,
+                         decode_cuda_graph_memory_gb: float | None = None) -> RoleSwitchResult:
     """Preconditions and messages in SGLang's order (tokenizer_control_mixin.pd_role_switch, then
     role_switch._reject_reason and handle_pd_role_switch)."""
     old = eng.mode
@@ -82,6 +84,11 @@ async def pd_role_switch(eng: Switchable, new_role: str | None, prepare_only: bo
         return RoleSwitchResult(True, "ready" if prepare_only else "ok", old, requested, False)
     if not eng.is_idle():
         return fail("instance is not idle; drain all requests before switching", True)
+    if role == "decode" and not eng.decode_graphs:  # role_switch.py: checked after idleness, before prepare_only
+        if decode_cuda_graph_memory_gb is None:
+            return fail("decode_cuda_graph_memory_gb is required before capturing decode graphs", True)
+        if decode_cuda_graph_memory_gb < 0:
+            return fail("decode_cuda_graph_memory_gb must be non-negative", True)
     if prepare_only:
         return RoleSwitchResult(True, "ready", old, requested, True)
     eng.switching = True  # the scheduler loop takes no steps meanwhile
@@ -92,6 +99,7 @@ async def pd_role_switch(eng: Switchable, new_role: str | None, prepare_only: bo
         else:
             await eng.start_bootstrap()
         eng.mode = "decode" if role == "decode" else "prefill"  # with an empty radix cache, as SGLang resets it
+        eng.decode_graphs = eng.decode_graphs or role == "decode"
         eng.reset_pacing()
     except Exception as exc:
         eng.unhealthy = True

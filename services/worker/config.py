@@ -66,7 +66,7 @@ class WorkerSettings(ControlPlaneSettings):
     sleep_on_idle: bool = Field(False, description="sglang only: --sleep-on-idle: a fully idle scheduler waits on its sockets instead of polling (SGLang's loop otherwise keeps one core busy per engine, which on a host that runs several engines and the control plane starves the others).")
     disable_overlap_schedule: bool = Field(False, description="sglang only: --disable-overlap-schedule (every role: a decode engine may be switched to prefill).")
     decode_retraction_backup: Literal["none", "cpu_tensor", "host_pool"] | None = Field(None, description="sglang only: --disaggregation-decode-retraction-backup of PD engines; unset = SGLang's host_pool, which needs CUDA.")
-    decode_cuda_graph_memory_gb: float | None = Field(None, ge=0.0, description="sglang only: decode_cuda_graph_memory_gb sent with a switch to decode (SGLang 0.5.23 refuses a switch to decode without it when the engine has no decode CUDA graphs yet, as one launched as prefill has); unset = not sent.")
+    decode_cuda_graph_memory_gb: float | None = Field(None, ge=0.0, description="sglang only: decode_cuda_graph_memory_gb sent with a switch to decode (SGLang 0.5.23 refuses a switch to decode without it when the engine has no decode CUDA graphs yet, as one launched as prefill has); unset = not sent (engine_sim: 0). On a GPU node, the memory SGLang may use for the decode graphs of a prefill engine that becomes decode.")
     engine_preset: str | None = Field(None, description="Defaults for the engine fields from a named preset (services/worker/presets.py): sglang-cpu = SGLang 0.5.23 on this CPU with SmolLM2-135M-Instruct, from make sglang-setup. A field set here wins; engine_env is merged.")
     engine_api_key: str | None = Field(None, description="The engine's API key (SGLang --api-key): a spawned engine is started with it (engine_sim through its environment, SGLang with the flag) and the sidecar sends it; with attach, the running engine's key. Prefer the env var POISE_WORKER_ENGINE_API_KEY to the flag.")
     engine_env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables of the spawned engine (JSON object), e.g. {\"CUDA_VISIBLE_DEVICES\": \"2,3\", \"MOONCAKE_PROTOCOL\": \"tcp\"}.")
@@ -111,6 +111,8 @@ class WorkerSettings(ControlPlaneSettings):
         if self.engine_kind == "sglang" and self.max_running_requests is None:
             # a profile that does not load fails here, not at the engine's first launch
             self._profile_cap = load_profile(self.profile).max_running_requests
+        if self.engine_kind == "sim" and self.decode_cuda_graph_memory_gb is None:
+            self.decode_cuda_graph_memory_gb = 0.0  # engine_sim captures no graphs, but asks as SGLang does
         if self.restart_backoff_max_s < self.restart_backoff_s:
             raise ValueError("restart_backoff_max_s must be >= restart_backoff_s")
         return self

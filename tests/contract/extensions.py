@@ -34,3 +34,10 @@ METRIC_EXTENSIONS = {"poise:prefill_preemptions", "poise:prefill_preemption_bloc
 
 #: /v1/loads?format=prometheus gauges that come from the LoadSnapshot extensions above.
 LOADS_PROMETHEUS_EXTENSIONS = {"sglang_poise_running_tokens"}
+
+#: sglang: families engine_sim exports from its start on the decode side that SGLang 0.5.23's decode engine had not
+#: exported after serving (recorded: fixtures/sglang-0.5.23-cpu/metrics_decode.json): SGLang creates the KV
+#: transfer speed and latency on the prefill side, the failure and retraction counters at their first event;
+#: nothing in Poise reads them.
+METRIC_EAGER = {"sglang:kv_transfer_speed_gb_s", "sglang:kv_transfer_latency_ms", "sglang:num_bootstrap_failed_reqs_total",
+                "sglang:num_transfer_failed_reqs_total", "sglang:num_retracted_requests_total"}

@@ -60,12 +60,12 @@ def test_loads_over_dp_ranks_become_one_load_report() -> None:
 
 def _server_info(launch_mode: str, live_mode: str) -> dict[str, Any]:
     state = {"disaggregation_mode": live_mode, "last_gen_throughput": 0.0, "effective_max_running_requests_per_dp": 128,
-             "world_size": 1, "startup_time": 1795333000.0, "memory_usage": {"graph": {}},
+             "world_size": 1, "startup_time": {"load_weight": 2.3, "scheduler_e2e": 12.3}, "memory_usage": {"graph": {}},
              "decode_cuda_graph_bs": [1, 2, 4], "decode_cuda_graph_memory_gb": 0.8, "max_running_requests": None}
     return {"model_path": "meta-llama/Llama-3.1-8B-Instruct", "served_model_name": "llama-8b",
             "disaggregation_mode": launch_mode, "disaggregation_bootstrap_port": 8998, "enable_pd_role_switch": True,
             "tp_size": 1, "max_running_requests": None, "launch_command": "sglang serve ...", "status": "ready",
-            "max_total_num_tokens": 100_000, "max_req_input_len": 99_999, "startup_time": 1795333000.0,
+            "max_total_num_tokens": 100_000, "max_req_input_len": 99_999, "startup_time": {"load_weight": 2.3, "scheduler_e2e": 12.3},
             "hicache_object_layout": {}, "kv_events": None, "internal_states": [state], "version": "0.5.23",
             "frontend": "python"}
 

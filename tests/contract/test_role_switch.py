@@ -88,12 +88,14 @@ def test_busy_prepare_only_and_real_switches(engines: Engines, client: httpx.Cli
     # prepare_only: checked, not switched.
     ready = SPEC["tokenizer"][2]
     status, body = _switch(client, url, {"new_role": "decode", "prepare_only": True})
+    assert (status, body["message"]) == (400, "decode_cuda_graph_memory_gb is required before capturing decode graphs")
+    status, body = _switch(client, url, {"new_role": "decode", "prepare_only": True, "decode_cuda_graph_memory_gb": 0})
     assert (status, body["success"], body["message"], body["safe_to_restore"]) == \
         (200, True, ready["message"], ready["safe_to_restore"])
     assert _mode(client, url) == "prefill"
     # The real thing, and back.
     try:
-        status, body = _switch(client, url, {"new_role": "decode"})
+        status, body = _switch(client, url, {"new_role": "decode", "decode_cuda_graph_memory_gb": 0})
         assert (status, body["success"], body["message"], body["old_role"], body["new_role"],
                 body["safe_to_restore"]) == (200, True, "ok", "prefill", "decode", False)
         assert _mode(client, url) == "decode"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -22,7 +21,6 @@ from tests.sglang.realstack import (
     engine_loads,
     greedy,
     instances,
-    real_stack,
     until,
 )
 
@@ -33,10 +31,9 @@ QUESTION = [{"role": "user", "content": "What is the capital of France? Answer i
 LONG_PROMPT = "Here is a list of facts about rivers, mountains and cities. " * 30 + "Now summarise them:"
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with real_stack(tmp_path_factory.mktemp("sglang-serving"), prefill=1, decode=1) as s:
-        yield s
+@pytest.fixture
+def stack(pd_stack: Stack) -> Stack:
+    return pd_stack
 
 
 def test_chat_through_the_gateway_streamed_and_not_gives_the_same_greedy_answer(stack: Stack) -> None:

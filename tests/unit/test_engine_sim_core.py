@@ -416,6 +416,17 @@ async def test_role_switch_preconditions_and_success() -> None:
         r = await engine.pd_role_switch("decode")
         assert r.success and engine.mode == "decode" and engine.bootstrap_port is None
 
+    launched_prefill = make_engine(mode="prefill", bootstrap_port=0, time_scale=0.01)
+    async with running(launched_prefill):
+        # as SGLang 0.5.23 answered on this CPU (tests/contract/fixtures/sglang-0.5.23-cpu/): no decode CUDA
+        # graphs yet, so the switch must say how much memory they may take; once captured, it need not
+        r = await launched_prefill.pd_role_switch("decode")
+        assert r.to_dict() == {"success": False, "old_role": "prefill", "new_role": "decode", "safe_to_restore": True,
+                               "message": "decode_cuda_graph_memory_gb is required before capturing decode graphs"}
+        assert (await launched_prefill.pd_role_switch("decode", decode_cuda_graph_memory_gb=0.0)).success
+        assert (await launched_prefill.pd_role_switch("prefill")).success
+        assert (await launched_prefill.pd_role_switch("decode")).success
+
     colocated = make_engine()
     async with running(colocated):
         r = await colocated.pd_role_switch("decode")

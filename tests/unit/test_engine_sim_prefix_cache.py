@@ -67,7 +67,7 @@ async def test_a_role_switch_starts_an_empty_tree() -> None:
     async with running(engine):
         assert engine.core.cache is not None
         engine.core.cache.record(blocks(1, 2), 1024, 0.0)
-        assert (await engine.pd_role_switch("decode")).success and engine.core.cache is None
+        assert (await engine.pd_role_switch("decode", decode_cuda_graph_memory_gb=0.0)).success and engine.core.cache is None
         assert (await engine.pd_role_switch("prefill")).success
         assert engine.core.cache is not None and engine.core.cache.tokens == 0
 
