@@ -66,8 +66,10 @@ test-fast: setup
 ## of Poise against every fixed split and colocated (whole traces at natural time, the stress set) and against the
 ## work bound and a controller switching among them with hindsight, early rejection and late binding on and off, the cost of a Poise decision, goodput of every mix on the papers' compressed slices, DOPD vs Dynamo, forecast latency, flips under traffic, FlowPrefill/late binding, Kairos, the ARES length
 ## predictor on SmolLM2 (CPU), ARES rescheduling in the simulator, the latency model against the committed H100
-## timings (tests/bench/gpu/llama_forward.py runs on a GPU machine, by hand). Results: tests/bench/results/ (~4 h on 2 cores).
-bench: setup predictor-setup
+## timings (tests/bench/gpu/llama_forward.py runs on a GPU machine, by hand), and what the simulator assumes of an engine
+## (start, role switch, colocated restart, recompute move) measured on real SGLang on this CPU.
+## Results: tests/bench/results/ (~4 h on 2 cores).
+bench: setup predictor-setup $(if $(HAVE_SGLANG_CPU),sglang-setup)
 	$(PY) -m tests.bench.run $(ARGS)
 	$(PY) -m tests.bench.sim_speed
 	$(PY) -m tests.bench.sustained
@@ -93,6 +95,7 @@ bench: setup predictor-setup
 	$(PY) -m tests.bench.ares
 	$(PY) -m tests.bench.gpu_latency_check
 	$(PY) -m tests.bench.gpu_latency_check --gpu h200
+	$(if $(HAVE_SGLANG_CPU),POISE_SGLANG_CPU_VENV=$(abspath $(SGLANG_VENV)) $(PY) -m tests.bench.sglang_cpu_costs)
 
 ## GPU nodes from one inventory (deploy/README.md): `make deploy INVENTORY=my.yaml DRY_RUN=1` prints the plan and
 ## writes the files (.poise/deploy/<name>/, or DEPLOY_OUT) without applying; without DRY_RUN it applies over ssh.

@@ -10,16 +10,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import pytest
 
 from services.cli.stack import Stack
-from tests.sglang.realstack import MODEL, admin, engine_loads, greedy, real_stack, serving, until
+from tests.sglang.realstack import Streamed, admin, engine_loads, greedy, real_stack, serving, until
 
 pytestmark = pytest.mark.sglang
 
@@ -49,51 +47,6 @@ def flip(stack: Stack, instance_id: str, role: str) -> str:
 
 def engine_pid(stack: Stack, instance_id: str) -> int:
     return int(json.loads((stack.run_dir / "logs" / f"engine-{instance_id}.pid").read_text())["pid"])
-
-
-class Streamed:
-    """A greedy streamed completion read on a thread: its text so far, its id and where it decoded."""
-
-    def __init__(self, stack: Stack, max_tokens: int, prompt: str = PROMPT) -> None:
-        self.stack, self.max_tokens, self.prompt = stack, max_tokens, prompt
-        self.parts: list[str] = []
-        self.rid = ""
-        self.finish: str | None = None
-        self.usage: dict[str, int] | None = None
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        body = {"model": MODEL, "prompt": self.prompt, "max_tokens": self.max_tokens, "temperature": 0,
-                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-        headers = {"Authorization": f"Bearer {self.stack.api_key}"}
-        try:
-            with httpx.Client(timeout=300, trust_env=False, headers=headers) as h, \
-                    h.stream("POST", self.stack.gateway_url + "/v1/completions", json=body) as r:
-                assert r.status_code == 200, r.read()
-                self.rid = r.headers["x-request-id"]
-                for line in r.iter_lines():
-                    if not line.startswith("data: {"):
-                        continue
-                    event = json.loads(line[6:])
-                    for choice in event.get("choices") or []:
-                        self.parts.append(choice["text"])
-                        self.finish = choice.get("finish_reason") or self.finish
-                    self.usage = event.get("usage") or self.usage
-        except BaseException as exc:  # noqa: BLE001 - reported by result()
-            self.error = exc
-
-    @property
-    def text(self) -> str:
-        return "".join(self.parts)
-
-    def result(self, timeout_s: float = 300) -> Streamed:
-        self._thread.join(timeout_s)
-        assert not self._thread.is_alive(), "the stream did not finish"
-        if self.error is not None:
-            raise self.error
-        return self
 
 
 def decoding_on(stack: Stack) -> str:
