@@ -1,18 +1,27 @@
 """Serving through Poise's gateway on real SGLang engines (one prefill, one decode, KV over mooncake_tcp), with
 the official ``openai`` client: what a user sends and gets, what the sidecars read from SGLang's ``/v1/loads``
-and what the engines export on ``/metrics``."""
+and what the engines export on ``/metrics``; and the contract fixtures against the real thing: the requests the
+contract suite sends engine_sim, sent to the same pair directly (tests/sglang/contract_probe.py), every answer
+checked against the fixture's shape with no Poise extension or omission allowed, and against the answers recorded
+from SGLang 0.5.23 on this CPU (tests/contract/fixtures/sglang-0.5.23-cpu/).
+
+One stack for the module (an engine takes a minute to start here); test_lifecycle, which changes roles and
+kills engines, starts its own after this one is gone."""
 
 from __future__ import annotations
 
 import json
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
 from services.cli.stack import Stack
 from shared.engine_client import parse_loads
+from tests.sglang.contract_probe import Pair, probe
 from tests.sglang.realstack import (
     MODEL,
     client,
@@ -21,19 +30,22 @@ from tests.sglang.realstack import (
     engine_loads,
     greedy,
     instances,
+    real_stack,
     until,
 )
 
 pytestmark = pytest.mark.sglang
+RECORDED = Path(__file__).resolve().parents[1] / "contract" / "fixtures" / "sglang-0.5.23-cpu"
 
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
 # ~330 tokens: long enough that a second request hits SGLang's radix cache for most of it
 LONG_PROMPT = "Here is a list of facts about rivers, mountains and cities. " * 30 + "Now summarise them:"
 
 
-@pytest.fixture
-def stack(pd_stack: Stack) -> Stack:
-    return pd_stack
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with real_stack(tmp_path_factory.mktemp("sglang-serving"), prefill=1, decode=1) as s:
+        yield s
 
 
 def test_chat_through_the_gateway_streamed_and_not_gives_the_same_greedy_answer(stack: Stack) -> None:
@@ -173,3 +185,31 @@ def test_engines_export_the_metric_names_poise_reads(stack: Stack) -> None:
         for name in ("sglang:gen_throughput", "sglang:num_running_reqs", "sglang:num_queue_reqs",
                      "sglang:token_usage"):
             assert name in names, f"{instance_id} /metrics has no {name}"
+
+
+
+
+def _keys(value: object) -> object:
+    """The key structure of a JSON value (values dropped), to compare a live answer with a recorded one."""
+    if isinstance(value, dict):
+        return {k: _keys(v) for k, v in sorted(value.items())}
+    if isinstance(value, list):
+        return [_keys(value[0])] if value else []
+    return type(value).__name__ if value is not None else "null"
+
+
+def test_real_answers_match_the_fixtures_and_the_recording(stack: Stack) -> None:
+    assert stack.credentials is not None
+    results = probe(Pair(stack.engines["p0"], stack.engines["d0"], stack.bootstrap_ports["p0"],
+                         stack.credentials.engine_api_key))
+    mismatches = {name: r["mismatches"] for name, r in results.items() if r["mismatches"]}
+    assert not mismatches, json.dumps(mismatches, indent=1)
+    for name in ("completion", "chat", "v1_loads_decode", "server_info_decode", "error_empty_prompt",
+                 "role_switch_to_decode_without_graph_memory"):
+        recorded = json.loads((RECORDED / f"{name}.json").read_text())
+        live = results[name]["answer"]
+        if name.startswith("server_info"):  # paths, ports and times are this run's; the keys are SGLang's
+            assert set(live) == set(recorded), set(live) ^ set(recorded)
+        else:
+            assert _keys(live) == _keys(recorded), name
+    assert results["role_switch_to_decode_without_graph_memory"]["status"] == 400
