@@ -153,10 +153,15 @@ def main() -> None:
     command = "python -m tests.bench.sglang_cpu_costs" + (f" --repeats {args.repeats}" if args.repeats != 3 else "")
     data = measure(args.repeats, lambda line: print(line, file=sys.stderr, flush=True))
     data["command"] = command
+    write_results("sglang_cpu_costs", data, report(data, command))
+
+
+def write_results(name: str, data: dict[str, Any], markdown: str) -> None:
+    """``results/<name>.json`` (every sample, and the command) and ``results/<name>.md``, printed too."""
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "sglang_cpu_costs.json").write_text(json.dumps(data, indent=1) + "\n")
-    (RESULTS / "sglang_cpu_costs.md").write_text(report(data, command))
-    print((RESULTS / "sglang_cpu_costs.md").read_text())
+    (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=1) + "\n")
+    (RESULTS / f"{name}.md").write_text(markdown)
+    print(markdown)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import subprocess
 import sys
 import tempfile
@@ -32,9 +31,9 @@ from loadgen.traces import load_trace
 from loadgen.workload import TraceRequest, Workload
 from services.worker.presets import sglang_cpu_venv
 from shared.devservers import free_port
+from tests.bench.sglang_cpu_costs import write_results
 from tests.sglang.realstack import MODEL, real_stack, until
 
-RESULTS = Path(__file__).resolve().parent / "results"
 TRACE = "azure-conv"
 MAX_INPUT, MAX_OUTPUT = 512, 48
 VOCAB = 49152  # SmolLM2's: the load client's token-id prompts must stay inside it
@@ -141,10 +140,7 @@ def main() -> None:
         (f" --rates {args.rates}" if args.rates != "0.5,2" else "")
     data = measure(args.requests, rates, lambda line: print(line, file=sys.stderr, flush=True))
     data["command"] = command
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "sglang_router_compare.json").write_text(json.dumps(data, indent=1) + "\n")
-    (RESULTS / "sglang_router_compare.md").write_text(report(data, command))
-    print((RESULTS / "sglang_router_compare.md").read_text())
+    write_results("sglang_router_compare", data, report(data, command))
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ def real_stack(state: Path, **settings: Any) -> Iterator[Stack]:
 def client(stack: Stack, **kw: Any) -> openai.OpenAI:
     """The official client, pointed at Poise's gateway (no retries: a failure here must show)."""
     return openai.OpenAI(base_url=stack.gateway_url + "/v1", api_key=stack.api_key or "none", max_retries=0,
-                         timeout=kw.pop("timeout", 120.0), **kw)
+                         timeout=kw.pop("timeout", 300.0), **kw)
 
 
 def engine_get(stack: Stack, instance_id: str, path: str) -> httpx.Response:
