@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar, get_args, get_origin
 
 from pydantic import Field, ValidationError
@@ -67,6 +67,18 @@ class SloPlanSettings(ServiceSettings):
         from shared.latency import LatencyModel, load_profile
 
         return LatencyModel(load_profile(self.profile))
+
+
+def fill_unset(data: Any, defaults: Mapping[str, Any]) -> Any:
+    """``data`` (a settings model's input before validation: flags and env merged) with ``defaults`` for every
+    field left unset, so a flag or env var given wins over a default one setting implies; not a dict: as is."""
+    if not isinstance(data, dict):
+        return data
+    merged = dict(data)
+    for field, value in defaults.items():
+        if merged.get(field) is None:
+            merged[field] = value
+    return merged
 
 
 def _flag(name: str) -> str:

@@ -36,7 +36,7 @@ from shared.policies import POISE_PREFILL_POLICY
 from shared.protocol import Keys, Subjects
 from shared.protocol.permissions import user_permissions, worker_user
 from shared.security import Credentials, EtcdAuth, NatsUser
-from shared.settings import ServiceSettings, settings_config
+from shared.settings import ServiceSettings, fill_unset, settings_config
 
 STATE_DIR = Path(".poise")
 SIM_MODEL = "meta-llama/Llama-3.1-8B-Instruct"  # the default latency profile's model, which engine_sim emulates
@@ -113,15 +113,9 @@ class StackSettings(ServiceSettings):
     @classmethod
     def _engines_imply(cls, data: Any) -> Any:
         """The served model and the start-up wait follow the engines, unless set."""
-        if not isinstance(data, dict):
-            return data
-        sglang = data.get("engines") == "sglang-cpu"
-        merged = dict(data)
-        if merged.get("model") is None:
-            merged["model"] = SGLANG_CPU_MODEL if sglang else SIM_MODEL
-        if merged.get("ready_timeout_s") is None:
-            merged["ready_timeout_s"] = 900.0 if sglang else 60.0
-        return merged
+        sglang = isinstance(data, dict) and data.get("engines") == "sglang-cpu"
+        return fill_unset(data, {"model": SGLANG_CPU_MODEL if sglang else SIM_MODEL,
+                                 "ready_timeout_s": 900.0 if sglang else 60.0})
 
     @model_validator(mode="before")
     @classmethod
@@ -129,15 +123,8 @@ class StackSettings(ServiceSettings):
         """The poise planner brings the rest of its mix (`POISE_STACK_DEFAULTS`) for every field left unset,
         the other planners least-load dispatch; a flag or env var given for a field wins. The data here is
         flags and env merged."""
-        if not isinstance(data, dict):
-            return data
-        poise = data.get("planner_policy", DEFAULT_PLANNER_POLICY) == "poise"
-        implied = POISE_STACK_DEFAULTS if poise else {"dispatch_policy": DEFAULT_DISPATCH_POLICY}
-        merged = dict(data)
-        for field, value in implied.items():
-            if merged.get(field) is None:
-                merged[field] = value
-        return merged
+        poise = isinstance(data, dict) and data.get("planner_policy", DEFAULT_PLANNER_POLICY) == "poise"
+        return fill_unset(data, POISE_STACK_DEFAULTS if poise else {"dispatch_policy": DEFAULT_DISPATCH_POLICY})
 
     @field_validator("planner_policy", "dispatch_policy", "prefill_policy", "late_binding_policy", "decode_policy")
     @classmethod
@@ -201,6 +188,11 @@ class StackSettings(ServiceSettings):
             raise ValueError(f"unknown length predictor {value!r}; known: none, {', '.join(sorted(LENGTH_PREDICTORS))}")
         return value
 
+    @property
+    def sim_engines(self) -> bool:
+        """engine_sim engines, which take Poise's engine scheduling flags; SGLang's run SGLang's own."""
+        return self.engines == "sim"
+
     def engines_length_predictor(self) -> str | None:
         """What the engines predict with: the setting, or ARES' stand-in when an ARES policy needs predictions."""
         if self.length_predictor is not None:
@@ -213,7 +205,7 @@ class StackSettings(ServiceSettings):
         """engine_sim flags for the scheduling settings that are set (the worker appends them to its engine);
         none for SGLang engines, which run SGLang's own scheduling."""
         args: list[str] = []
-        if self.engines != "sim":
+        if not self.sim_engines:
             return args
         predictor = self.engines_length_predictor()
         if predictor is not None:
@@ -248,7 +240,7 @@ class StackSettings(ServiceSettings):
             args += ["--local-prefill-max-tokens", str(local)]
         if self.early_rejection:  # unset: on with the poise planner (POISE_STACK_DEFAULTS), else off
             args += ["--early-rejection"]
-            if self.give_up_late_prompts and self.engines == "sim":
+            if self.give_up_late_prompts and self.sim_engines:
                 # Colocated engines refuse late prompts themselves; make_mix leaves them unjudged the same way.
                 args += ["--no-early-rejection-colocated"]
         for spec in self.gateway_slo_class:
@@ -413,9 +405,9 @@ class Stack:
         self._say(f"planner policy {s.planner_policy}, dispatch {s.dispatch_policy}, planning for TTFT {ttft:g}s / "
                   f"TPOT {tpot:g}s")
         engine_args = s.engine_args()
-        if engine_args or s.late_binding or s.engines != "sim":
+        if engine_args or s.late_binding or not s.sim_engines:
             late = f"late binding {s.late_binding_policy} depth {s.late_binding_depth}" if s.late_binding else "no late binding"
-            scheduling = ' '.join(engine_args) or ("SGLang's own scheduling" if s.engines != "sim" else "default scheduling")
+            scheduling = ' '.join(engine_args) or ("default scheduling" if s.sim_engines else "SGLang's own scheduling")
             self._say(f"engines: {s.engines}, {scheduling}; gateway: {late}")
         engines = self._instance_ids()
         cores = os.cpu_count() or 1
@@ -425,7 +417,7 @@ class Stack:
             args = [*common, "--instance-id", instance_id, "--role", role,
                     "--engine-host", s.host, "--engine-port", str(engine_port),
                     "--profile", s.profile, "--model", s.model, "--log-dir", str(self.run_dir / "logs")]
-            if s.engines == "sim":
+            if s.sim_engines:
                 args += ["--engine-kind", "sim", "--time-scale", str(s.time_scale),
                          "--seed", str(s.seed + len(self.processes))]
             else:  # one core each, round robin: SGLang's CPU backend is 4x slower on two threads per engine here

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shared.settings import fill_unset
+
 REPO = Path(__file__).resolve().parents[2]
 #: The SGLang-for-CPU environment ``make sglang-setup`` makes; POISE_SGLANG_CPU_VENV points elsewhere.
 SGLANG_CPU_VENV_ENV = "POISE_SGLANG_CPU_VENV"
@@ -53,10 +55,7 @@ class EnginePreset:
 
     def apply(self, data: dict[str, Any]) -> dict[str, Any]:
         """``data`` (flags and env merged, before validation) with this preset's values where unset."""
-        merged = dict(data)
-        for name, value in self.settings.items():
-            if merged.get(name) is None:
-                merged[name] = value
+        merged = fill_unset(data, self.settings)
         host = merged.get("advertise_host") or merged.get("engine_host") or "127.0.0.1"
         own = merged.get("engine_env") or {}
         if isinstance(own, str):  # an env var holds JSON; pydantic would parse it after this hook

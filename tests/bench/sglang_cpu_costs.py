@@ -22,7 +22,7 @@ from typing import Any
 from loadgen.sim.cluster import SimCosts
 from services.cli.stack import Stack
 from shared.latency import DEFAULT_PROFILE, load_profile
-from tests.sglang.realstack import Streamed, admin, engine_get, engine_loads, real_stack, serving, until
+from tests.sglang.realstack import Streamed, admin, decoding_on, engine_get, real_stack, serving, until
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LAYOUT = {"p0": "prefill", "d0": "decode", "d1": "decode"}
@@ -67,8 +67,7 @@ def measure(repeats: int, say: Any) -> dict[str, Any]:
             for _ in range(repeats):
                 serving(stack, LAYOUT)
                 answer = Streamed(stack, 60)
-                until(lambda: any(engine_loads(stack, i)["num_running_reqs"] for i in ("d0", "d1")), 60, "decoding")
-                busy = "d0" if engine_loads(stack, "d0")["num_running_reqs"] else "d1"
+                busy = decoding_on(stack)
                 took, reply = _timed_admin(stack, "flip", busy, "--to", "prefill")
                 answer.result()
                 drained.append({"flip_s": took, "sidecar_s": _sidecar_seconds(reply),
@@ -91,7 +90,7 @@ def measure(repeats: int, say: Any) -> dict[str, Any]:
                 serving(stack, LAYOUT)
                 answer = Streamed(stack, 80)
                 until(lambda a=answer: len(a.parts) >= 20, 60, "20 tokens")
-                source = "d0" if engine_loads(stack, "d0")["num_running_reqs"] else "d1"
+                source = decoding_on(stack)
                 target = "d1" if source == "d0" else "d0"
                 took, reply = _timed_admin(stack, "migrate", answer.rid, "--to", target)
                 answer.result()

@@ -125,6 +125,19 @@ def greedy(stack: Stack, prompt: str, max_tokens: int, **extra: Any) -> str:
     return out.choices[0].text
 
 
+def decoding_on(stack: Stack) -> str:
+    """The decode engine running the one request in flight (as its /v1/loads says: a snapshot SGLang publishes
+    after each batch, so it is polled)."""
+    busy: list[str] = []
+
+    def one() -> bool:
+        busy[:] = [i for i in ("d0", "d1") if engine_loads(stack, i)["num_running_reqs"]]
+        return len(busy) == 1
+
+    until(one, 20, "exactly one decode engine running the request")
+    return busy[0]
+
+
 class Streamed:
     """A greedy streamed completion read on a thread: its text so far, its id and where it decoded."""
 

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from services.cli.stack import Stack
-from tests.sglang.realstack import Streamed, admin, engine_loads, greedy, real_stack, serving, until
+from tests.sglang.realstack import Streamed, admin, decoding_on, engine_loads, greedy, real_stack, serving, until
 
 pytestmark = pytest.mark.sglang
 
@@ -47,19 +47,6 @@ def flip(stack: Stack, instance_id: str, role: str) -> str:
 
 def engine_pid(stack: Stack, instance_id: str) -> int:
     return int(json.loads((stack.run_dir / "logs" / f"engine-{instance_id}.pid").read_text())["pid"])
-
-
-def decoding_on(stack: Stack) -> str:
-    """The decode engine running the one request in flight (as its /v1/loads says: a snapshot SGLang publishes
-    after each batch, so it is polled)."""
-    busy: list[str] = []
-
-    def one() -> bool:
-        busy[:] = [i for i in ("d0", "d1") if engine_loads(stack, i)["num_running_reqs"]]
-        return len(busy) == 1
-
-    until(one, 20, "exactly one decode engine running the request")
-    return busy[0]
 
 
 def test_the_planner_flips_real_engines_both_ways_and_they_serve_in_each_role(layout: Stack) -> None:
