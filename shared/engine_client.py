@@ -41,9 +41,13 @@ class EngineLoads(msgspec.Struct, frozen=True, kw_only=True):
     # engine_sim's extension: recent prompts prefilled alone, (seq, tokens, seconds); empty from SGLang.
     prefill_samples: tuple[tuple[int, int, float], ...] = ()
     running_tokens: int | None = None  # engine_sim's extension: context tokens of the running batch
-    # The oldest snapshot time (unix s, the engine's clock) among ranks that report work; None when none does
-    # or the engine gives no times. SGLang's scheduler publishes a snapshot after every batch and every 50 ms
-    # while it loops, so one with work that grows old means a scheduler stuck in a step (a hung kernel).
+    # When the numbers were taken (unix s, the engine's clock; the oldest rank's), None when the engine gives
+    # no times. SGLang answers /v1/loads from a snapshot its scheduler publishes after every prefill batch, every
+    # --load-snapshot-publish-interval decode steps (15 by default: ~1 s on a CPU core, 0.1-0.5 s on a GPU) and
+    # every 50 ms while it has no batch, so the numbers can be that old.
+    snapshot_unix_s: float | None = None
+    # The same, over the ranks that report work only; None when none does. One that grows old means a scheduler
+    # stuck in a step (a hung kernel): the snapshot stops advancing while work waits.
     busy_snapshot_unix_s: float | None = None
 
     @property
@@ -96,10 +100,13 @@ def parse_loads(body: Any) -> EngineLoads:
     samples: list[tuple[int, int, float]] = []
     running_tokens: int | None = None
     busy_snapshot: float | None = None
+    snapshot: float | None = None
     for rank in ranks:
         disagg = rank.get("disaggregation")
         queued = sum(_num(disagg.get(f)) for f in _DISAGG_INT_FIELDS) if isinstance(disagg, dict) else 0.0
         stamp = _num(rank.get("timestamp"))
+        if stamp > 0:
+            snapshot = stamp if snapshot is None else min(snapshot, stamp)
         if stamp > 0 and _num(rank.get("num_running_reqs")) + _num(rank.get("num_waiting_reqs")) + queued > 0:
             busy_snapshot = stamp if busy_snapshot is None else min(busy_snapshot, stamp)
         if isinstance(rank.get("poise_running_tokens"), int):
@@ -121,7 +128,7 @@ def parse_loads(body: Any) -> EngineLoads:
     ints = {f: int(v) for f, v in totals.items()}
     return EngineLoads(dp_ranks=len(ranks), token_usage=usage, gen_throughput_tps=gen_tps, mode=mode,
                        prefill_samples=tuple(samples), running_tokens=running_tokens,
-                       busy_snapshot_unix_s=busy_snapshot, **ints)
+                       snapshot_unix_s=snapshot, busy_snapshot_unix_s=busy_snapshot, **ints)
 
 
 def _opt_int(value: Any) -> int | None:

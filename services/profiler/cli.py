@@ -78,6 +78,8 @@ class ProfileSettings(ServiceSettings):
     decode_segments: int = Field(4, ge=1, description="Samples per experiment (context grows along the window).")
     seed: int = Field(0, description="Seed of the random prompt token ids and orders.")
     timeout_s: float = Field(30.0, gt=0, description="Timeout of control requests (/server_info, /v1/loads, aborts).")
+    api_key: str | None = Field(None, description="The engine's --api-key, sent as a bearer token on every request "
+                                                  "(POISE_PROFILE_API_KEY keeps it out of the process list).")
     plot: bool = Field(True, description="Write the PNG plot.")
 
 
@@ -87,6 +89,32 @@ def _print(line: str) -> None:
 
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9.]+", "-", text.lower().rsplit("/", 1)[-1]).strip("-") or "engine"
+
+
+def _redacted(argv: list[str]) -> list[str]:
+    """The command line as the profile records it: an API key given as a flag is not written into the file."""
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1] == "--api-key":
+            arg = "***"
+        elif arg.startswith("--api-key="):
+            arg = "--api-key=***"
+        out.append(arg)
+    return out
+
+
+def _without_secret(value: Any, secret: str | None) -> Any:
+    """``value`` with ``secret`` masked in every string: SGLang's /server_info carries its server args, the
+    API key among them, and the profile is a file people share."""
+    if not secret:
+        return value
+    if isinstance(value, str):
+        return value.replace(secret, "***")
+    if isinstance(value, dict):
+        return {k: _without_secret(v, secret) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_secret(v, secret) for v in value]
+    return value
 
 
 def _labels(settings: ProfileSettings, target: EngineTarget) -> dict[str, tuple[str, str]]:
@@ -150,8 +178,9 @@ def cmd_profile(argv: list[str]) -> int:
     settings = parse_settings(ProfileSettings, argv, prog="poise profile")
     if not settings.engine:
         raise PoiseError("pass --engine URL (the HTTP address of a colocated SGLang server or engine_sim)")
-    command = shlex.join(["poise", "profile", *argv])
-    target = connect(settings.engine, time_scale_hint=settings.time_scale_hint, timeout_s=settings.timeout_s)
+    command = shlex.join(["poise", "profile", *_redacted(argv)])
+    target = connect(settings.engine, time_scale_hint=settings.time_scale_hint, timeout_s=settings.timeout_s,
+                     api_key=settings.api_key)
     base, base_why = base_profile(target, settings.base_profile)
     try:
         plan = plan_profile(
@@ -170,7 +199,8 @@ def cmd_profile(argv: list[str]) -> int:
     for line in plan.skipped:
         _print(f"skipped: {line}")
     t0 = time.monotonic()
-    measured = asyncio.run(measure(target, plan, seed=settings.seed, progress=_print, timeout_s=settings.timeout_s))
+    measured = asyncio.run(measure(target, plan, seed=settings.seed, progress=_print, timeout_s=settings.timeout_s,
+                                   api_key=settings.api_key))
     elapsed = time.monotonic() - t0
     prefill_samples, pf, clock, df = _fit(measured, settings, target)
 
@@ -204,7 +234,7 @@ def cmd_profile(argv: list[str]) -> int:
         "decode": {"fit": msgspec.to_builtins(df), "samples": msgspec.to_builtins(measured.decode),
                    "experiments": measured.decode_summaries, "steps": plan.decode_steps},
         "skipped": plan.skipped,
-        "server_info": target.server_info,
+        "server_info": _without_secret(target.server_info, settings.api_key),
     }
     clamped = [name for name in pf.clamped + df.clamped if name != "request"]  # c0 is not a profile field
     warnings = poorly_determined(profile, pf, df) + [f"{name} came out negative and was fixed at 0" for name in clamped]

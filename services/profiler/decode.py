@@ -5,8 +5,13 @@ and one streamed "probe", all with ``ignore_eos`` and fresh prompts of ``prompt_
 batch runs, every decode step gives the probe one token, so the gaps between the probe's tokens are the
 engine's step times; nothing else is in the batch. The steady window starts when ``/v1/loads`` shows the
 whole batch running with nothing waiting (its ``num_used_tokens``, KV in use, is then the batch's context)
-and lasts ``steps`` probe tokens; a second ``/v1/loads`` at its end checks the batch stayed whole and gives
-how fast the context grew. Then every request of the experiment is aborted.
+and lasts ``steps`` probe tokens; ``/v1/loads`` polled through the window checks the batch stayed whole and
+gives how fast the context grew. Then every request of the experiment is aborted.
+
+A load report is placed on the probe's token clock by its own ``timestamp``, not by when its answer came:
+SGLang answers ``/v1/loads`` from a snapshot its scheduler publishes every 15 decode steps (about a second on a
+CPU core), so the answer can describe the batch as it was many tokens ago. The window's last report is the
+newest one taken inside it; a report that shows the probe or a filler gone would describe the window's end.
 
 Each window is cut into a few segments (context grows by ``batch`` tokens a step); a segment's step time is
 the mean of its token gaps, i.e. (last token's time - first's) / steps. Not the median: single gaps are
@@ -39,6 +44,7 @@ from shared.errors import EngineError, PoiseError
 from shared.http1 import Http1Pool
 
 POLL_S = 0.005  # between /v1/loads polls while waiting for the batch to be whole (wall seconds)
+WINDOW_POLL_S = 0.1  # between polls inside the measured window: seldom enough not to slow a one-core engine
 
 
 @dataclass
@@ -54,6 +60,10 @@ class ProbeStream:
     def count(self) -> int:
         return self.events[-1][0] if self.events else 0
 
+    def count_at(self, perf_s: float) -> int:
+        """Tokens received by ``perf_s`` (perf_counter seconds)."""
+        return next((n for n, t in reversed(self.events) if t <= perf_s), 0)
+
     async def wait_for(self, tokens: int) -> None:
         while self.count < tokens and not self.ended:
             self.changed.clear()
@@ -62,10 +72,11 @@ class ProbeStream:
 
 @dataclass(frozen=True)
 class Snapshot:
-    tokens: int  # probe tokens seen when the answer came (the engine was between that token and the next)
+    tokens: int  # probe tokens received when the engine took the report (the engine was between that token and the next)
     used_tokens: int  # num_used_tokens: KV in use = the running batch's context tokens
     running: int
     waiting: int
+    taken_unix_s: float | None  # the report's own time (None: the engine gives none; it is then current)
 
 
 def token_gaps(events: list[tuple[int, float]], after: int, upto: int) -> list[tuple[int, float]]:
@@ -140,8 +151,30 @@ async def _filler(pool: Http1Pool, url: str, body: bytes) -> str | None:
 
 async def _snapshot(client: EngineClient, probe: ProbeStream) -> Snapshot:
     loads: EngineLoads = await client.loads()
-    return Snapshot(tokens=probe.count, used_tokens=loads.num_used_tokens, running=loads.num_running_reqs,
-                    waiting=loads.num_waiting_reqs)
+    tokens = probe.count
+    if loads.snapshot_unix_s is not None:  # the report may be older than its answer: count tokens up to its time
+        tokens = min(tokens, probe.count_at(loads.snapshot_unix_s - (time.time() - time.perf_counter())))
+    return Snapshot(tokens=tokens, used_tokens=loads.num_used_tokens, running=loads.num_running_reqs,
+                    waiting=loads.num_waiting_reqs, taken_unix_s=loads.snapshot_unix_s)
+
+
+async def _window_reports(client: EngineClient, probe: ProbeStream, upto: int, seen: list[Snapshot]) -> None:
+    """Poll ``/v1/loads`` into ``seen`` until the probe has ``upto`` tokens (or ends)."""
+    while probe.count < upto and not probe.ended:
+        seen.append(await _snapshot(client, probe))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(probe.wait_for(upto), WINDOW_POLL_S)
+    seen.append(await _snapshot(client, probe))
+
+
+def _window_end(start: Snapshot, seen: list[Snapshot], upto: int) -> Snapshot | None:
+    """The newest report of the window (after ``start``, at most ``upto`` probe tokens), preferring one that
+    still shows the whole batch; None when no report newer than ``start`` was taken in it."""
+    newer = [s for s in seen if start.tokens < s.tokens <= upto
+             and (s.taken_unix_s is None or start.taken_unix_s is None or s.taken_unix_s > start.taken_unix_s)]
+    whole = [s for s in newer if s.running >= start.running]
+    chosen = whole or newer
+    return chosen[-1] if chosen else None
 
 
 def _filler_failure(fillers: list[asyncio.Task[str | None]]) -> str | None:
@@ -198,9 +231,17 @@ async def run_experiment(pool: Http1Pool, client: EngineClient, target: EngineTa
             first = start.tokens
         else:
             first = exp.probe_tokens - steps - 4  # past the planned ramp (plan.py)
-        await probe.wait_for(first + steps)
         if has_loads:
-            end = await _snapshot(client, probe)
+            assert start is not None
+            seen: list[Snapshot] = []
+            await _window_reports(client, probe, first + steps, seen)
+            end = _window_end(start, seen, first + steps)
+            if end is None:
+                raise PoiseError(f"decode batch {exp.batch}: the engine's load report did not change within "
+                                 f"{steps} steps (SGLang publishes it every --load-snapshot-publish-interval "
+                                 "decode steps, 15 by default); measure more --decode-steps")
+        else:
+            await probe.wait_for(first + steps)
     finally:
         await _abort_all(client, rids)
         _, pending = await asyncio.wait([reader, *fillers], timeout=30.0)

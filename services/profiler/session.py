@@ -16,7 +16,7 @@ from services.profiler.plan import ProfilePlan
 from services.profiler.prefill import PrefillTiming, measure_prefill, one_prefill
 from services.profiler.samples import DecodeSample
 from services.profiler.target import EngineTarget
-from shared.engine_client import EngineClient
+from shared.engine_client import EngineClient, engine_auth_headers
 from shared.errors import EngineError, PoiseError
 from shared.http1 import Http1Pool
 
@@ -43,10 +43,11 @@ async def _check_idle(client: EngineClient) -> bool:
 
 
 async def measure(target: EngineTarget, plan: ProfilePlan, *, seed: int, progress: Callable[[str], None],
-                  timeout_s: float = 30.0) -> Measurements:
+                  timeout_s: float = 30.0, api_key: str | None = None) -> Measurements:
     rng = random.Random(seed)
-    pool = Http1Pool()
-    async with httpx.AsyncClient(trust_env=False, timeout=timeout_s) as http:
+    headers = engine_auth_headers(api_key)
+    pool = Http1Pool(headers=headers)
+    async with httpx.AsyncClient(trust_env=False, timeout=timeout_s, headers=headers) as http:
         client = EngineClient(target.url, http, engine_id=target.url, timeout_s=timeout_s)
         try:
             has_loads = await _check_idle(client)

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import msgspec
 
-from shared.engine_client import parse_server_info
+from shared.engine_client import engine_auth_headers, parse_server_info
 from shared.errors import PoiseError
 
 ENGINE_SIM = "poise-engine-sim"  # /server_info "engine" of services/engine_sim
@@ -104,7 +104,8 @@ def _get_json(http: httpx.Client, url: str, path: str) -> tuple[int, Any]:
         return response.status_code, None
 
 
-def connect(url: str, *, time_scale_hint: float | None = None, timeout_s: float = 10.0) -> EngineTarget:
+def connect(url: str, *, time_scale_hint: float | None = None, timeout_s: float = 10.0,
+            api_key: str | None = None) -> EngineTarget:
     """Read the engine's ``/server_info`` (and ``/v1/models`` for its context length if needed).
 
     Synchronous on purpose: it runs once, before the event loop that measures starts.
@@ -112,8 +113,11 @@ def connect(url: str, *, time_scale_hint: float | None = None, timeout_s: float 
     url = url.rstrip("/")
     if not url.startswith("http://"):
         raise PoiseError(f"--engine must be an http:// URL, got {url!r}")
-    with httpx.Client(timeout=timeout_s, trust_env=False) as http:
+    with httpx.Client(timeout=timeout_s, trust_env=False, headers=engine_auth_headers(api_key)) as http:
         status, info = _get_json(http, url, "/server_info")
+        if status == 401:
+            raise PoiseError(f"{url} answered 401 to /server_info: it was started with --api-key; pass the same key "
+                             "with --api-key (or POISE_PROFILE_API_KEY)")
         if status != 200 or not isinstance(info, dict):
             raise PoiseError(f"{url} does not look like an SGLang server: GET /server_info answered HTTP {status}"
                              + ("" if isinstance(info, dict) else " without a JSON object"))

@@ -103,3 +103,24 @@ def test_a_server_that_is_not_sglang_is_refused() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_an_engine_with_an_api_key_is_profiled_with_it(tmp_path: Path) -> None:
+    """A production engine runs with ``--api-key``: without the key the profiler says what to pass; with it, the
+    run measures, and the key given on the command line is not written into the profile."""
+    key = "s3cret-engine-key"
+    started = start_engine(tmp_path, "null", f"--api-key={key}", time_scale=TIME_SCALE, name="keyed")
+    try:
+        wait_healthy([started])
+        with pytest.raises(PoiseError, match="--api-key"):
+            cmd_profile(["--engine", started.url])
+        out = tmp_path / "keyed.json"
+        assert cmd_profile(["--engine", started.url, "--api-key", key, "--out", str(out), "--prefill-lengths",
+                            "[16, 512, 2048]", "--prefill-repeats", "1", "--batch-sizes", "[1, 4]",
+                            "--decode-context-tokens", "4096", "--decode-steps", "8", "--decode-segments", "1",
+                            "--no-plot"]) == 0
+        text = out.read_text()
+        assert key not in text and "--api-key '***'" in json.loads(text)["profiling"]["command"]
+        load_profile(out)
+    finally:
+        stop([started])
