@@ -58,6 +58,17 @@ POISE_STACK_DEFAULTS: dict[str, Any] = {"dispatch_policy": "arrow", "prefill_pol
                                         "give_up_late_prompts": True, **POISE_GATEWAY_RULES}
 
 
+def one_core_each(n: int, cores: int) -> dict[str, str]:
+    """The environment that keeps SGLang CPU engine ``n`` on one core (round robin over ``cores``).
+
+    SGLANG_CPU_OMP_THREADS_BIND pins an engine's OpenMP threads, but SGLang applies it only with its AMX or arm64
+    kernels; elsewhere (an AVX-512 CPU without AMX) it is ignored and torch starts one thread per core in every
+    engine, so two engines on two cores spin against each other: a 1024-token prefill took 5.8-7 s in a PD pair
+    against 1.3 s alone. One OpenMP thread per engine holds on both kinds of CPU.
+    """
+    return {"SGLANG_CPU_OMP_THREADS_BIND": str(n % cores), "OMP_NUM_THREADS": "1"}
+
+
 class StackSettings(ServiceSettings):
     """The local dev stack that ``poise up`` and ``poise run`` bring up."""
 
@@ -420,9 +431,8 @@ class Stack:
             if s.sim_engines:
                 args += ["--engine-kind", "sim", "--time-scale", str(s.time_scale),
                          "--seed", str(s.seed + len(self.processes))]
-            else:  # one core each, round robin: SGLang's CPU backend is 4x slower on two threads per engine here
-                args += ["--engine-preset", s.engines,
-                         "--engine-env", json.dumps({"SGLANG_CPU_OMP_THREADS_BIND": str(n % cores)})]
+            else:
+                args += ["--engine-preset", s.engines, "--engine-env", json.dumps(one_core_each(n, cores))]
             if role != "null":  # decode engines get one too: a flip to prefill needs it
                 self.bootstrap_ports[instance_id] = self._free_port()
                 args += ["--bootstrap-port", str(self.bootstrap_ports[instance_id])]
