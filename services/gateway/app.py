@@ -23,8 +23,8 @@ from services.gateway.service import GatewayService
 from services.gateway.validation import Endpoint, model_not_found, parse_request
 
 
-def _json(body: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
 
 
 class GatewayApp:
@@ -77,7 +77,8 @@ def create_app(service: GatewayService) -> GatewayApp:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return APIError(exc.status_code, str(exc.detail), type_=type_).response()
+        # Starlette's 405 carries the route's Allow header, which RFC 9110 requires on a 405
+        return APIError(exc.status_code, str(exc.detail), type_=type_, headers=dict(exc.headers or {})).response()
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
@@ -145,7 +146,7 @@ def create_app(service: GatewayService) -> GatewayApp:
             return _ClosingStreamingResponse(_stream(flow), media_type="text/event-stream",
                                              headers={"cache-control": "no-cache", "x-request-id": flow.client_id})
         service.finish(flow)
-        return _json(body)
+        return _json(body, headers={"x-request-id": flow.client_id})
 
     async def _stream(flow: RequestFlow) -> AsyncIterator[bytes]:
         status, error = "ok", None
@@ -179,13 +180,22 @@ def create_app(service: GatewayService) -> GatewayApp:
     app.add_api_route("/v1/completions", completions, methods=["POST"])
     app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"])
 
+    def _model(name: str, now: int) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": now, "owned_by": "poise"}
+
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         _authorize(request)
         now = int(time.time())
-        return _json({"object": "list", "data": [
-            {"id": m, "object": "model", "created": now, "owned_by": "poise"} for m in service.cluster.served_models()
-        ]})
+        return _json({"object": "list", "data": [_model(m, now) for m in service.cluster.served_models()]})
+
+    @app.get("/v1/models/{model:path}")  # a path: model names such as meta-llama/Llama-3.1-8B-Instruct have a /
+    async def model(request: Request, model: str) -> Response:
+        _authorize(request)
+        served = service.cluster.served_models()
+        if model not in served:
+            raise model_not_found(model, served)
+        return _json(_model(model, int(time.time())))
 
     @app.get("/health")
     async def health() -> Response:

@@ -143,6 +143,8 @@ def parse_request(raw: bytes, endpoint: Endpoint, *, counter: TokenCounter, defa
     max_tokens = body.get(max_name)
     if max_tokens is None:
         max_tokens = default_max_tokens
+    elif isinstance(max_tokens, float) and max_tokens.is_integer() and max_tokens >= 1:
+        max_tokens = int(max_tokens)  # JSON Schema's integer, and SGLang, take 10.0 as 10
     elif not _is_int(max_tokens) or max_tokens < 1:
         raise bad_request(f"'{max_name}' must be a positive integer, got {max_tokens!r}", param=max_name)
     if max_tokens > max_tokens_limit:

@@ -142,3 +142,19 @@ async def test_fuzzed_bodies_never_get_a_5xx(cluster, engines, nats_server, etcd
                 assert "error" in orjson.loads(text) if status >= 400 else True
             r = await client.post(url + "/v1/completions", json=BODY)  # the gateway still serves
             assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16
+
+
+async def test_the_openai_contract_details_clients_rely_on(cluster, engines, nats_server, etcd_server) -> None:  # type: ignore[no-untyped-def]
+    """``client.models.retrieve()``, a request id on every answer, a 405 that says what is allowed (RFC 9110)."""
+    registry, ns = cluster
+    await register(registry, engines["prefill"].info("p0"), engines["decode"].info("d0"))
+    async with gateway(nats_server, etcd_server, ns) as (url, service), httpx.AsyncClient(timeout=30) as client:
+        await wait_instances(service, 2)
+        r = await client.get(url + f"/v1/models/{MODEL}")
+        assert r.status_code == 200 and r.json()["id"] == MODEL and r.json()["object"] == "model", r.text
+        r = await client.get(url + "/v1/models/not-served")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
+        r = await client.post(url + "/v1/completions", json={**BODY, "stream": False})
+        assert r.status_code == 200 and r.headers["x-request-id"] == r.json()["id"], r.headers
+        r = await client.get(url + "/v1/completions")
+        assert r.status_code == 405 and r.headers["allow"] == "POST" and r.json()["error"]["message"], r.text

@@ -36,6 +36,11 @@ def test_defaults_and_chat_max_completion_tokens() -> None:
     assert parse({"model": "m", "prompt": "a"}).max_tokens == 256
 
 
+def test_a_whole_number_float_max_tokens_is_an_integer() -> None:
+    p = parse({"model": "m", "prompt": "a", "max_tokens": 10.0})  # JSON Schema's integer; SGLang takes it too
+    assert p.max_tokens == 10 and isinstance(p.body["max_tokens"], int)
+
+
 def test_unknown_fields_pass_through() -> None:
     p = parse({"model": "m", "prompt": "a", "ignore_eos": True, "return_hidden_states": True, "custom": 1})
     assert p.body["custom"] == 1 and p.body["return_hidden_states"] is True
@@ -52,6 +57,8 @@ def test_unknown_fields_pass_through() -> None:
     ({"model": "m", "prompt": [1, -2]}, "prompt"),
     ({"model": "m", "prompt": "a", "max_tokens": 0}, "max_tokens"),
     ({"model": "m", "prompt": "a", "max_tokens": "9"}, "max_tokens"),
+    ({"model": "m", "prompt": "a", "max_tokens": 9.5}, "max_tokens"),
+    ({"model": "m", "prompt": "a", "max_tokens": 0.0}, "max_tokens"),
     ({"model": "m", "prompt": "a", "max_tokens": 5000}, "max_tokens"),
     ({"model": "m", "prompt": "a", "temperature": 3}, "temperature"),
     ({"model": "m", "prompt": "a", "temperature": True}, "temperature"),
