@@ -58,6 +58,9 @@ POISE_STACK_DEFAULTS: dict[str, Any] = {"dispatch_policy": "arrow", "prefill_pol
                                         "give_up_late_prompts": True, **POISE_GATEWAY_RULES}
 
 
+CPU_ENGINE_PROBE_TIMEOUT_S = 60.0  # above the longest prefill pass of a CPU engine (max_prefill_tokens, one core)
+
+
 def one_core_each(n: int, cores: int) -> dict[str, str]:
     """The environment that keeps SGLang CPU engine ``n`` on one core (round robin over ``cores``).
 
@@ -254,6 +257,11 @@ class StackSettings(ServiceSettings):
             if self.give_up_late_prompts and self.sim_engines:
                 # Colocated engines refuse late prompts themselves; make_mix leaves them unjudged the same way.
                 args += ["--no-early-rejection-colocated"]
+        if not self.sim_engines:
+            # A CPU engine's prefill pass runs for seconds (a 4096-token chunk ~16 s on one core) and SGLang's
+            # /health answers only after it: the default 5 s probe would call a busy engine hung and fail its
+            # requests with 502s (seen at 0.44 req/s on a 1P2D CPU stack).
+            args += ["--probe-timeout-s", str(CPU_ENGINE_PROBE_TIMEOUT_S)]
         for spec in self.gateway_slo_class:
             args += [f"--slo-class={spec}"]
         if self.gateway_slo_preset:

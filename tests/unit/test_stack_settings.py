@@ -7,7 +7,7 @@ import pytest
 from loadgen.sim.baselines import POISE_ENGINE, POISE_LATE_BINDING, make_mix
 from services.cli.main import RunSettings
 from services.cli.run_job import MainJobSettings
-from services.cli.stack import StackSettings
+from services.cli.stack import StackSettings, one_core_each
 from shared.errors import ConfigError, PoiseError
 from shared.policies.admission import EarlyRejectionParams
 from shared.settings import load_settings, parse_settings
@@ -197,6 +197,11 @@ def test_sglang_cpu_engines_bring_their_model_and_wait_and_no_engine_sim_flags()
     assert s.model == "SmolLM2-135M-Instruct" and s.ready_timeout_s == 900.0
     assert s.engine_args() == []  # SGLang runs its own scheduling: FlowPrefill etc. are engine_sim's
     assert "--no-early-rejection-colocated" not in s.gateway_policy_args()  # SGLang engines do not give up
+    # A CPU engine's /health waits out a prefill pass of seconds: the gateway's probe gives it that long.
+    args = s.gateway_policy_args()
+    assert float(args[args.index("--probe-timeout-s") + 1]) >= 30
+    assert one_core_each(3, 2) == {"SGLANG_CPU_OMP_THREADS_BIND": "1", "OMP_NUM_THREADS": "1"}
     sim = load_settings(StackSettings)
+    assert "--probe-timeout-s" not in sim.gateway_policy_args()
     assert sim.model == "meta-llama/Llama-3.1-8B-Instruct" and sim.ready_timeout_s == 60.0 and sim.engine_args()
     assert load_settings(StackSettings, engines="sglang-cpu", model="m", ready_timeout_s=5).model == "m"
