@@ -96,6 +96,8 @@ bench: setup predictor-setup $(if $(HAVE_SGLANG_CPU),sglang-setup)
 	$(PY) -m tests.bench.gpu_latency_check
 	$(PY) -m tests.bench.gpu_latency_check --gpu h200
 	$(if $(HAVE_SGLANG_CPU),POISE_SGLANG_CPU_VENV=$(abspath $(SGLANG_VENV)) $(PY) -m tests.bench.sglang_cpu_costs)
+	$(if $(HAVE_SGLANG_CPU),POISE_SGLANG_CPU_VENV=$(abspath $(SGLANG_VENV)) $(PY) -m tests.bench.sglang_fidelity)
+	$(if $(HAVE_SGLANG_CPU),POISE_SGLANG_CPU_VENV=$(abspath $(SGLANG_VENV)) $(PY) -m tests.bench.sglang_router_compare)
 
 ## GPU nodes from one inventory (deploy/README.md): `make deploy INVENTORY=my.yaml DRY_RUN=1` prints the plan and
 ## writes the files (.poise/deploy/<name>/, or DEPLOY_OUT) without applying; without DRY_RUN it applies over ssh.

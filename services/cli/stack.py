@@ -66,8 +66,8 @@ def one_core_each(n: int, cores: int) -> dict[str, str]:
 
     SGLANG_CPU_OMP_THREADS_BIND pins an engine's OpenMP threads, but SGLang applies it only with its AMX or arm64
     kernels; elsewhere (an AVX-512 CPU without AMX) it is ignored and torch starts one thread per core in every
-    engine, so two engines on two cores spin against each other: a 1024-token prefill took 5.8-7 s in a PD pair
-    against 1.3 s alone. One OpenMP thread per engine holds on both kinds of CPU.
+    engine, so two engines on two cores spin against each other: a 1024-token prefill took 5.8-7 s in a PD pair,
+    2.6-2.8 s with one thread each. One OpenMP thread per engine holds on both kinds of CPU.
     """
     return {"SGLANG_CPU_OMP_THREADS_BIND": str(n % cores), "OMP_NUM_THREADS": "1"}
 
@@ -260,7 +260,7 @@ class StackSettings(ServiceSettings):
         if not self.sim_engines:
             # A CPU engine's prefill pass runs for seconds (a 4096-token chunk ~16 s on one core) and SGLang's
             # /health answers only after it: the default 5 s probe would call a busy engine hung and fail its
-            # requests with 502s (seen at 0.44 req/s on a 1P2D CPU stack).
+            # requests with 502s (seen near a 1P1D CPU pair's capacity, 0.44 req/s).
             args += ["--probe-timeout-s", str(CPU_ENGINE_PROBE_TIMEOUT_S)]
         for spec in self.gateway_slo_class:
             args += [f"--slo-class={spec}"]

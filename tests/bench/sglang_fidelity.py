@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import contextlib
 import io
-import json
 import os
 import re
 import shlex
@@ -40,6 +39,7 @@ from services.cli.stack import Stack
 from services.profiler.cli import cmd_profile
 from shared.latency import LatencyModel, load_profile
 from tests.bench.router_compare import cpu_seconds
+from tests.bench.sglang_cpu_costs import write_results
 from tests.bench.sim_fidelity import METRICS, compare, error_cell, first_token_deltas, misses, scrape_engines
 from tests.sglang.realstack import real_stack, serving
 
@@ -241,10 +241,7 @@ def main() -> None:
     data = {"command": command, "profile": str(path.relative_to(REPO) if path.is_relative_to(REPO) else path),
             "trace": TRACE, "max_input": MAX_INPUT, "max_output": MAX_OUTPUT,
             "slo": {"ttft_s": CPU_SLO.ttft_s, "tpot_s": CPU_SLO.tpot_s}, **live_and_simulated(path, say)}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "sglang_fidelity.json").write_text(json.dumps(data, indent=1) + "\n")
-    (RESULTS / "sglang_fidelity.md").write_text(report(data))
-    print((RESULTS / "sglang_fidelity.md").read_text())
+    write_results("sglang_fidelity", data, report(data))
 
 
 if __name__ == "__main__":
