@@ -182,9 +182,14 @@ def parse_request(raw: bytes, endpoint: Endpoint, *, counter: TokenCounter, defa
     if n != 1:
         raise bad_request("'n' > 1 is not supported: send separate requests", param="n")
 
-    for flag in ("ignore_eos", "echo", "logprobs") if endpoint == "completions" else ("ignore_eos",):
-        if flag in body and flag != "logprobs" and not isinstance(body[flag], bool):
+    for flag in ("ignore_eos", "echo") if endpoint == "completions" else ("ignore_eos", "logprobs"):
+        if body.get(flag) is not None and not isinstance(body[flag], bool):
             raise bad_request(f"'{flag}' must be a boolean", param=flag)
+    # The OpenAI API's bounds: completions take up to 5 log-probabilities a token, chat up to 20.
+    name, most = ("logprobs", 5) if endpoint == "completions" else ("top_logprobs", 20)
+    count = body.get(name)
+    if count is not None and (not _is_int(count) or not 0 <= count <= most):
+        raise bad_request(f"'{name}' must be an integer from 0 to {most}, got {count!r}", param=name)
 
     priority = body.get("priority")
     if priority is not None and not _is_int(priority):

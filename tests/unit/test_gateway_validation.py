@@ -58,6 +58,8 @@ def test_unknown_fields_pass_through() -> None:
     ({"model": "m", "prompt": "a", "max_tokens": 0}, "max_tokens"),
     ({"model": "m", "prompt": "a", "max_tokens": "9"}, "max_tokens"),
     ({"model": "m", "prompt": "a", "max_tokens": 9.5}, "max_tokens"),
+    ({"model": "m", "prompt": "a", "logprobs": 6}, "logprobs"),
+    ({"model": "m", "prompt": "a", "logprobs": True}, "logprobs"),
     ({"model": "m", "prompt": "a", "max_tokens": 0.0}, "max_tokens"),
     ({"model": "m", "prompt": "a", "max_tokens": 5000}, "max_tokens"),
     ({"model": "m", "prompt": "a", "temperature": 3}, "temperature"),
@@ -127,3 +129,14 @@ def test_a_role_of_any_type_is_a_400(role: Any) -> None:
     with pytest.raises(APIError) as err:
         parse({"model": "m", "messages": [{"role": role, "content": "x"}]}, "chat")
     assert err.value.status == 400 and err.value.param == "messages.[0].role"
+
+
+def test_log_probability_counts_within_the_openai_bounds() -> None:
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    assert parse({**chat, "logprobs": True, "top_logprobs": 20}, "chat").body["top_logprobs"] == 20
+    assert parse({"model": "m", "prompt": "a", "logprobs": 5}).body["logprobs"] == 5
+    for bad, param in (({"top_logprobs": 21}, "top_logprobs"), ({"top_logprobs": 2.5}, "top_logprobs"),
+                       ({"logprobs": "yes"}, "logprobs")):
+        with pytest.raises(APIError) as err:
+            parse({**chat, **bad}, "chat")
+        assert err.value.status == 400 and err.value.param == param
