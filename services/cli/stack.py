@@ -241,8 +241,8 @@ class StackSettings(ServiceSettings):
         return DEFAULT_MAX_LOCAL_PREFILL_TOKENS if self.planner_policy in ("dopd", "poise") else 0
 
     def gateway_policy_args(self) -> list[str]:
-        """Gateway flags for late binding, local prefill, early rejection, SLO classes and moving non-streaming
-        requests."""
+        """Gateway flags for late binding, local prefill, early rejection, SLO classes, moving non-streaming
+        requests and, on SGLang CPU engines, the /health probe's patience."""
         args: list[str] = []
         if self.migration_policy != "none":  # the migrator may pick any running request, streamed or not
             args += ["--move-non-streaming"]

@@ -91,21 +91,9 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9.]+", "-", text.lower().rsplit("/", 1)[-1]).strip("-") or "engine"
 
 
-def _redacted(argv: list[str]) -> list[str]:
-    """The command line as the profile records it: an API key given as a flag is not written into the file."""
-    out: list[str] = []
-    for arg in argv:
-        if out and out[-1] == "--api-key":
-            arg = "***"
-        elif arg.startswith("--api-key="):
-            arg = "--api-key=***"
-        out.append(arg)
-    return out
-
-
 def _without_secret(value: Any, secret: str | None) -> Any:
-    """``value`` with ``secret`` masked in every string: SGLang's /server_info carries its server args, the
-    API key among them, and the profile is a file people share."""
+    """``value`` with ``secret`` masked in every string: the profile records its command line and SGLang's
+    /server_info (its server args, the API key among them), and the profile is a file people share."""
     if not secret:
         return value
     if isinstance(value, str):
@@ -178,7 +166,7 @@ def cmd_profile(argv: list[str]) -> int:
     settings = parse_settings(ProfileSettings, argv, prog="poise profile")
     if not settings.engine:
         raise PoiseError("pass --engine URL (the HTTP address of a colocated SGLang server or engine_sim)")
-    command = shlex.join(["poise", "profile", *_redacted(argv)])
+    command = shlex.join(["poise", "profile", *_without_secret(argv, settings.api_key)])
     target = connect(settings.engine, time_scale_hint=settings.time_scale_hint, timeout_s=settings.timeout_s,
                      api_key=settings.api_key)
     base, base_why = base_profile(target, settings.base_profile)

@@ -89,7 +89,7 @@ def measure(repeats: int, say: Any) -> dict[str, Any]:
             for _ in range(repeats):
                 serving(stack, LAYOUT)
                 answer = Streamed(stack, 80)
-                until(lambda a=answer: len(a.parts) >= 20, 60, "20 tokens")
+                until(lambda a=answer: len(a.parts) >= 20, 60, "20 tokens")  # type: ignore[misc]  # mypy cannot type a default-bound lambda
                 source = decoding_on(stack)
                 target = "d1" if source == "d0" else "d0"
                 took, reply = _timed_admin(stack, "migrate", answer.rid, "--to", target)
@@ -109,7 +109,7 @@ def report(data: dict[str, Any], command: str) -> str:
     profile = load_profile(DEFAULT_PROFILE)
     idle, sidecar = data["role_switch_idle_s"], data["role_switch_idle_sidecar_s"]
     phases = data["engine_startup_phases_s"]
-    tok = [p.get("tokenizer_e2e") for p in phases.values() if isinstance(p, dict) and p.get("tokenizer_e2e")]
+    tok = [float(p["tokenizer_e2e"]) for p in phases.values() if isinstance(p, dict) and p.get("tokenizer_e2e")]
     drained = data["role_switch_draining"]
     restart = data["colocated_restart"][0]
     moves = data["recompute_move"]

@@ -19,13 +19,14 @@ import asyncio
 import contextlib
 import io
 import os
-import re
 import shlex
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from loadgen.progress import ReplayProgress
 from loadgen.replay import ReplayResult, replay
@@ -103,7 +104,7 @@ def cpu_by_kind() -> dict[str, float]:
     return out
 
 
-_STAGE = re.compile(r'^sglang:(per_stage_req_latency_seconds|queue_time_seconds)_(sum|count)\{([^}]*)\} (\S+)$')
+_STAGE_SERIES = {"sglang:per_stage_req_latency_seconds", "sglang:queue_time_seconds"}
 
 
 def stage_totals(stack: Stack) -> dict[str, tuple[float, float]]:
@@ -112,13 +113,16 @@ def stage_totals(stack: Stack) -> dict[str, tuple[float, float]]:
     for a prefill batch)."""
     out: dict[str, tuple[float, float]] = {}
     for instance_id, text in scrape_engines(stack).items():
-        for line in text.splitlines():
-            if (m := _STAGE.match(line)) is None:
+        for family in text_string_to_metric_families(text):
+            if family.name not in _STAGE_SERIES:
                 continue
-            stage = re.search(r'stage="([^"]*)"', m.group(3))
-            key = f"{instance_id}:{stage.group(1) if stage else 'queue_time'}"
-            total, count = out.get(key, (0.0, 0.0))
-            out[key] = (total + float(m.group(4)), count) if m.group(2) == "sum" else (total, count + float(m.group(4)))
+            for sample in family.samples:
+                key = f"{instance_id}:{sample.labels.get('stage', 'queue_time')}"
+                total, count = out.get(key, (0.0, 0.0))
+                if sample.name.endswith("_sum"):
+                    out[key] = (total + sample.value, count)
+                elif sample.name.endswith("_count"):
+                    out[key] = (total, count + sample.value)
     return out
 
 

@@ -64,10 +64,7 @@ def start_smg(engines: dict[str, str], bootstrap: dict[str, int], log: Path) -> 
     def up() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"smg exited with {proc.returncode}: {log.read_text()[-2000:]}")
-        try:
-            return httpx.get(url + "/v1/models", timeout=2, trust_env=False).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return _ok(url + "/v1/models")
 
     until(up, 120, "smg serving")
     return proc, url
