@@ -20,6 +20,7 @@ from services.cli.stack import Stack, StackSettings
 from services.cli.supervise import RestartPolicy, Supervisor
 from shared.devservers import ManagedProcess
 from shared.errors import PoiseError
+from tests.integration.gateway_harness import streamed_tokens
 
 pytestmark = pytest.mark.e2e
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -99,7 +100,7 @@ def test_a_killed_sidecar_is_restarted_and_adopts_its_serving_engine(stack: Stac
         sup = _supervise_until(stack, lambda: worker.starts == 2 and worker.alive)
         response = stream.result(timeout=120)
     assert response.status_code == 200
-    assert response.text.count('"text"') >= 600 and response.text.rstrip().endswith("data: [DONE]")
+    assert streamed_tokens(response.text) == 600 and response.text.rstrip().endswith("data: [DONE]")
     # The new sidecar took over the same engine process and registered it again.
     assert json.loads(pid_file.read_text())["pid"] == engine_pid
     assert "adopting engine pid" in (stack.run_dir / "logs" / "worker-d0.log").read_text(errors="replace")

@@ -32,6 +32,15 @@ def engine_info(instance_id: str, role: str, url: str, bootstrap_port: int | Non
                         registered_at_unix_s=time.time())
 
 
+def streamed_tokens(sse: str) -> int:
+    """The tokens in a completions stream: engine_sim writes one placeholder word per token, and an SSE event
+    may carry several of them (it coalesces when the reader falls behind, as SGLang does), so the words are
+    counted, not the events."""
+    texts = [choice["text"] for line in sse.splitlines() if line.startswith("data: {")
+             for choice in orjson.loads(line[6:]).get("choices", [])]
+    return len("".join(texts).split())
+
+
 class SimEngine:
     """An engine_sim process serving ``model`` in ``mode``."""
 
