@@ -99,9 +99,11 @@ def _print(line: str) -> None:
 
 def replay_with_classes(settings: RunSettings | BenchSettings, *, gateway_url: str, model: str, title: str,
                         label: str) -> ReplayResult:
-    """`run_replay` with the SLO classes ``--slo-class`` / ``--slo-preset`` ask for (none: the trace's SLO)."""
+    """`run_replay` with the SLO classes ``--slo-class`` / ``--slo-preset`` ask for; without them `poise run`
+    judges by the SLO its stack plans for, `poise bench` by the trace's."""
+    slo = SLO(*settings.planning_slo()) if isinstance(settings, RunSettings) else None
     return run_replay(settings, gateway_url=gateway_url, model=model, title=title, label=label,
-                      classes=lambda trace_slo: slo_classes(settings, trace_slo))[0]
+                      classes=lambda trace_slo: slo_classes(settings, trace_slo), slo=slo)[0]
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
@@ -185,7 +187,8 @@ def cmd_run(argv: list[str]) -> int:
     except KeyboardInterrupt:
         return 130
     try:
-        title = (f"poise run: {settings.trace}, {settings.prefill}P{settings.decode}D engine_sim ({settings.profile}), "
+        title = (f"poise run: {settings.trace}, {settings.prefill}P{settings.decode}D "
+                 f"{'SGLang on this CPU' if settings.engines == 'sglang-cpu' else 'engine_sim'} ({settings.profile}), "
                  f"planner {settings.planner_policy}, dispatch {settings.dispatch_policy}")
         result = run_main_job(settings, stack, title)
         dead = stack.check_alive()

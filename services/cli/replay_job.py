@@ -57,13 +57,13 @@ def select_workload(settings: TraceSliceSettings) -> Workload:
 def run_replay(settings: ReplaySettings, *, gateway_url: str, model: str, title: str, label: str,
                classes: Callable[[SLO], SLOClasses | None] | None = None,
                extra: Callable[[ReplayResult, Path, SLO, SLOClasses | None], str | None] | None = None,
-               ) -> tuple[ReplayResult, Path]:
+               slo: SLO | None = None) -> tuple[ReplayResult, Path]:
     """Replay the selected slice and write the report. ``classes(trace_slo)`` gives the SLO classes, if any:
     the requests are then labelled with them and judged by their class's SLO. ``extra(result, out_dir, slo,
     classes)``, called once the replay is done, may write more files into the report directory and return
     Markdown for the report, placed after the table (and printed after it)."""
     workload = select_workload(settings)
-    slo = slo_for(workload.name)
+    slo = slo or slo_for(workload.name)
     slo_classes = classes(slo) if classes is not None else None
     if slo_classes is not None:
         workload = slo_classes.assign(workload)

@@ -139,7 +139,7 @@ def run_main_job(settings: MainJobSettings, stack: Stack, title: str) -> ReplayR
         watcher.start()
     try:
         return run_replay(settings, gateway_url=stack.gateway_url, model=settings.model, title=title, label="run",
-                          classes=lambda trace_slo: slo_classes(settings, trace_slo),
+                          classes=lambda trace_slo: slo_classes(settings, trace_slo), slo=SLO(*settings.planning_slo()),
                           extra=_comparison_hook(settings, watcher) if settings.compare else None)[0]
     finally:
         if watcher is not None:

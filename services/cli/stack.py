@@ -28,7 +28,7 @@ from loadgen.slo import slo_for
 from services.cli.stack_lock import StackLock, check_ports_free
 from services.cli.supervise import retired
 from services.gateway.config import POISE_GATEWAY_RULES
-from services.worker.presets import SGLANG_CPU_MODEL
+from services.worker.presets import SGLANG_CPU_MODEL, SGLANG_CPU_PROFILE, SGLANG_CPU_SLO_S
 from shared.devservers import EtcdServer, ManagedProcess, NatsServer, free_port
 from shared.errors import PoiseError
 from shared.latency import DEFAULT_PROFILE, load_profile
@@ -81,7 +81,7 @@ class StackSettings(ServiceSettings):
     prefill: int = Field(2, description="Number of prefill engines (engine_sim + worker sidecar each).")
     decode: int = Field(2, description="Number of decode engines.")
     colocated: int = Field(0, description="Number of colocated (SGLang disaggregation mode null) engines.")
-    profile: str = Field(DEFAULT_PROFILE, description="Latency profile of the simulated engines (name or JSON path).")
+    profile: str = Field(None, validate_default=False, description="Latency profile of the engines (name or JSON path): engine_sim runs it, the planner and gateway policies plan with it; unset = llama-3.1-8b-h100 (engine_sim) or smollm2-135m-cpu (sglang-cpu: fitted to the preset's engines on one core).")  # type: ignore[assignment]  # always set by _engines_imply
     model: str = Field(None, validate_default=False, description="Served model name; unset = meta-llama/Llama-3.1-8B-Instruct (engine_sim's profile model) or SmolLM2-135M-Instruct (sglang-cpu).")  # type: ignore[assignment]  # always set by _engines_imply
     time_scale: float = Field(1.0, description="engine_sim compute time multiplier (0 = free compute).")
     seed: int = Field(0, description="Seed of the simulated engines (token ids, stop lengths).")
@@ -98,8 +98,8 @@ class StackSettings(ServiceSettings):
     ready_timeout_s: float = Field(None, validate_default=False, description="How long to wait for every engine to register; unset = 60 s with engine_sim, 900 s with sglang-cpu (an SGLang engine takes 30-180 s to start on a CPU, longer on a busy one).")  # type: ignore[assignment]  # always set by _engines_imply
     planner_policy: str = Field(DEFAULT_PLANNER_POLICY, description="The planner's pool policy: poise (the P:D controller: scores every split on the served mix, flips one instance at a time towards a clearly better one), static (roles never change), arrow or dopd. poise also sets, unless given, --dispatch-policy arrow, --prefill-policy flowprefill-fewest-late, --preemption operator, --chunked-prefill-size -1, --give-up-late-prompts, --late-binding with --late-binding-policy flowprefill-fewest-late (the simulator's poise mix) and local prefill of prompts up to 512 tokens.")
     dispatch_policy: str = Field(None, validate_default=False, description="The gateway's dispatch policy: least-load, round-robin, arrow or cache-aware (SMG's); unset = arrow with --planner-policy poise, least-load with the others.")  # type: ignore[assignment]  # always set by _planner_policy_implies
-    slo_ttft_s: float | None = Field(None, gt=0.0, description="TTFT SLO (s) the planner and gateway policies plan for; unset = the trace's (poise run) or Arrow Table 1's Azure conversation value, 2 s.")
-    slo_tpot_s: float | None = Field(None, gt=0.0, description="TPOT SLO (s) the policies plan for; unset = the trace's (poise run) or 0.15 s (Azure conversation).")
+    slo_ttft_s: float | None = Field(None, gt=0.0, description="TTFT SLO (s) the planner and gateway policies plan for (and poise run judges by); unset = 4 s with sglang-cpu engines, else the trace's (poise run) or Arrow Table 1's Azure conversation value, 2 s.")
+    slo_tpot_s: float | None = Field(None, gt=0.0, description="TPOT SLO (s) the policies plan for (and poise run judges by); unset = 0.3 s with sglang-cpu engines, else the trace's (poise run) or 0.15 s (Azure conversation).")
     # -- engine scheduling (every engine_sim; see services/engine_sim/config.py) ------------------------------
     prefill_policy: str | None = Field(None, description="Prefill scheduling policy of every engine (shared.policies PREFILL_POLICIES: fcfs, edf, ...); unset = flowprefill-fewest-late-cautious with --planner-policy poise, else engine_sim's default (fcfs).")
     decode_policy: str | None = Field(None, description="Decode batch policy of every engine (shared.policies DECODE_BATCH_POLICIES: continuous, ...); unset = engine_sim's default.")
@@ -126,9 +126,10 @@ class StackSettings(ServiceSettings):
     @model_validator(mode="before")
     @classmethod
     def _engines_imply(cls, data: Any) -> Any:
-        """The served model and the start-up wait follow the engines, unless set."""
+        """The served model, the latency profile and the start-up wait follow the engines, unless set."""
         sglang = isinstance(data, dict) and data.get("engines") == "sglang-cpu"
         return fill_unset(data, {"model": SGLANG_CPU_MODEL if sglang else SIM_MODEL,
+                                 "profile": SGLANG_CPU_PROFILE if sglang else DEFAULT_PROFILE,
                                  "ready_timeout_s": 900.0 if sglang else 60.0})
 
     @model_validator(mode="before")
@@ -283,7 +284,11 @@ class StackSettings(ServiceSettings):
         return DEFAULT_SLO_TRACE
 
     def planning_slo(self) -> tuple[float, float]:
-        """(TTFT, TPOT) SLO in seconds handed to the planner and the gateway."""
+        """(TTFT, TPOT) SLO in seconds handed to the planner and the gateway: the flags', else what the engines
+        can meet (sglang-cpu: a CPU's), else the trace's."""
+        if self.engines == "sglang-cpu":
+            ttft_s, tpot_s = SGLANG_CPU_SLO_S
+            return (self.slo_ttft_s or ttft_s, self.slo_tpot_s or tpot_s)
         try:
             default = slo_for(self.slo_trace())
         except ValueError:  # a trace file of our own: no Table 1 entry

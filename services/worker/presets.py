@@ -36,6 +36,12 @@ REPO = Path(__file__).resolve().parents[2]
 #: The SGLang-for-CPU environment ``make sglang-setup`` makes; POISE_SGLANG_CPU_VENV points elsewhere.
 SGLANG_CPU_VENV_ENV = "POISE_SGLANG_CPU_VENV"
 SGLANG_CPU_MODEL = "SmolLM2-135M-Instruct"
+#: The latency profile fitted to this preset's engines (one core each; shared/latency/profiles/), which the
+#: planner and gateway policies plan with when `poise up` runs them.
+SGLANG_CPU_PROFILE = "smollm2-135m-cpu"
+#: (TTFT, TPOT) seconds such a pair can meet: a 1024-token prompt prefills in ~2.2 s on one core and a decode
+#: step takes 80-560 ms, so Azure's 2 s / 0.15 s would be missed by almost every request however it is routed.
+SGLANG_CPU_SLO_S = (4.0, 0.3)
 
 
 def sglang_cpu_venv() -> Path:

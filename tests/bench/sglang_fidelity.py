@@ -38,6 +38,7 @@ from loadgen.traces import load_trace
 from loadgen.workload import Workload
 from services.cli.stack import Stack
 from services.profiler.cli import cmd_profile
+from services.worker.presets import SGLANG_CPU_SLO_S
 from shared.latency import LatencyModel, load_profile
 from tests.bench.router_compare import cpu_seconds
 from tests.bench.sglang_cpu_costs import write_results
@@ -53,8 +54,7 @@ PROFILE_ARGS = ["--prefill-repeats", "3", "--max-prefill-tokens", "2048", "--bat
                 "--gpu", "cpu-1-core", "--name", "smollm2-135m-cpu"]
 TRACE = "azure-conv"
 MAX_INPUT, MAX_OUTPUT = 1024, 32  # what a 135M model on one core answers in seconds, not minutes
-#: What this CPU pair can meet: a capped prompt prefills in 0.1-2.2 s on one core, a decode step takes 80-460 ms.
-CPU_SLO = SLO(ttft_s=4.0, tpot_s=0.3)
+CPU_SLO = SLO(*SGLANG_CPU_SLO_S)  # what the pair can meet, as `poise up --engines sglang-cpu` plans for
 #: (trace start s, wall duration s, rate scale, role): a light slice, on which the first-token delay of this
 #: host is fitted, and one near the pair's capacity (prefill ~65% busy, decode ~70%) that is only reported.
 #: A slice of D wall seconds at rate x is D * x seconds of the trace, stretched.

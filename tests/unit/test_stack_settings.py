@@ -9,6 +9,7 @@ from services.cli.main import RunSettings
 from services.cli.run_job import MainJobSettings
 from services.cli.stack import StackSettings, one_core_each
 from shared.errors import ConfigError, PoiseError
+from shared.latency import load_profile
 from shared.policies.admission import EarlyRejectionParams
 from shared.settings import load_settings, parse_settings
 
@@ -195,6 +196,10 @@ def test_poise_sim_on_a_whole_trace_replays_the_trace_the_benchmarks_load() -> N
 def test_sglang_cpu_engines_bring_their_model_and_wait_and_no_engine_sim_flags() -> None:
     s = load_settings(StackSettings, engines="sglang-cpu")
     assert s.model == "SmolLM2-135M-Instruct" and s.ready_timeout_s == 900.0
+    # The policies plan with the preset's own fitted profile and an SLO a CPU pair can meet, not an H100's.
+    assert s.profile == "smollm2-135m-cpu" and load_profile(s.profile).model == s.model
+    assert s.planning_slo() == (4.0, 0.3)
+    assert load_settings(StackSettings, engines="sglang-cpu", slo_ttft_s=9).planning_slo() == (9.0, 0.3)
     assert s.engine_args() == []  # SGLang runs its own scheduling: FlowPrefill etc. are engine_sim's
     assert "--no-early-rejection-colocated" not in s.gateway_policy_args()  # SGLang engines do not give up
     # A CPU engine's /health waits out a prefill pass of seconds: the gateway's probe gives it that long.
@@ -204,4 +209,5 @@ def test_sglang_cpu_engines_bring_their_model_and_wait_and_no_engine_sim_flags()
     sim = load_settings(StackSettings)
     assert "--probe-timeout-s" not in sim.gateway_policy_args()
     assert sim.model == "meta-llama/Llama-3.1-8B-Instruct" and sim.ready_timeout_s == 60.0 and sim.engine_args()
+    assert sim.profile == "llama-3.1-8b-h100" and sim.planning_slo() == (2.0, 0.15)
     assert load_settings(StackSettings, engines="sglang-cpu", model="m", ready_timeout_s=5).model == "m"
