@@ -25,8 +25,8 @@ from loadgen.sim.instance import EngineSpec
 from shared.latency import LatencyModel
 from shared.policies import (
     DECODE_BATCH_POLICIES,
-    POISE_LATE_BINDING_POLICY,
-    POISE_PREFILL_POLICY,
+    DISPATCH_POLICIES,
+    POOL_POLICIES,
     PREEMPTION,
     PREFILL_POLICIES,
     ArrowDispatch,
@@ -40,7 +40,6 @@ from shared.policies import (
     LengthPredictor,
     MaxTokens,
     MigrationPolicy,
-    PoisePools,
     PolicyContext,
     PoolPolicy,
     RoundRobin,
@@ -51,9 +50,9 @@ from shared.policies import (
 )
 from shared.policies.admission import EarlyRejectionParams
 from shared.policies.cache_aware import CacheAware
-from shared.policies.late_binding import DEFAULT_DEPTH as LATE_BINDING_DEPTH
 from shared.policies.local_prefill import LocalPrefillParams
-from shared.policies.migration_cost import DEFAULT_MECHANISM, MIGRATION_MECHANISMS, Recompute, make_migration_mechanism
+from shared.policies.migration_cost import DEFAULT_MECHANISM, MIGRATION_MECHANISMS, make_migration_mechanism
+from shared.policies.poise_mix import POISE_MIX, PoiseMix
 from shared.protocol.messages import Role
 
 
@@ -180,40 +179,43 @@ def _dopd_ratio(instances: int, split: str | None) -> PolicyMix:
                      bind=lambda model, ctx: {"pools": DopdPools(model, ctx)}, local_prefill=DOPD_LOCAL_PREFILL)
 
 
-#: Inside the engines, Poise runs FlowPrefill (``POISE_PREFILL_POLICY``: the variant that gives up the fewest
-#: prompts in a burst, counting cautiously where decode shares the steps): on the mixed-SLO benchmark it holds
-#: the most goodput of every prefill policy, and on single-SLO traces it stays within one goodput-search step of
-#: FCFS. Decode stays continuous: Kairos' slack batching buys nothing when a step costs its total context
-#: (docs/engine-scheduling.md).
-#: Its colocated engines refuse prompts that waited out their TTFT target unstarted (``give_up_late``): past
-#: capacity the fewest-late order leaves them queued, to be served late in the slack of prompts with time left.
-POISE_ENGINE = EngineSpec(prefill_policy=POISE_PREFILL_POLICY, preemption="operator", chunk_tokens=0,
-                          give_up_late=True)
+#: The Poise mix (shared/policies/poise_mix.py, which says why each rule is in it) as the simulator runs it:
+#: the engines' scheduling, and the gateway's late-binding queue as (release order, depth).
+def _poise_engine(mix: PoiseMix) -> EngineSpec:
+    return EngineSpec(prefill_policy=mix.prefill_policy, decode_policy=mix.decode_policy,
+                      preemption=mix.preemption,  # type: ignore[arg-type]  # PoiseMix checks it against PREEMPTION
+                      chunk_tokens=max(mix.chunked_prefill_size, 0), give_up_late=mix.give_up_late_prompts)
 
-#: The gateway holds prompts and releases one to a prefill engine only when it has fewer than the default depth
-#: unprefilled, in FlowPrefill's fewest-late order (``shared.policies.late_binding``). Not for the order (the
-#: engines keep FlowPrefill) but for the decode KV: SGLang's decode side reserves a request's KV when it is
-#: dispatched, so without it every prompt queued at a prefill engine holds its decode KV while it waits, and
-#: past the prefill side's capacity the decode pools fill with prompts not yet computed (long prompts above
-#: all). Held at the gateway, a prompt holds nothing. The curves with and without: tests/bench/results/late_binding_kv.md.
-POISE_LATE_BINDING = (POISE_LATE_BINDING_POLICY, LATE_BINDING_DEPTH)
+
+def _poise_late_binding(mix: PoiseMix) -> tuple[str, int] | None:
+    return (mix.late_binding_policy, mix.late_binding_depth) if mix.late_binding else None
+
+
+POISE_ENGINE = _poise_engine(POISE_MIX)
+POISE_LATE_BINDING = _poise_late_binding(POISE_MIX)
 
 
 def _poise(instances: int, split: str | None) -> PolicyMix:
+    mix = POISE_MIX
+    engine = _poise_engine(mix)
     roles, layout = _roles(instances, split)
+    local = LocalPrefillParams(max_local_prefill_tokens=mix.local_prefill_max_tokens)
     return PolicyMix("poise", roles, LeastLoad(),
                      f"starts {layout}; scores every split and colocated serving on the served mix (latency model), "
                      f"flips one at a time towards a clearly better split or restarts the cluster into colocated "
                      f"serving; Arrow's SLO-aware dispatch; "
-                     f"prompts <= {DOPD_LOCAL_PREFILL.max_local_prefill_tokens} tokens prefilled on decode; "
+                     f"prompts <= {local.max_local_prefill_tokens} tokens prefilled on decode; "
                      f"prompts held in the gateway until a prefill engine has room (late binding, depth "
-                     f"{LATE_BINDING_DEPTH}), so decode KV is reserved only for prompts about to be prefilled; "
+                     f"{mix.late_binding_depth}), so decode KV is reserved only for prompts about to be prefilled; "
                      f"early rejection when the decode side cannot start a request in time; "
-                     f"decode drains by migration (recompute); "
-                     f"engines: {POISE_ENGINE.describe()}", engine=POISE_ENGINE, local_prefill=DOPD_LOCAL_PREFILL,
-                     early_rejection=EarlyRejectionParams(), drain_by_migration=True, late_binding=POISE_LATE_BINDING,
-                     migration_mechanism=Recompute.name,
-                     bind=lambda model, ctx: {"dispatch": ArrowDispatch(model, ctx), "pools": PoisePools(model, ctx)})
+                     f"decode drains by migration ({mix.migration_mechanism}); "
+                     f"engines: {engine.describe()}", engine=engine,
+                     local_prefill=local if local.max_local_prefill_tokens > 0 else None,
+                     early_rejection=EarlyRejectionParams() if mix.early_rejection else None,
+                     drain_by_migration=mix.drain_by_migration, late_binding=_poise_late_binding(mix),
+                     migration_mechanism=mix.migration_mechanism,
+                     bind=lambda model, ctx: {"dispatch": DISPATCH_POLICIES[mix.dispatch_policy](model, ctx, None),
+                                              "pools": POOL_POLICIES[mix.planner_policy](model, ctx)})
 
 
 MIXES: dict[str, Callable[[int, str | None], PolicyMix]] = {

@@ -27,12 +27,11 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from loadgen.slo import slo_for
 from services.cli.stack_lock import StackLock, check_ports_free
 from services.cli.supervise import retired
-from services.gateway.config import POISE_GATEWAY_RULES
 from services.worker.presets import SGLANG_CPU_MODEL, SGLANG_CPU_PROFILE, SGLANG_CPU_SLO_S
 from shared.devservers import EtcdServer, ManagedProcess, NatsServer, free_port
 from shared.errors import PoiseError
 from shared.latency import DEFAULT_PROFILE, load_profile
-from shared.policies import POISE_PREFILL_POLICY
+from shared.policies.poise_mix import POISE_MIX
 from shared.protocol import Keys, Subjects
 from shared.protocol.permissions import user_permissions, worker_user
 from shared.security import Credentials, EtcdAuth, NatsUser
@@ -48,14 +47,6 @@ ENGINE_KEY_HOLDERS = ("services.gateway", "services.worker")  # the processes th
 ROLE_PREFIX = {"prefill": "p", "decode": "d", "null": "c"}  # instance ids: p0, d1, c0 (as the local connector's)
 DEFAULT_DISPATCH_POLICY = "least-load"  # with every planner policy but poise
 DEFAULT_PLANNER_POLICY = "poise"  # the P:D controller (shared/policies/poise.py); --planner-policy static turns it off
-#: What the poise planner policy brings with it, unless set: the rest of the simulator's ``poise`` mix
-#: (loadgen/sim/baselines.py ``_poise``: Arrow's SLO-aware dispatch, FlowPrefill in the engines with operator
-#: preemption and no chunks, and the gateway's rules, `POISE_GATEWAY_RULES`), so the live stack runs the mix the
-#: simulator and the report's comparison model.
-#: DOPD's local prefill of short prompts comes with it too (`StackSettings.local_prefill_tokens`).
-POISE_STACK_DEFAULTS: dict[str, Any] = {"dispatch_policy": "arrow", "prefill_policy": POISE_PREFILL_POLICY,
-                                        "preemption": "operator", "chunked_prefill_size": -1,
-                                        "give_up_late_prompts": True, **POISE_GATEWAY_RULES}
 
 
 CPU_ENGINE_PROBE_TIMEOUT_S = 60.0  # above the longest prefill pass of a CPU engine (max_prefill_tokens, one core)
@@ -96,7 +87,7 @@ class StackSettings(ServiceSettings):
     gateway_args: list[str] = Field(default_factory=list, description="Extra flags for the gateway (JSON list).")
     planner_args: list[str] = Field(default_factory=list, description="Extra flags for the planner (JSON list), e.g. [\"--tick-interval-s\", \"1\"].")
     ready_timeout_s: float = Field(None, validate_default=False, description="How long to wait for every engine to register; unset = 60 s with engine_sim, 900 s with sglang-cpu (an SGLang engine takes 30-180 s to start on a CPU, longer on a busy one).")  # type: ignore[assignment]  # always set by _engines_imply
-    planner_policy: str = Field(DEFAULT_PLANNER_POLICY, description="The planner's pool policy: poise (the P:D controller: scores every split on the served mix, flips one instance at a time towards a clearly better one), static (roles never change), arrow or dopd. poise also sets, unless given, --dispatch-policy arrow, --prefill-policy flowprefill-fewest-late, --preemption operator, --chunked-prefill-size -1, --give-up-late-prompts, --late-binding with --late-binding-policy flowprefill-fewest-late (the simulator's poise mix) and local prefill of prompts up to 512 tokens.")
+    planner_policy: str = Field(DEFAULT_PLANNER_POLICY, description="The planner's pool policy: poise (the P:D controller: scores every split on the served mix, flips one instance at a time towards a clearly better one), static (roles never change), arrow or dopd. poise also brings the rest of the Poise mix (shared/policies/poise_mix.py, the simulator's poise mix), each part unless given: " + POISE_MIX.describe() + ".")
     dispatch_policy: str = Field(None, validate_default=False, description="The gateway's dispatch policy: least-load, round-robin, arrow or cache-aware (SMG's); unset = arrow with --planner-policy poise, least-load with the others.")  # type: ignore[assignment]  # always set by _planner_policy_implies
     slo_ttft_s: float | None = Field(None, gt=0.0, description="TTFT SLO (s) the planner and gateway policies plan for (and poise run judges by); unset = 4 s with sglang-cpu engines, else the trace's (poise run) or Arrow Table 1's Azure conversation value, 2 s.")
     slo_tpot_s: float | None = Field(None, gt=0.0, description="TPOT SLO (s) the policies plan for (and poise run judges by); unset = 0.3 s with sglang-cpu engines, else the trace's (poise run) or 0.15 s (Azure conversation).")
@@ -135,11 +126,11 @@ class StackSettings(ServiceSettings):
     @model_validator(mode="before")
     @classmethod
     def _planner_policy_implies(cls, data: Any) -> Any:
-        """The poise planner brings the rest of its mix (`POISE_STACK_DEFAULTS`) for every field left unset,
+        """The poise planner brings the rest of its mix (`POISE_MIX`) for every field left unset,
         the other planners least-load dispatch; a flag or env var given for a field wins. The data here is
         flags and env merged."""
         poise = isinstance(data, dict) and data.get("planner_policy", DEFAULT_PLANNER_POLICY) == "poise"
-        return fill_unset(data, POISE_STACK_DEFAULTS if poise else {"dispatch_policy": DEFAULT_DISPATCH_POLICY})
+        return fill_unset(data, POISE_MIX.stack_defaults() if poise else {"dispatch_policy": DEFAULT_DISPATCH_POLICY})
 
     @field_validator("planner_policy", "dispatch_policy", "prefill_policy", "late_binding_policy", "decode_policy")
     @classmethod
@@ -237,9 +228,11 @@ class StackSettings(ServiceSettings):
         """The gateway's local-prefill threshold: as set, else DOPD's default under a DOPD-based planner."""
         if self.local_prefill_max_tokens is not None:
             return self.local_prefill_max_tokens
+        if self.planner_policy == "poise":
+            return POISE_MIX.local_prefill_max_tokens
         from shared.policies.local_prefill import DEFAULT_MAX_LOCAL_PREFILL_TOKENS
 
-        return DEFAULT_MAX_LOCAL_PREFILL_TOKENS if self.planner_policy in ("dopd", "poise") else 0
+        return DEFAULT_MAX_LOCAL_PREFILL_TOKENS if self.planner_policy == "dopd" else 0
 
     def gateway_policy_args(self) -> list[str]:
         """Gateway flags for late binding, local prefill, early rejection, SLO classes, moving non-streaming
@@ -253,7 +246,7 @@ class StackSettings(ServiceSettings):
         local = self.local_prefill_tokens()
         if local > 0:
             args += ["--local-prefill-max-tokens", str(local)]
-        if self.early_rejection:  # unset: on with the poise planner (POISE_STACK_DEFAULTS), else off
+        if self.early_rejection:  # unset: on with the poise planner (POISE_MIX), else off
             args += ["--early-rejection"]
             if self.give_up_late_prompts and self.sim_engines:
                 # Colocated engines refuse late prompts themselves; make_mix leaves them unjudged the same way.

@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from services.worker import config as worker_config
 from shared.errors import ConfigError
+from shared.policies.poise_mix import POISE_MIX
+from shared.settings import fill_unset
 
 # What the worker accepts (WorkerSettings.transfer_backend) and which of those can flip roles.
 TRANSFER_BACKENDS: tuple[str, ...] = get_args(worker_config.WorkerSettings.model_fields["transfer_backend"].annotation)
@@ -82,7 +84,7 @@ class Transfer(_Strict):
 class ControlPlane(_Strict):
     node: str = Field(description="Name of the node that runs NATS, etcd, monitor, planner, migrator, gateway.")
     planner_policy: str = Field("static", description="Planner pool policy (static, arrow, dopd, poise).")
-    dispatch_policy: str = Field("least-load", description="Gateway dispatch policy (least-load, round-robin, arrow).")
+    dispatch_policy: str = Field(None, validate_default=False, description="Gateway dispatch policy (least-load, round-robin, arrow); unset = the Poise mix's (arrow) with planner_policy poise, else least-load.")  # type: ignore[assignment]  # always set by _planner_policy_implies
     slo_ttft_s: float = Field(2.0, gt=0.0, description="TTFT SLO the planner and gateway plan for (s).")
     slo_tpot_s: float = Field(0.15, gt=0.0, description="TPOT SLO the planner and gateway plan for (s).")
     migration_policy: str = Field("none", description="Migrator policy.")
@@ -93,6 +95,13 @@ class ControlPlane(_Strict):
     gateway_replicas: int = Field(2, ge=1, le=16, description="Gateways behind nginx on ports.gateway (1: one gateway "
                                   "on ports.gateway, no nginx). A gateway's death loses the requests it holds; the "
                                   "others keep serving. Each gets its share of an engine's late-binding depth.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _planner_policy_implies(cls, data: Any) -> Any:
+        """The poise planner brings the Poise mix's dispatch, as `poise up` does, unless one is given."""
+        poise = isinstance(data, dict) and data.get("planner_policy", "static") == "poise"
+        return fill_unset(data, {"dispatch_policy": POISE_MIX.dispatch_policy if poise else "least-load"})
 
 
 class Ports(_Strict):

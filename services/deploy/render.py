@@ -34,14 +34,14 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from services.deploy import secrets
 from services.deploy.inventory import Inventory, InventoryError, Node, engine_ids, engine_slots
-from services.gateway.config import POISE_GATEWAY_RULES, GatewaySettings
+from services.gateway.config import GatewaySettings
 from services.migrator.config import MigratorSettings
 from services.monitor.config import MonitorSettings
 from services.planner.config import PlannerSettings
 from services.worker.config import WorkerSettings
 from services.worker.launcher import build_engine_command
-from shared.policies.late_binding import DEFAULT_DEPTH as LATE_BINDING_DEPTH
 from shared.policies.late_binding import replica_depth
+from shared.policies.poise_mix import POISE_MIX
 from shared.settings import parse_settings
 
 ENGINE_PYTHON = "python3"  # the interpreter in the engine image (deploy/Dockerfile.sglang)
@@ -193,10 +193,10 @@ def build_plan(inv: Inventory, source: str = "inventory") -> Plan:
                                                        # binding in FlowPrefill's order
                                                        "move_non_streaming": cp.migration_policy != "none" or None,
                                                        # the replicas share each engine's late-binding depth
-                                                       "late_binding_depth": (replica_depth(LATE_BINDING_DEPTH,
+                                                       "late_binding_depth": (replica_depth(POISE_MIX.late_binding_depth,
                                                                                             cp.gateway_replicas)
                                                                               if cp.gateway_replicas > 1 else None),
-                                                       **(POISE_GATEWAY_RULES if cp.planner_policy == "poise" else {})})
+                                                       **(POISE_MIX.gateway_rules() if cp.planner_policy == "poise" else {})})
                                + cp.gateway_args, (("HTTP API + metrics", port),))
     control: list[Container] = [_nats(inv, worker_ids), _etcd(inv, ctrl), _etcd_auth(inv, worker_ids)]
     for name, (cls, argv, ports) in poise_service.items():

@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field, field_validator, model_validator
 
-from shared.policies import DISPATCH_POLICIES, POISE_LATE_BINDING_POLICY, PREFILL_POLICIES
+from shared.policies import DISPATCH_POLICIES, PREFILL_POLICIES
 from shared.policies.late_binding import DEFAULT_DEPTH as LATE_BINDING_DEPTH
 from shared.settings import ControlPlaneSettings, SloPlanSettings, settings_config
-
-#: The gateway rules the poise planner brings with it (`poise up`, `make deploy`, the compose file), as the
-#: simulator's ``poise`` mix runs them: early rejection, and late binding in FlowPrefill's fewest-late order, so decode
-#: engines reserve KV only for prompts about to be prefilled (SGLang's reserve at dispatch).
-POISE_GATEWAY_RULES: dict[str, Any] = {"early_rejection": True, "late_binding": True,
-                                       "late_binding_policy": POISE_LATE_BINDING_POLICY}
 
 
 class GatewaySettings(SloPlanSettings, ControlPlaneSettings):
