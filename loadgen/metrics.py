@@ -103,18 +103,74 @@ class Summary(msgspec.Struct, frozen=True):
     lateness_p99_s: float | None
     lateness_max_s: float | None
     per_class: dict[str, ClassSummary] = {}
+    # The work view (see `work_view`): what a request count hides when the misses are the longest requests.
+    token_attainment: float = 0.0
+    refused_share: float = 0.0
+    refused_token_share: float = 0.0
+    late_share: float = 0.0
+    quartile_attainment: list[float] = []
+
+
+#: HTTP statuses that mean the service refused a request it could have served later (a client may retry them).
+REFUSAL_STATUSES = (429, 503)
+
+
+def refused(record: RequestRecord) -> bool:
+    """The service turned the request away (429/503), as opposed to failing it."""
+    return not record.ok and record.http_status in REFUSAL_STATUSES
+
+
+def work_tokens(record: RequestRecord) -> int:
+    """The work a request asks for: its prompt and the output it should get."""
+    return record.input_tokens + record.output_tokens_expected
+
+
+class WorkView(msgspec.Struct, frozen=True):
+    """Attainment weighted by work, the refusals, the late answers and attainment per prompt-length quartile.
+
+    ``token_attainment`` is the prompt + expected output tokens of the requests served within their SLO over
+    those of every request; ``refused_*`` are the refused requests' shares of requests and of tokens;
+    ``late_share`` the requests served but outside their SLO; ``quartile_attainment`` the attainment of each
+    quarter of the requests ranked by prompt length, shortest first (ties by arrival; empty without requests).
+    """
+
+    token_attainment: float
+    refused_share: float
+    refused_token_share: float
+    late_share: float
+    quartile_attainment: list[float]
+
+
+def work_view(records: Sequence[RequestRecord], hit: Callable[[RequestRecord], bool]) -> WorkView:
+    """The `WorkView` of ``records``, ``hit(r)`` saying whether a request met its SLO."""
+    total = len(records)
+    tokens = sum(work_tokens(r) for r in records)
+    hits = [hit(r) for r in records]
+    ranked = sorted(range(total), key=lambda i: (records[i].input_tokens, records[i].index))
+    quartiles: list[list[bool]] = [[], [], [], []]
+    for rank, i in enumerate(ranked):
+        quartiles[rank * 4 // total].append(hits[i])
+    return WorkView(
+        token_attainment=sum(work_tokens(r) for r, h in zip(records, hits, strict=True) if h) / tokens if tokens else 0.0,
+        refused_share=sum(refused(r) for r in records) / total if total else 0.0,
+        refused_token_share=sum(work_tokens(r) for r in records if refused(r)) / tokens if tokens else 0.0,
+        late_share=sum(r.ok and not h for r, h in zip(records, hits, strict=True)) / total if total else 0.0,
+        quartile_attainment=[sum(q) / len(q) for q in quartiles if q],
+    )
+
+
+def slo_hit(record: RequestRecord, slo: SLO) -> tuple[bool, bool]:
+    """(TTFT met, TPOT met) for one request; a failed one meets neither."""
+    if not record.ok:
+        return False, False
+    return record.ttft_s is not None and record.ttft_s <= slo.ttft_s, record.tpot_s <= slo.tpot_s
 
 
 def slo_hits(records: Sequence[RequestRecord], slo_of: Callable[[RequestRecord], SLO]) -> tuple[int, int, int]:
     """(TTFT hits, TPOT hits, both) among successful ``records``, each judged against ``slo_of(record)``."""
     ttft_hits = tpot_hits = both_hits = 0
     for r in records:
-        if not r.ok:
-            continue
-        slo = slo_of(r)
-        ttft = r.ttft_s
-        ttft_hit = ttft is not None and ttft <= slo.ttft_s
-        tpot_hit = r.tpot_s <= slo.tpot_s
+        ttft_hit, tpot_hit = slo_hit(r, slo_of(r))
         ttft_hits += ttft_hit
         tpot_hits += tpot_hit
         both_hits += ttft_hit and tpot_hit
@@ -174,12 +230,15 @@ def summarize(
     tpots = [r.tpot_s for r in ok]
     e2es = [r.e2e_s for r in ok]
     if classes is None:
-        ttft_hits, tpot_hits, both_hits = slo_hits(records, lambda _: slo)
+        def slo_of(r: RequestRecord) -> SLO:
+            return slo
     else:
         class_slos = {c.name: c.slo for c in classes.classes}
-        ttft_hits, tpot_hits, both_hits = slo_hits(
-            records, lambda r: slo if r.slo_class is None else class_slos[r.slo_class]
-        )
+
+        def slo_of(r: RequestRecord) -> SLO:
+            return slo if r.slo_class is None else class_slos[r.slo_class]
+    ttft_hits, tpot_hits, both_hits = slo_hits(records, slo_of)
+    work = work_view(records, lambda r: all(slo_hit(r, slo_of(r))))
     output_tokens = sum(r.output_tokens_received for r in ok)
     lateness = [r.lateness_s for r in records]
 
@@ -220,4 +279,9 @@ def summarize(
         lateness_p99_s=percentile(lateness, 99) if lateness else None,
         lateness_max_s=max(lateness) if lateness else None,
         per_class={} if classes is None else _per_class(records, classes),
+        token_attainment=work.token_attainment,
+        refused_share=work.refused_share,
+        refused_token_share=work.refused_token_share,
+        late_share=work.late_share,
+        quartile_attainment=work.quartile_attainment,
     )

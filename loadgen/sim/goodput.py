@@ -1,6 +1,12 @@
 """Goodput: the highest request rate at which SLO attainment, and attainment at every lower rate tried, stays
 at or above a target (90%, as Arrow).
 
+What "attainment" means is the yardstick's ``criterion``. ``work`` (the default) asks for the target both of
+requests and of tokens (prompt + output of the requests served within SLO over all arrived), and for no
+prompt-length quartile below ``quartile_floor``: a policy cannot pass by refusing or starving the longest
+prompts, which carry most of the work. ``requests`` is the papers' request count alone, kept, labelled, to
+compare with them.
+
 The yardstick is sustained serving (:class:`Yardstick`): the whole trace, its load raised at natural time
 (``loadgen.rate_scaling``: ``s`` times the trace's own rate curve, an hour stays an hour), and the first
 ``warmup_s`` left out of the attainment: the cluster starts empty, which flatters every policy, and the
@@ -19,6 +25,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from loadgen.rate_scaling import RateMode
 from loadgen.sim.baselines import PolicyMix, make_mix
@@ -37,6 +44,16 @@ class Yardstick:
     rate_mode: RateMode = "natural"
     warmup_s: float = 120.0
     seed: int = 0
+    criterion: Literal["work", "requests"] = "work"
+    quartile_floor: float = 0.8  # with ``work``: the least attainment any prompt-length quartile may have
+
+    def passes(self, point: CurvePoint, target: float) -> bool:
+        """Whether ``point`` meets ``target`` on this yardstick's criterion."""
+        if point.attainment < target:
+            return False
+        if self.criterion == "requests":
+            return True
+        return point.token_attainment >= target and point.min_quartile_attainment >= self.quartile_floor
 
     def warmup_for(self, workload: Workload, scale: float) -> float:
         """The warm-up for one run: ``warmup_s``, but at most a fifth of the run (a short slice keeps most of
@@ -49,11 +66,14 @@ class Yardstick:
             how = "timestamps divided by the scale (Arrow's method)"
         else:
             how = "natural time (s x the trace's rate curve)"
-        return f"{how}; first {self.warmup_s:g} s not counted" if self.warmup_s > 0 else how
+        counted = (f"requests and tokens in time, no prompt-length quartile below {100 * self.quartile_floor:g}%"
+                   if self.criterion == "work" else "requests in time (the papers' count)")
+        warm = f"; first {self.warmup_s:g} s not counted" if self.warmup_s > 0 else ""
+        return f"{how}{warm}; goodput counts {counted}"
 
 
 #: Arrow's yardstick: timestamps divided by the scale, every request counted (to compare with the papers).
-COMPRESSED = Yardstick(rate_mode="compress", warmup_s=0.0)
+COMPRESSED = Yardstick(rate_mode="compress", warmup_s=0.0, criterion="requests")
 
 
 @dataclass(frozen=True)
@@ -69,6 +89,12 @@ class CurvePoint:
     flips_called_off: int = 0
     max_flips_per_instance_5min: int = 0  # the most flips one instance began in any 5 minutes
     sim_speed: float | None = None  # simulated seconds per wall second
+    # The work view (loadgen.metrics.WorkView): tokens in time, refusals, late answers, the worst quartile.
+    token_attainment: float = 0.0
+    refused_share: float = 0.0
+    refused_token_share: float = 0.0
+    late_share: float = 0.0
+    min_quartile_attainment: float = 0.0
 
 
 @dataclass
@@ -96,7 +122,9 @@ def curve_point(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SL
     return CurvePoint(scale, workload.mean_rate_rps * scale, s.slo_attainment, s.ttft_p90_s, s.tpot_p90_s, gpus,
                       ttft_p99_s=s.ttft_p99_s, flips=int(lc["flips"]), flips_called_off=int(lc["flips_called_off"]),
                       max_flips_per_instance_5min=max_flips_in_window(lc["events"], 300.0),
-                      sim_speed=result.config["sim_seconds_per_wall_second"])
+                      sim_speed=result.config["sim_seconds_per_wall_second"], token_attainment=s.token_attainment,
+                      refused_share=s.refused_share, refused_token_share=s.refused_token_share,
+                      late_share=s.late_share, min_quartile_attainment=min(s.quartile_attainment, default=0.0))
 
 
 def max_flips_in_window(events: list[list[object]], window_s: float) -> int:
@@ -184,7 +212,7 @@ def search_goodput(workload: Workload, build: Callable[[], PolicyMix], model: La
         result.points.append(point)
         if progress is not None:
             progress(point)
-        return point.attainment >= target
+        return y.passes(point, target)
 
     found = search_scales(passes, start=start, max_scale=max_scale, bisections=bisections, probe_above=probe_above)
     result.goodput_scale, result.capped, result.non_monotone = found.goodput_scale, found.capped, found.non_monotone

@@ -12,24 +12,35 @@ from loadgen.slo import SLO
 
 def goodput_table(results: list[GoodputResult], trace: str, slo: SLO, trace_rps: float) -> str:
     best = max((r.goodput_scale for r in results), default=0.0)
-    lines = [f"Goodput on {trace} (SLO attainment >= 90% with TTFT <= {slo.ttft_s:g} s and TPOT <= {slo.tpot_s:g} s; "
-             f"the trace's own rate is {trace_rps:.2f} req/s)", "",
+    yardstick = results[0].yardstick.describe() if results else ""
+    lines = [f"Goodput on {trace} (90% in time with TTFT <= {slo.ttft_s:g} s and TPOT <= {slo.tpot_s:g} s; "
+             f"{yardstick}; the trace's own rate is {trace_rps:.2f} req/s). At the goodput: requests and tokens "
+             f"in time, refused (of requests / of tokens), served late, the worst prompt-length quartile.", "",
              "| policy | goodput (x trace rate) | goodput (req/s) | vs best | vs static-minload | vs colocated | "
+             "requests / tokens in time | refused: requests / tokens | late | worst quartile | "
              "mean GPUs at goodput | mix |",
-             "|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     by_name = {r.policy: r.goodput_scale for r in results}
 
     def versus(r: GoodputResult, other: str) -> str:
         base = by_name.get(other)
         return f"{r.goodput_scale / base:.2f}x" if base else "-"
 
+    def pct(x: float) -> str:
+        return f"{100 * x:.1f}%"
+
     for r in sorted(results, key=lambda r: -r.goodput_scale):
         ratio = r.goodput_scale / best if best else 0.0
         at_least = ">= " if r.capped else ""
         point = at_goodput(r)
-        gpus = f"{point.mean_instances:.1f}" if point is not None else "-"
+        if point is None:
+            work = "- | - | - | - | -"
+        else:
+            work = (f"{pct(point.attainment)} / {pct(point.token_attainment)} | {pct(point.refused_share)} / "
+                    f"{pct(point.refused_token_share)} | {pct(point.late_share)} | "
+                    f"{pct(point.min_quartile_attainment)} | {point.mean_instances:.1f}")
         lines.append(f"| {r.policy} | {at_least}{r.goodput_scale:.2f} | {at_least}{r.goodput_rps:.2f} | {ratio:.2f} | "
-                     f"{versus(r, 'static-minload')} | {versus(r, 'colocated')} | {gpus} | {r.description} |")
+                     f"{versus(r, 'static-minload')} | {versus(r, 'colocated')} | {work} | {r.description} |")
     return "\n".join(lines) + "\n"
 
 
@@ -55,11 +66,12 @@ def _plot(results: list[GoodputResult], slo: SLO, trace: str, path: Path) -> Non
     for r in results:
         pts = sorted(r.points, key=lambda p: p.rate_rps)
         rates = [p.rate_rps for p in pts]
-        axes[0].plot(rates, [p.attainment * 100 for p in pts], "o-", ms=3, label=r.policy)
+        line, = axes[0].plot(rates, [p.attainment * 100 for p in pts], "o-", ms=3, label=r.policy)
+        axes[0].plot(rates, [p.token_attainment * 100 for p in pts], "--", lw=1, color=line.get_color())
         axes[1].plot(rates, [(p.ttft_p90_s or float("nan")) for p in pts], "o-", ms=3, label=r.policy)
         axes[2].plot(rates, [(p.tpot_p90_s or float("nan")) * 1000 for p in pts], "o-", ms=3, label=r.policy)
     axes[0].axhline(90, color="gray", ls="--", lw=1)
-    axes[0].set_ylabel("SLO attainment (%)")
+    axes[0].set_ylabel("in SLO (%): requests (solid), tokens (dashed)")
     axes[1].axhline(slo.ttft_s, color="gray", ls="--", lw=1)
     axes[1].set_ylabel("P90 TTFT (s)")
     axes[1].set_yscale("log")

@@ -134,11 +134,18 @@ def _cache_summary(requests: list[SimRequest]) -> dict[str, float | int]:
     return {"prompt_tokens": prompt, "cached_tokens": cached, "hit_rate": cached / prompt if prompt else 0.0}
 
 
+def _status_of(error: str | None) -> int | None:
+    """The HTTP status a simulated failure stands for: its reason starts with it ("429: ..."), as the gateway's."""
+    code = (error or "")[:3]
+    return int(code) if code.isdigit() else None
+
+
 def _record(req: SimRequest) -> RequestRecord:
     assert req.finished_s is not None, f"request {req.rid} never finished: the simulation lost it"
     return RequestRecord(
         index=req.index, rid=req.rid, arrival_s=req.arrival_s, sent_s=req.arrival_s, first_token_s=req.first_token_s,
         finished_s=req.finished_s, input_tokens=req.input_tokens, output_tokens_expected=req.output_tokens,
         output_tokens_received=req.generated, status="error" if req.error else "ok", error=req.error,
+        http_status=_status_of(req.error),
         slo_class=req.slo_class, cached_tokens=req.cached,
     )

@@ -245,6 +245,7 @@ class _SimFields(TraceSliceSettings):
     replica_start_s: float = Field(30.0, ge=0.0, description="Seconds a replica the scaling mixes start takes to become ready; also what an engine restart into or out of colocated serving costs.")
     drain_timeout_s: float = Field(60.0, gt=0.0, description="A flip's drain is called off after this many seconds (the planner's drain_timeout_s).")
     rate_mode: Literal["natural", "compress"] = Field("natural", description="How --rate-scale raises the load: natural (s x the trace's own rate curve at the trace's clock; an hour stays an hour) or compress (timestamps divided by the scale: Arrow's method, to compare with the papers).")
+    criterion: Literal["work", "requests"] | None = Field(None, description="What goodput counts: work (requests and tokens in time both >= the target, no prompt-length quartile below 80 percent) or requests (the papers' request count alone); unset = work with --rate-mode natural, requests with compress.")
     warmup_s: float | None = Field(None, ge=0.0, description="Requests arriving in the first this-many simulated seconds are served but not counted (unset: 0 for one `poise sim` run; for `poise sim goodput` 120 s with --rate-mode natural, at most a fifth of the run, and 0 with compress).")
     seed: int = Field(0, description="Seed of the natural rate mode's added arrivals.")
     slo_ttft_s: float | None = Field(None, gt=0.0, description="TTFT SLO in seconds (unset: the trace's, Arrow Table 1; required for a trace of your own).")
@@ -255,7 +256,8 @@ class _SimFields(TraceSliceSettings):
 
         base = COMPRESSED if self.rate_mode == "compress" else Yardstick()
         warm = base.warmup_s if self.warmup_s is None else self.warmup_s
-        return Yardstick(rate_mode=self.rate_mode, warmup_s=warm, seed=self.seed)
+        return Yardstick(rate_mode=self.rate_mode, warmup_s=warm, seed=self.seed,
+                         criterion=self.criterion or base.criterion)
 
     def slo_of(self, workload_name: str) -> SLO:
         """--slo-ttft-s/--slo-tpot-s, each falling back to the trace's own SLO; a PoiseError when neither has one."""
@@ -306,7 +308,7 @@ class GoodputSettings(_SimFields):
     policies: list[str] = Field(default_factory=lambda: ["colocated", "static-rr", "static-minload", "static-best",
                                                          "dynamo-load", "dynamo-sla"],
                                 description="Policy mixes to compare (repeat the flag or give a JSON list); static-best tries every split.")
-    target: float = Field(0.9, description="SLO attainment that defines goodput.")
+    target: float = Field(0.9, description="SLO attainment that defines goodput (of requests and, with --criterion work, of tokens).")
 
 
 def cmd_sim_goodput(argv: list[str]) -> int:

@@ -102,3 +102,28 @@ def test_summarize_edge_cases() -> None:
     no_token = summarize([rec(0, 0.0, None, 1.0, 0, expected=3)], slo, wall_s=1.0)
     assert no_token.slo_attainment == 0.0 and no_token.tpot_attainment == 1.0
     assert math.isclose(no_token.e2e_p50_s or 0.0, 1.0)
+
+
+def _work_rec(index: int, prompt: int, output: int, *, ttft: float = 0.1, status: str = "ok",
+              http_status: int = 200) -> RequestRecord:
+    return RequestRecord(index=index, rid=f"r{index}", arrival_s=0.0, sent_s=0.0, first_token_s=ttft,
+                         finished_s=ttft + 0.01 * (output - 1), input_tokens=prompt, output_tokens_expected=output,
+                         output_tokens_received=output if status == "ok" else 0, status=status,  # type: ignore[arg-type]
+                         error=None if status == "ok" else f"HTTP {http_status}", http_status=http_status)
+
+
+def test_the_work_view_weighs_by_tokens_and_names_the_refused_and_the_late() -> None:
+    """Refusing the one long prompt keeps 3 of 4 requests in time but only a small share of the work."""
+    records = [_work_rec(0, 100, 10), _work_rec(1, 200, 10), _work_rec(2, 300, 10, ttft=5.0),  # served late
+               _work_rec(3, 9000, 500, status="error", http_status=429), _work_rec(4, 150, 10),
+               _work_rec(5, 120, 10, status="error", http_status=500)]  # failed, not refused
+    s = summarize(records, SLO(ttft_s=1.0, tpot_s=0.1), 10.0)
+    total = sum(r.input_tokens + r.output_tokens_expected for r in records)
+    assert s.slo_attainment == pytest.approx(3 / 6)
+    assert s.token_attainment == pytest.approx((110 + 210 + 160) / total)
+    assert s.refused_share == pytest.approx(1 / 6) and s.refused_token_share == pytest.approx(9500 / total)
+    assert s.late_share == pytest.approx(1 / 6)
+    # By prompt length, rank * 4 // 6: [100, 120 failed] [150] [200, 300 late] [9000 refused].
+    assert s.quartile_attainment == pytest.approx([0.5, 1.0, 0.5, 0.0])
+    empty = summarize([], SLO(ttft_s=1.0, tpot_s=0.1), 0.0)
+    assert (empty.token_attainment, empty.refused_share, empty.quartile_attainment) == (0.0, 0.0, [])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -28,8 +29,8 @@ def test_goodput_brackets_the_target(code_slice) -> None:  # type: ignore[no-unt
     slo = slo_for("azure-conv")
     result = search_goodput(code_slice, lambda: make_mix("static-minload", 4), MODEL, slo)
     assert result.goodput_scale > 0
-    passing = [p for p in result.points if p.attainment >= 0.9]
-    failing = [p for p in result.points if p.attainment < 0.9]
+    passing = [p for p in result.points if Yardstick().passes(p, 0.9)]
+    failing = [p for p in result.points if not Yardstick().passes(p, 0.9)]
     assert max(p.rate_scale for p in passing) == pytest.approx(result.goodput_scale)
     assert failing and min(p.rate_scale for p in failing) > result.goodput_scale
     # Re-simulating at the goodput scale reproduces a passing attainment (determinism).
@@ -122,3 +123,17 @@ def test_gpu_time_is_counted_within_the_run_so_a_mean_never_passes_the_budget() 
     lifecycle = result.config["lifecycle"]
     assert lifecycle["flips"] > 0
     assert lifecycle["gpu_seconds"] <= 8 * result.wall_s + 1e-6
+
+
+def test_the_work_criterion_fails_a_point_that_passes_on_requests_by_refusing_long_prompts() -> None:
+    from loadgen.sim.goodput import CurvePoint
+
+    refusing = CurvePoint(4.0, 10.0, attainment=0.93, ttft_p90_s=1.0, tpot_p90_s=0.05, mean_instances=8,
+                          token_attainment=0.70, refused_share=0.06, min_quartile_attainment=0.75)
+    assert Yardstick(criterion="requests").passes(refusing, 0.9)
+    assert not Yardstick().passes(refusing, 0.9)  # work is the default
+    assert not Yardstick().passes(dataclasses.replace(refusing, token_attainment=0.95), 0.9)  # the worst quartile
+    assert Yardstick().passes(dataclasses.replace(refusing, token_attainment=0.95, min_quartile_attainment=0.85), 0.9)
+    assert not Yardstick().passes(dataclasses.replace(refusing, attainment=0.85, token_attainment=0.99,
+                                                      min_quartile_attainment=0.99), 0.9)
+    assert "tokens" in Yardstick().describe() and "papers" in COMPRESSED.describe()

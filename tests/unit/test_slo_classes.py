@@ -208,8 +208,9 @@ def test_summarize_judges_each_request_against_its_class() -> None:
     assert inter.ttft_attainment == pytest.approx(2 / 3) and inter.tpot_attainment == pytest.approx(2 / 3)
     assert (inter.slo_ttft_s, inter.slo_tpot_s) == (1.0, 0.075) and (batch.slo_ttft_s, batch.slo_tpot_s) == (2.0, 0.15)
     assert inter.ttft_p90_s == pytest.approx(1.3) and batch.ttft_p90_s == pytest.approx(1.5)
-    # Everything but attainment is the same as without classes.
-    same = {"per_class", "slo_attainment", "ttft_attainment", "tpot_attainment"}
+    # Everything but attainment (and what weighs or splits it: tokens, late, quartiles) is as without classes.
+    same = {"per_class", "slo_attainment", "ttft_attainment", "tpot_attainment", "token_attainment", "late_share",
+            "quartile_attainment"}
     assert {k: v for k, v in msgspec.structs.asdict(s).items() if k not in same} == {
         k: v for k, v in msgspec.structs.asdict(plain).items() if k not in same}
 
