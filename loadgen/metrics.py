@@ -15,6 +15,7 @@ import msgspec
 
 from loadgen.records import RequestRecord
 from loadgen.slo import SLO, SLOClasses
+from shared.protocol.refusal import REFUSAL_STATUSES
 
 
 def percentile(values: Iterable[float], p: float) -> float:
@@ -109,10 +110,7 @@ class Summary(msgspec.Struct, frozen=True):
     refused_token_share: float = 0.0
     late_share: float = 0.0
     quartile_attainment: list[float] = []
-
-
-#: HTTP statuses that mean the service refused a request it could have served later (a client may retry them).
-REFUSAL_STATUSES = (429, 503)
+    retries: int = 0  # requests sent again after a refusal (a request refused three times counts two)
 
 
 def refused(record: RequestRecord) -> bool:
@@ -284,4 +282,5 @@ def summarize(
         refused_token_share=work.refused_token_share,
         late_share=work.late_share,
         quartile_attainment=work.quartile_attainment,
+        retries=sum(r.attempts - 1 for r in records),
     )

@@ -28,7 +28,8 @@ class RequestRecord(msgspec.Struct):
     copied from the trace request: the SLO class it is judged against (None:
     the run's own SLO). ``cached_tokens``: prompt tokens the engine served from its
     prefix cache (the usage's ``prompt_tokens_details.cached_tokens``; None when
-    not reported).
+    not reported). ``attempts``: how many times the client sent it (more than 1 when it retried a refusal;
+    the times are then the first send's).
     """
 
     index: int
@@ -46,6 +47,7 @@ class RequestRecord(msgspec.Struct):
     token_times_s: list[float] = []
     slo_class: str | None = None
     cached_tokens: int | None = None
+    attempts: int = 1  # times the client sent it: a client that retries refusals sends it again
 
     @property
     def ok(self) -> bool:

@@ -27,12 +27,15 @@ colocated; a replica started later gets the next free number of its role.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
 
-from loadgen.sim.events import PRIORITY_STEP_END, EventQueue
+from loadgen.sim.events import PRIORITY_ARRIVAL, PRIORITY_STEP_END, EventQueue
 from loadgen.sim.instance import EngineSpec, SimInstance, SimRequest
 from loadgen.sim.prediction import PredictionCadence
 from shared.latency import LatencyModel
@@ -49,6 +52,7 @@ from shared.protocol.messages import (
     LoadReport,
     Role,
 )
+from shared.protocol.refusal import REFUSAL_STATUSES, RETRY_AFTER_S
 
 _ID_PREFIX = {"prefill": "p", "decode": "d", "null": "c"}
 
@@ -84,8 +88,13 @@ class SimCluster:
                  first_token_delay: Callable[[int], float] = lambda i: 0.0, *,
                  engine: EngineSpec | None = None, late_binding: LateBinding | None = None,
                  costs: SimCosts | None = None, max_instances: int | None = None, handshake_s: float = 0.0,
-                 mechanism: MigrationMechanism | None = None, drain_by_migration: bool = False) -> None:
+                 mechanism: MigrationMechanism | None = None, drain_by_migration: bool = False,
+                 client_retries: int = 0) -> None:
         self.queue = queue
+        # Clients send a refused request (429/503) again after the gateway's Retry-After, this many times
+        # (shared/protocol/refusal.py); only the last attempt is a finished request.
+        self.client_retries = client_retries
+        self.retries = 0
         # A decode instance draining for a flip has its running requests moved to the other decode instances
         # by ``mechanism`` (live: the planner's ``drain_by_migration`` with a migrator running).
         self.drain_by_migration = drain_by_migration
@@ -213,11 +222,27 @@ class SimCluster:
 
     def _finished(self, req: SimRequest) -> None:
         self.requests.pop(req.rid, None)
-        self.finished.append(req)
+        retry = req.attempts <= self.client_retries and req.http_status in REFUSAL_STATUSES
+        if not retry:
+            self.finished.append(req)
         if self.on_finish is not None:
-            self.on_finish(req)
+            self.on_finish(req)  # a refused attempt too: the live monitor sees each attempt as a request
+        if retry:
+            self._send_again(req)
         if req.error is None and self.held and self.late_binding is not None and self.late_binding.guard_decode:
             self._release()  # its decode engine has room again
+
+    def _send_again(self, req: SimRequest) -> None:
+        """The client comes back after Retry-After with the same request, as a new arrival to the gateway."""
+        first = req.arrival_s if math.isnan(req.first_arrival_s) else req.first_arrival_s
+        again = SimRequest(index=req.index, rid=req.rid, arrival_s=self.queue.now_s + RETRY_AFTER_S,
+                           input_tokens=req.prompt_tokens, output_tokens=req.output_tokens, slo_ttft_s=req.slo_ttft_s,
+                           slo_tpot_s=req.slo_tpot_s, slo_class=req.slo_class, blocks=req.blocks,
+                           first_arrival_s=first, attempts=req.attempts + 1)
+        for f in dataclasses.fields(SimRequest):  # the same object: the run's list of requests holds it
+            setattr(req, f.name, getattr(again, f.name))
+        self.retries += 1
+        self.queue.at(req.arrival_s, PRIORITY_ARRIVAL, functools.partial(self.submit, req))
 
     def _fail(self, req: SimRequest, error: str) -> None:
         req.error = error

@@ -35,6 +35,7 @@ from loadgen.sim.run import simulate
 from loadgen.slo import SLO, SLOClasses
 from loadgen.workload import Workload
 from shared.latency import LatencyModel
+from shared.protocol.refusal import CLIENT_MAX_RETRIES
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class Yardstick:
     warmup_s: float = 120.0
     seed: int = 0
     criterion: Literal["work", "requests"] = "work"
+    client_retries: int = CLIENT_MAX_RETRIES  # clients send a refused request again, as the openai client does
     quartile_floor: float = 0.8  # with ``work``: the least attainment any prompt-length quartile may have
 
     def passes(self, point: CurvePoint, target: float) -> bool:
@@ -69,11 +71,13 @@ class Yardstick:
         counted = (f"requests and tokens in time, no prompt-length quartile below {100 * self.quartile_floor:g}%"
                    if self.criterion == "work" else "requests in time (the papers' count)")
         warm = f"; first {self.warmup_s:g} s not counted" if self.warmup_s > 0 else ""
-        return f"{how}{warm}; goodput counts {counted}"
+        retry = (f"; clients retry a refusal {self.client_retries} times after Retry-After" if self.client_retries
+                 else "; refused requests are not sent again")
+        return f"{how}{warm}{retry}; goodput counts {counted}"
 
 
 #: Arrow's yardstick: timestamps divided by the scale, every request counted (to compare with the papers).
-COMPRESSED = Yardstick(rate_mode="compress", warmup_s=0.0, criterion="requests")
+COMPRESSED = Yardstick(rate_mode="compress", warmup_s=0.0, criterion="requests", client_retries=0)
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,7 @@ class CurvePoint:
     refused_token_share: float = 0.0
     late_share: float = 0.0
     min_quartile_attainment: float = 0.0
+    retries: int = 0
 
 
 @dataclass
@@ -115,7 +120,8 @@ def curve_point(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SL
     """One simulated point of ``mix``'s attainment-vs-rate curve on ``yardstick``."""
     y = yardstick or Yardstick()
     result = simulate(workload, mix, model, slo, rate_scale=scale, costs=costs, slo_classes=slo_classes,
-                      control=control, rate_mode=y.rate_mode, warmup_s=y.warmup_for(workload, scale), seed=y.seed)
+                      control=control, rate_mode=y.rate_mode, warmup_s=y.warmup_for(workload, scale), seed=y.seed,
+                      client_retries=y.client_retries)
     s = result.summary
     lc = result.config["lifecycle"]
     gpus = lc["gpu_seconds"] / result.wall_s if result.wall_s > 0 else float(len(mix.roles))
@@ -124,7 +130,8 @@ def curve_point(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SL
                       max_flips_per_instance_5min=max_flips_in_window(lc["events"], 300.0),
                       sim_speed=result.config["sim_seconds_per_wall_second"], token_attainment=s.token_attainment,
                       refused_share=s.refused_share, refused_token_share=s.refused_token_share,
-                      late_share=s.late_share, min_quartile_attainment=min(s.quartile_attainment, default=0.0))
+                      late_share=s.late_share, min_quartile_attainment=min(s.quartile_attainment, default=0.0),
+                      retries=s.retries)
 
 
 def max_flips_in_window(events: list[list[object]], window_s: float) -> int:

@@ -41,6 +41,7 @@ Transfers do not contend for bandwidth.
 from __future__ import annotations
 
 import functools
+import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -122,6 +123,17 @@ class SimRequest(EngineRequest):
     predicted: float = 0.0  # the length predictor's latest output (remaining tokens) ...
     predicted_at: int = -1  # ... made at this many generated tokens (loadgen.sim.prediction)
     kv_incoming: int = 0  # KV reserved on a migration's target, until the move is done
+    # A client that retries a refusal sends the request again (SimCluster.client_retries): its first send,
+    # from which the client counts the TTFT, and how many times it has been sent.
+    first_arrival_s: float = math.nan
+    attempts: int = 1
+
+    @property
+    def http_status(self) -> int | None:
+        """The HTTP status its failure stands for: a failure's reason starts with it ("429: ..."), as the
+        gateway's answers do; None when it did not fail."""
+        code = (self.error or "")[:3]
+        return int(code) if code.isdigit() else None
 
     @property
     def kv_tokens(self) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import time
 from datetime import UTC, datetime
 
@@ -30,7 +31,8 @@ from shared.policies.migration_cost import make_migration_mechanism
 def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, *, rate_scale: float = 1.0,
              first_token_delay: FirstTokenDelay = LIVE_STACK_DELAY, slo_classes: SLOClasses | None = None,
              costs: SimCosts | None = None, control: ControlParams | None = None,
-             rate_mode: RateMode = "compress", warmup_s: float = 0.0, seed: int = 0) -> ReplayResult:
+             rate_mode: RateMode = "compress", warmup_s: float = 0.0, seed: int = 0,
+             client_retries: int = 0) -> ReplayResult:
     """Replay ``workload`` at ``rate_scale`` times its rate against ``mix``; deterministic.
 
     ``rate_mode`` says how the rate is raised (``loadgen.rate_scaling``: ``natural`` keeps the trace's clock,
@@ -41,7 +43,8 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
     ``first_token_delay`` is the serving path's handoff delay (default: calibrated on the live stack;
     ``NO_DELAY`` for the bare latency model). With ``slo_classes``, each request gets its class's SLO
     (policies see it) and the summary judges it by that SLO; requests the workload already labelled keep
-    their class.
+    their class. ``client_retries``: clients send a refused request (429/503) again after the gateway's
+    Retry-After, up to this many times (shared/protocol/refusal.py), and its TTFT counts from the first send.
     """
     queue = EventQueue()
     budget = mix.max_instances or len(mix.roles)
@@ -57,7 +60,7 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
     cluster = SimCluster(mix.roles, model, mix.dispatch, queue, first_token_delay, engine=mix.engine, late_binding=late,
                          costs=costs, max_instances=budget, handshake_s=first_token_delay.handshake_s,
                          mechanism=make_migration_mechanism(mix.migration_mechanism, model),
-                         drain_by_migration=mix.drain_by_migration)
+                         drain_by_migration=mix.drain_by_migration, client_retries=client_retries)
     scaled = scale_load(workload, rate_scale, rate_mode, seed=seed)
     if slo_classes is not None:
         scaled = Workload(name=scaled.name, requests=[
@@ -105,6 +108,7 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
         "prefix_cache": _cache_summary(requests) if mix.engine.prefix_cache else None,
         "first_token_delay_ms": {"median": first_token_delay.median_s * 1e3, "p90": first_token_delay.p90_s * 1e3,
                                  "handshake": first_token_delay.handshake_s * 1e3},
+        "client_retries": client_retries, "retries": cluster.retries,
         "rate_scale": rate_scale, "rate_mode": rate_mode, "warmup_s": warmup_s, "requests": len(records), "events": queue.processed, "sim_wall_s": wall,
         "sim_seconds_per_wall_second": makespan / wall if wall > 0 else None,
         "slo_classes": slo_classes.specs if slo_classes is not None else [],
@@ -134,18 +138,14 @@ def _cache_summary(requests: list[SimRequest]) -> dict[str, float | int]:
     return {"prompt_tokens": prompt, "cached_tokens": cached, "hit_rate": cached / prompt if prompt else 0.0}
 
 
-def _status_of(error: str | None) -> int | None:
-    """The HTTP status a simulated failure stands for: its reason starts with it ("429: ..."), as the gateway's."""
-    code = (error or "")[:3]
-    return int(code) if code.isdigit() else None
-
-
 def _record(req: SimRequest) -> RequestRecord:
     assert req.finished_s is not None, f"request {req.rid} never finished: the simulation lost it"
+    first = req.arrival_s if math.isnan(req.first_arrival_s) else req.first_arrival_s
     return RequestRecord(
-        index=req.index, rid=req.rid, arrival_s=req.arrival_s, sent_s=req.arrival_s, first_token_s=req.first_token_s,
+        # A retried request is judged from its first send, as its client counts the wait.
+        index=req.index, rid=req.rid, arrival_s=first, sent_s=first, first_token_s=req.first_token_s,
         finished_s=req.finished_s, input_tokens=req.input_tokens, output_tokens_expected=req.output_tokens,
         output_tokens_received=req.generated, status="error" if req.error else "ok", error=req.error,
-        http_status=_status_of(req.error),
+        http_status=req.http_status, attempts=req.attempts,
         slo_class=req.slo_class, cached_tokens=req.cached,
     )

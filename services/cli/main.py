@@ -246,6 +246,7 @@ class _SimFields(TraceSliceSettings):
     drain_timeout_s: float = Field(60.0, gt=0.0, description="A flip's drain is called off after this many seconds (the planner's drain_timeout_s).")
     rate_mode: Literal["natural", "compress"] = Field("natural", description="How --rate-scale raises the load: natural (s x the trace's own rate curve at the trace's clock; an hour stays an hour) or compress (timestamps divided by the scale: Arrow's method, to compare with the papers).")
     criterion: Literal["work", "requests"] | None = Field(None, description="What goodput counts: work (requests and tokens in time both >= the target, no prompt-length quartile below 80 percent) or requests (the papers' request count alone); unset = work with --rate-mode natural, requests with compress.")
+    client_retries: int | None = Field(None, ge=0, description="Times a client sends a refused request (429/503) again, after the gateway's Retry-After, its TTFT counted from the first send (the openai client's max_retries); unset = 2 with --rate-mode natural, 0 with compress.")
     warmup_s: float | None = Field(None, ge=0.0, description="Requests arriving in the first this-many simulated seconds are served but not counted (unset: 0 for one `poise sim` run; for `poise sim goodput` 120 s with --rate-mode natural, at most a fifth of the run, and 0 with compress).")
     seed: int = Field(0, description="Seed of the natural rate mode's added arrivals.")
     slo_ttft_s: float | None = Field(None, gt=0.0, description="TTFT SLO in seconds (unset: the trace's, Arrow Table 1; required for a trace of your own).")
@@ -257,7 +258,8 @@ class _SimFields(TraceSliceSettings):
         base = COMPRESSED if self.rate_mode == "compress" else Yardstick()
         warm = base.warmup_s if self.warmup_s is None else self.warmup_s
         return Yardstick(rate_mode=self.rate_mode, warmup_s=warm, seed=self.seed,
-                         criterion=self.criterion or base.criterion)
+                         criterion=self.criterion or base.criterion,
+                         client_retries=base.client_retries if self.client_retries is None else self.client_retries)
 
     def slo_of(self, workload_name: str) -> SLO:
         """--slo-ttft-s/--slo-tpot-s, each falling back to the trace's own SLO; a PoiseError when neither has one."""
@@ -379,7 +381,7 @@ def cmd_sim(argv: list[str]) -> int:
     result = simulate(workload, mix, LatencyModel(load_profile(settings.profile)), slo, rate_scale=settings.rate_scale,
                       slo_classes=classes, costs=SimCosts(start_s=settings.replica_start_s,
                                                           drain_timeout_s=settings.drain_timeout_s),
-                      rate_mode=yardstick.rate_mode, seed=yardstick.seed,
+                      rate_mode=yardstick.rate_mode, seed=yardstick.seed, client_retries=yardstick.client_retries,
                       warmup_s=0.0 if settings.warmup_s is None else yardstick.warmup_for(workload, settings.rate_scale))
     out = settings.out_dir or Path(".poise") / "results" / f"sim-{time.strftime('%Y%m%d-%H%M%S')}"
     title = f"poise sim: {workload.name}, {mix.description}"

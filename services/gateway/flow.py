@@ -47,6 +47,7 @@ from shared.http1 import Http1Pool
 from shared.policies import DispatchPolicy, Placement, RequestView
 from shared.policies.length import counted_down
 from shared.protocol.length_prediction import PREDICTION_FIELD
+from shared.protocol.refusal import retry_after_header
 from shared.protocol.request_slo import RequestSlo
 
 log = logging.getLogger(__name__)
@@ -160,7 +161,7 @@ class RequestFlow:
             return decision
         self.metrics.rejections.labels(decision.code if decision.retryable else "no_capacity").inc()
         if decision.retryable:
-            raise APIError(429, decision.reason, type_="rate_limit_error", code=decision.code, headers={"retry-after": "1"})
+            raise APIError(429, decision.reason, type_="rate_limit_error", code=decision.code, headers=retry_after_header())
         raise APIError(503, decision.reason, type_="service_unavailable", code="no_capacity")
 
     def _place_and_hold(self, exclude: frozenset[str]) -> Placement:
@@ -273,7 +274,7 @@ class RequestFlow:
         status = last_error.status if last_error.status and 400 <= last_error.status < 500 else 502
         if status == 429:  # the engine was busy or gave the request up: the client may come back
             raise APIError(429, f"engine error: {last_error}", type_="rate_limit_error", code="engine_error",
-                           headers={"retry-after": "1"})
+                           headers=retry_after_header())
         raise APIError(status, f"engine error: {last_error}", type_="server_error" if status >= 500 else "invalid_request_error",
                        code="engine_error")
 

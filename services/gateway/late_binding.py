@@ -37,6 +37,7 @@ from services.gateway.errors import APIError
 from services.gateway.metrics import GatewayMetrics
 from shared.policies import Placement
 from shared.policies.late_binding import LateBinding
+from shared.protocol.refusal import retry_after_header
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +154,7 @@ class LateBindingQueue:
             self.metrics.rejections.labels("slo_unreachable").inc()
             item.future.set_exception(APIError(
                 429, self.binding.give_up_reason(now - item.arrival_s, item.slo_ttft_s),
-                type_="rate_limit_error", code="slo_unreachable", headers={"retry-after": "1"}))
+                type_="rate_limit_error", code="slo_unreachable", headers=retry_after_header()))
         if held and self.binding.guard_decode:
             self._arm(min(h.arrival_s + h.slo_ttft_s for h in held))  # the next give-up (inf: none)
         if not held or not self.binding.decode_room(self.cluster.engines(model)):

@@ -251,3 +251,25 @@ def test_an_engine_override_replaces_what_the_mix_says_of_its_engines() -> None:
     assert make_mix("static-minload", 8, "4P4D", prefill_policy="edf").description.endswith(
         "; prefill edf (chunk preemption, chunk profile), decode continuous, decode KV grows from prompt + 512 and "
         "retracts when full")
+
+
+def test_clients_send_a_refused_request_again_after_retry_after_and_count_from_the_first_send() -> None:
+    from shared.protocol.refusal import RETRY_AFTER_S
+
+    # A burst of long prompts at once on one prefill engine with early rejection and late binding: the gateway
+    # refuses what it cannot start in time, and the clients come back.
+    burst = workload(*[(0.01 * i, 6000, 20) for i in range(40)])
+    slo = SLO(ttft_s=1.0, tpot_s=0.15)
+    once = simulate(burst, make_mix("poise", 2, "1P1D"), model(), slo)
+    retried = simulate(burst, make_mix("poise", 2, "1P1D"), model(), slo, client_retries=2)
+    assert once.summary.refused_share > 0 and all(r.attempts == 1 for r in once.records)
+    assert len(retried.records) == len(burst.requests)  # one record per request, however often it was sent
+    assert retried.summary.retries == sum(r.attempts - 1 for r in retried.records) == retried.config["retries"] > 0
+    assert max(r.attempts for r in retried.records) == 3  # refused three times: given up, a miss
+    assert all(r.attempts == 3 for r in retried.records if not r.ok and r.http_status == 429)
+    came_back = [r for r in retried.records if r.ok and r.attempts > 1]
+    assert came_back and all(r.ttft_s is not None and r.ttft_s >= RETRY_AFTER_S for r in came_back)
+    assert {r.arrival_s for r in retried.records} == {r.arrival_s for r in once.records}  # judged from the first send
+    # A request that cannot be served at all (400) is not sent again.
+    too_big = simulate(workload((0.0, 500_000, 10)), make_mix("static-minload", 2), model(), SLO_, client_retries=2)
+    assert too_big.records[0].attempts == 1 and too_big.records[0].http_status == 400

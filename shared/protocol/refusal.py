@@ -1,0 +1,23 @@
+"""What a refusal tells the client, and what a client that retries does with it (the benchmarks' clients do).
+
+The gateway answers a request it could serve later (its queue would make the request late, or no engine has
+room) with 429 and ``Retry-After``, or 503 when no engine serves the model at all. The official ``openai``
+client retries both ``max_retries`` times (2 by default), after ``Retry-After`` when the header gives one of
+at most 60 s, so a refused request comes back, and a benchmark that does not send it back undercounts the
+load a refusing policy faces.
+"""
+
+from __future__ import annotations
+
+#: Seconds the gateway asks a refused client to wait (``Retry-After`` on every 429): about the time a queue
+#: takes to move by a request at the loads where refusals start.
+RETRY_AFTER_S = 1
+#: Statuses a client may retry: the service refused the request for now, it did not fail it.
+REFUSAL_STATUSES = (429, 503)
+#: Retries of the official ``openai`` client (``max_retries``): a request refused three times is given up.
+CLIENT_MAX_RETRIES = 2
+
+
+def retry_after_header() -> dict[str, str]:
+    """The header a refusal carries."""
+    return {"retry-after": str(RETRY_AFTER_S)}
