@@ -11,6 +11,7 @@ client itself does not become the bottleneck it is measuring.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import time
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from loadgen.records import RequestRecord, Status
 from loadgen.slo import SLO, SLOClasses, slo_for
 from loadgen.sse import StreamAccumulator, error_message
 from loadgen.workload import TraceRequest, Workload
+from shared.protocol.refusal import REFUSAL_STATUSES, client_wait_s
 
 __all__ = [
     "Endpoint",
@@ -152,8 +154,10 @@ class _Run:
         keep_token_times: bool,
         concurrency_limit: int | None,
         slo_classes: SLOClasses | None = None,
+        client_retries: int = 0,
     ) -> None:
         self.client = client
+        self.client_retries = client_retries
         self.url = url
         self.headers = headers
         self.model = model
@@ -197,28 +201,14 @@ class _Run:
         headers = {**self.headers, "X-Request-Id": rid}
         self.sent += 1
         sent = self.now()
-        if error is None:
-            try:
-                async with asyncio.timeout(self.timeout_s):
-                    async with self.client.stream("POST", self.url, content=body, headers=headers) as response:
-                        http_status = response.status_code
-                        if not 200 <= http_status < 300:
-                            raw = await response.aread()
-                            error = f"HTTP {http_status}: {_http_error_text(raw)}"
-                        else:
-                            # Drain to EOF (not just [DONE]) so the connection can be reused.
-                            async for line in response.aiter_lines():
-                                was_done = stream.done
-                                if stream.feed_line(line, self.now()) and not was_done:
-                                    finished = self.now()
-                            if stream.error is not None:
-                                error = f"stream error: {stream.error}"
-            except TimeoutError:
-                error = f"timeout: no complete response within {self.timeout_s:g} s"
-            except httpx.TimeoutException as exc:
-                error = f"timeout: {type(exc).__name__}: {exc}"
-            except Exception as exc:  # one failure must not abort the replay
-                error = f"{type(exc).__name__}: {exc}"
+        attempts = 0
+        while error is None:
+            attempts += 1
+            http_status, error, stream, finished, retry_after = await self._attempt(body, headers)
+            if http_status not in REFUSAL_STATUSES or attempts > self.client_retries:
+                break
+            await asyncio.sleep(client_wait_s(retry_after, attempts))
+            error = None
         if finished is None or error is not None:
             finished = self.now()
         self.done += 1
@@ -245,7 +235,41 @@ class _Run:
             http_status=http_status,
             token_times_s=stream.token_times_s,
             slo_class=request.slo_class,
+            attempts=max(attempts, 1),
         )
+
+    async def _attempt(self, body: bytes, headers: dict[str, str]
+                       ) -> tuple[int | None, str | None, StreamAccumulator, float | None, float | None]:
+        """One send of a request: (HTTP status, error, what streamed, when it finished, Retry-After seconds)."""
+        http_status: int | None = None
+        error: str | None = None
+        retry_after: float | None = None
+        stream = StreamAccumulator(self.keep_token_times)
+        finished: float | None = None
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                async with self.client.stream("POST", self.url, content=body, headers=headers) as response:
+                    http_status = response.status_code
+                    if not 200 <= http_status < 300:
+                        raw = await response.aread()
+                        error = f"HTTP {http_status}: {_http_error_text(raw)}"
+                        with contextlib.suppress(TypeError, ValueError):
+                            retry_after = float(response.headers.get("retry-after"))
+                    else:
+                        # Drain to EOF (not just [DONE]) so the connection can be reused.
+                        async for line in response.aiter_lines():
+                            was_done = stream.done
+                            if stream.feed_line(line, self.now()) and not was_done:
+                                finished = self.now()
+                        if stream.error is not None:
+                            error = f"stream error: {stream.error}"
+        except TimeoutError:
+            error = f"timeout: no complete response within {self.timeout_s:g} s"
+        except httpx.TimeoutException as exc:
+            error = f"timeout: {type(exc).__name__}: {exc}"
+        except Exception as exc:  # one failure must not abort the replay
+            error = f"{type(exc).__name__}: {exc}"
+        return http_status, error, stream, finished, retry_after
 
     def snapshot(self, total: int, final: bool = False) -> ReplayProgress:
         return ReplayProgress(
@@ -287,6 +311,7 @@ async def replay(
     max_connections: int = 2000,
     client: httpx.AsyncClient | None = None,
     send_slo: bool = True,
+    client_retries: int = 0,
 ) -> ReplayResult:
     """Replay ``workload`` open-loop against ``base_url`` and measure every request.
 
@@ -306,6 +331,9 @@ async def replay(
     `httpx.AsyncClient` (it is then not closed here); otherwise one is created
     with HTTP/2 off, ``max_connections`` pooled connections and proxies from the
     environment ignored (a benchmark should reach the server directly).
+    ``client_retries``: a refused request (429/503) is sent again up to this
+    many times, as the ``openai`` client does (after ``Retry-After``, else a
+    backoff); its times stay its first send's and ``attempts`` counts the sends.
     """
     if concurrency_limit is not None and concurrency_limit < 1:
         raise ValueError(f"concurrency_limit must be >= 1, got {concurrency_limit}")
@@ -341,6 +369,7 @@ async def replay(
         keep_token_times=keep_token_times,
         concurrency_limit=concurrency_limit,
         slo_classes=slo_classes if send_slo else None,
+        client_retries=client_retries,
     )
     total = len(scheduled)
     reporter = (

@@ -201,11 +201,11 @@ def comparison_mixes(instances: int, split: str, *, engine: dict[str, Any] | Non
 
 def simulate_comparison(workload: Any, mixes: Sequence[tuple[str, str, Callable[[], PolicyMix]]], *, profile: str,
                         slo: SLO, rate_scale: float, classes: SLOClasses | None = None,
-                        restart_s: float | None = None) -> list[SimRun]:
+                        restart_s: float | None = None, client_retries: int = 0) -> list[SimRun]:
     """Run ``workload`` through every mix in virtual time, timestamps divided by ``rate_scale`` as the live
     replay divides them (``rate_mode="compress"``), judged by the live run's SLO (and classes). ``restart_s``:
     what an engine restart costs (a move into or out of colocated serving), as the live stack's took; None:
-    the simulator's default, an SGLang engine's."""
+    the simulator's default, an SGLang engine's. ``client_retries``: as the live replay's clients retried."""
     from loadgen.sim.cluster import SimCosts
     from loadgen.sim.run import simulate
     from shared.latency import LatencyModel, load_profile
@@ -213,7 +213,7 @@ def simulate_comparison(workload: Any, mixes: Sequence[tuple[str, str, Callable[
     model = LatencyModel(load_profile(profile))
     costs = SimCosts(start_s=restart_s) if restart_s is not None else None
     return [SimRun(key, label, simulate(workload, build(), model, slo, rate_scale=rate_scale, rate_mode="compress",
-                                        slo_classes=classes, costs=costs))
+                                        slo_classes=classes, costs=costs, client_retries=client_retries))
             for key, label, build in mixes]
 
 

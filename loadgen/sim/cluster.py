@@ -52,7 +52,7 @@ from shared.protocol.messages import (
     LoadReport,
     Role,
 )
-from shared.protocol.refusal import REFUSAL_STATUSES, RETRY_AFTER_S
+from shared.protocol.refusal import REFUSAL_STATUSES, client_wait_s, retry_after_s
 
 _ID_PREFIX = {"prefill": "p", "decode": "d", "null": "c"}
 
@@ -233,9 +233,12 @@ class SimCluster:
             self._release()  # its decode engine has room again
 
     def _send_again(self, req: SimRequest) -> None:
-        """The client comes back after Retry-After with the same request, as a new arrival to the gateway."""
+        """The client comes back after its wait (Retry-After on a 429) with the same request, a new arrival to
+        the gateway."""
         first = req.arrival_s if math.isnan(req.first_arrival_s) else req.first_arrival_s
-        again = SimRequest(index=req.index, rid=req.rid, arrival_s=self.queue.now_s + RETRY_AFTER_S,
+        status = req.http_status or 503
+        wait = client_wait_s(retry_after_s(status), req.attempts)
+        again = SimRequest(index=req.index, rid=req.rid, arrival_s=self.queue.now_s + wait,
                            input_tokens=req.prompt_tokens, output_tokens=req.output_tokens, slo_ttft_s=req.slo_ttft_s,
                            slo_tpot_s=req.slo_tpot_s, slo_class=req.slo_class, blocks=req.blocks,
                            first_arrival_s=first, attempts=req.attempts + 1)

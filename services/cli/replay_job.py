@@ -19,6 +19,7 @@ from loadgen.traces import load_trace
 from loadgen.workload import Workload
 from services.cli.stack import current_api_key
 from shared.errors import PoiseError
+from shared.protocol.refusal import CLIENT_MAX_RETRIES
 from shared.settings import ServiceSettings
 
 
@@ -40,6 +41,7 @@ class ReplaySettings(TraceSliceSettings):
     endpoint: str = Field("completions", description="completions (token-id prompts, exact lengths) or chat (text prompts).")
     timeout_s: float = Field(600.0, description="Per-request timeout in seconds.")
     api_key: str | None = Field(None, description="Bearer API key for the gateway (default: the key of the stack `poise up` started here, when it is that stack's gateway).")
+    client_retries: int = Field(CLIENT_MAX_RETRIES, ge=0, description="Times a refused request (429/503) is sent again, after Retry-After (else a backoff), as the openai client's max_retries; its TTFT counts from the first send; 0 = never.")
 
 
 def select_workload(settings: TraceSliceSettings) -> Workload:
@@ -75,7 +77,7 @@ def run_replay(settings: ReplaySettings, *, gateway_url: str, model: str, title:
           file=sys.stderr)
     result = asyncio.run(replay(
         workload, gateway_url, model=model, endpoint=settings.endpoint, rate_scale=settings.rate_scale,  # type: ignore[arg-type]
-        slo=slo, slo_classes=slo_classes, timeout_s=settings.timeout_s,
+        slo=slo, slo_classes=slo_classes, timeout_s=settings.timeout_s, client_retries=settings.client_retries,
         api_key=settings.api_key or current_api_key(gateway_url),  # `poise up`'s key, for its own gateway
         progress=print_progress,
     ))

@@ -123,7 +123,7 @@ def _comparison_hook(settings: MainJobSettings, watcher: SplitWatcher | None,
                                            engine={k: v for k, v in engine.items() if v is not None},
                                            local_prefill_tokens=local),
                 profile=settings.profile, slo=slo, rate_scale=settings.rate_scale, classes=classes,
-                restart_s=restart_s)
+                restart_s=restart_s, client_retries=settings.client_retries)
         title = f"{settings.trace} at {settings.rate_scale:g}x: planner {settings.planner_policy} live vs simulated"
         return write_split_comparison(out, result, live_split, sims, slo, title=title, rate_scale=settings.rate_scale,
                                       classes=classes)

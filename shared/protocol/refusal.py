@@ -19,5 +19,19 @@ CLIENT_MAX_RETRIES = 2
 
 
 def retry_after_header() -> dict[str, str]:
-    """The header a refusal carries."""
+    """The header a 429 carries."""
     return {"retry-after": str(RETRY_AFTER_S)}
+
+
+def retry_after_s(status: int) -> float | None:
+    """The Retry-After the gateway sends with a refusal of this status (a 503 carries none)."""
+    return float(RETRY_AFTER_S) if status == 429 else None
+
+
+def client_wait_s(retry_after: float | None, attempt: int) -> float:
+    """How long the ``openai`` client waits before sending a refused request again, after its ``attempt``-th
+    send: the server's Retry-After when it gives one of at most 60 s, else its backoff (0.5 s doubling, at
+    most 8 s; the client's jitter left out, so runs repeat)."""
+    if retry_after is not None and 0 < retry_after <= 60:
+        return retry_after
+    return min(0.5 * 2 ** (attempt - 1), 8.0)

@@ -37,6 +37,7 @@ class SSEServer:
         self.token_delay_s = token_delay_s
         self.usage = usage
         self.short_by = short_by
+        self.refusals: dict[int, list[int]] = {}  # max_tokens -> statuses to refuse it with, in turn, first
         self.bodies: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self.active = 0
@@ -94,6 +95,10 @@ class SSEServer:
             error = {"message": message, "type": "invalid_request_error", "param": None, "code": 400}
             return await self._plain(writer, 400, {"error": error})
         max_tokens = body["max_tokens"]
+        if self.refusals.get(max_tokens):
+            status = self.refusals[max_tokens].pop(0)
+            extra = "Retry-After: 0.05\r\n" if status == 429 else ""
+            return await self._plain(writer, status, {"error": {"message": "busy", "code": status}}, extra)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
         self.active += 1
         self.max_active = max(self.max_active, self.active)
@@ -127,9 +132,10 @@ class SSEServer:
         await writer.drain()
 
     @staticmethod
-    async def _plain(writer: asyncio.StreamWriter, status: int, payload: dict[str, Any]) -> None:
+    async def _plain(writer: asyncio.StreamWriter, status: int, payload: dict[str, Any], extra: str = "") -> None:
         data = json.dumps(payload).encode()
-        head = f"HTTP/1.1 {status} Error\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+        head = (f"HTTP/1.1 {status} Error\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+                f"{extra}\r\n")
         writer.write(head.encode() + data)
         await writer.drain()
 
@@ -330,3 +336,22 @@ def test_stream_accumulator_prefers_usage_and_ignores_noise() -> None:
     assert acc.first_token_s == 3.0 and acc.token_times_s == [3.0, 5.0]
     with pytest.raises(ValueError, match="malformed"):
         StreamAccumulator().feed_line("data: {not json", 0.0)
+
+
+@pytest.mark.asyncio
+async def test_a_refused_request_is_sent_again_as_the_openai_client_does() -> None:
+    """429 (Retry-After 0.05 s) then 503 (no header: 0.5 s backoff) then served: one record, three sends, its
+    times from the first send; refused three times it is a miss; without retries the first refusal stands."""
+    work = _workload([(0.0, 10, 5), (0.0, 10, 6), (0.0, 10, 7)])
+    async with SSEServer() as server:
+        server.refusals = {5: [429, 503], 6: [429, 429, 429], 7: []}
+        result = await replay(work, server.base_url, model="m", slo=SLO_LOOSE, client_retries=2)
+        server.refusals = {5: [429]}
+        once = await replay(_workload([(0.0, 10, 5)]), server.base_url, model="m", slo=SLO_LOOSE)
+    served, refused, plain = sorted(result.records, key=lambda r: r.index)
+    assert served.ok and served.attempts == 3 and served.output_tokens_received == 5
+    assert served.ttft_s is not None and served.ttft_s >= 0.55  # 0.05 s + 0.5 s of waiting, from the first send
+    assert not refused.ok and refused.attempts == 3 and refused.http_status == 429
+    assert plain.ok and plain.attempts == 1
+    assert result.summary.retries == 4 and result.summary.refused_share == pytest.approx(1 / 3)
+    assert once.records[0].attempts == 1 and once.records[0].http_status == 429
