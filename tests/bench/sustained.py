@@ -114,6 +114,7 @@ def mix_builder(policy: str, decode_kv: str | None = None) -> Callable[[], Polic
                                     give_up_late=POISE_ENGINE.give_up_late)
     if base.startswith("static-"):
         if on_poise_engines:  # and Poise's gateway: the split's prefill engines get prompts as Poise's do
+            assert POISE_LATE_BINDING is not None, "the Poise mix holds prompts in the gateway"
             late_binding, depth = POISE_LATE_BINDING
             engines = functools.partial(engines, late_binding=late_binding, late_binding_depth=depth,
                                         early_rejection=True)
