@@ -25,6 +25,7 @@ built on the gateway's SLO; specs add to or replace the preset's classes by name
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -99,6 +100,9 @@ class SloTable:
     by_route: dict[str, str] = field(default_factory=dict)  # "completions" | "chat"
     default_class: str | None = None
     fallback: Targets = _NO_TARGETS  # rule 5: the targets of a request no other rule classifies
+    # The least TTFT a request's own ``slo`` may ask for: an engine's fixed cost of any prefill pass, on the
+    # profile the gateway plans with. Below it no engine can answer in time, so a retry cannot help: a 400.
+    min_ttft_s: float = 0.0
 
     def __post_init__(self) -> None:
         for what, mapping in (("priority", self.by_priority), ("model", self.by_model), ("route", self.by_route)):
@@ -145,11 +149,12 @@ class SloTable:
 
     @classmethod
     def from_settings(cls, settings: Any) -> SloTable:
-        return cls.build(specs=settings.slo_class, preset=settings.slo_preset,
+        table = cls.build(specs=settings.slo_class, preset=settings.slo_preset,
                          default_slo=Targets(settings.slo_ttft_s, settings.slo_tpot_s),
                          priority=settings.slo_priority_class, model=settings.slo_model_class,
                          route=settings.slo_route_class, default_class=settings.slo_default_class,
                          fallback=settings.slo_fallback)
+        return dataclasses.replace(table, min_ttft_s=settings.latency_model().prefill_time_s(1))
 
     # -- per request -------------------------------------------------------------------------------
     def resolve(self, body: dict[str, Any], *, model: str, endpoint: str, priority: int | None) -> ResolvedSlo | None:
@@ -160,6 +165,10 @@ class SloTable:
         explicit = body.pop(SLO_BODY_FIELD, None)
         named = body.pop(SLO_CLASS_BODY_FIELD, None)
         ttft, tpot, label = _explicit(explicit)
+        if ttft is not None and ttft < self.min_ttft_s:
+            raise bad_request(f"'{SLO_BODY_FIELD}.ttft_s' is {ttft:g} s, below {self.min_ttft_s:g} s, what any "
+                              f"prefill pass of these engines takes: no engine can meet it",
+                              param=f"{SLO_BODY_FIELD}.ttft_s")
         base: str | None = None
         source = "none"
         if named is not None:

@@ -191,6 +191,14 @@ def parse_request(raw: bytes, endpoint: Endpoint, *, counter: TokenCounter, defa
     if count is not None and (not _is_int(count) or not 0 <= count <= most):
         raise bad_request(f"'{name}' must be an integer from 0 to {most}, got {count!r}", param=name)
 
+    # Checked here, so a bad value is a 400 naming it rather than an engine's error naming an engine.
+    seed = body.get("seed")
+    if seed is not None and not _is_int(seed):
+        raise bad_request(f"'seed' must be an integer, got {seed!r}", param="seed")
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise bad_request(f"'user' must be a string, got {type(user).__name__}", param="user")
+
     priority = body.get("priority")
     if priority is not None and not _is_int(priority):
         raise bad_request("'priority' must be an integer", param="priority")

@@ -59,6 +59,9 @@ def test_unknown_fields_pass_through() -> None:
     ({"model": "m", "prompt": "a", "max_tokens": "9"}, "max_tokens"),
     ({"model": "m", "prompt": "a", "max_tokens": 9.5}, "max_tokens"),
     ({"model": "m", "prompt": "a", "logprobs": 6}, "logprobs"),
+    ({"model": "m", "prompt": "a", "seed": "7"}, "seed"),
+    ({"model": "m", "prompt": "a", "seed": 1.5}, "seed"),
+    ({"model": "m", "prompt": "a", "user": 42}, "user"),
     ({"model": "m", "prompt": "a", "logprobs": True}, "logprobs"),
     ({"model": "m", "prompt": "a", "max_tokens": 0.0}, "max_tokens"),
     ({"model": "m", "prompt": "a", "max_tokens": 5000}, "max_tokens"),
@@ -140,3 +143,20 @@ def test_log_probability_counts_within_the_openai_bounds() -> None:
         with pytest.raises(APIError) as err:
             parse({**chat, **bad}, "chat")
         assert err.value.status == 400 and err.value.param == param
+
+
+def test_seed_and_user_of_the_right_types_pass_to_the_engines() -> None:
+    p = parse({"model": "m", "prompt": "a", "seed": -3, "user": "alice"})
+    assert (p.body["seed"], p.body["user"]) == (-3, "alice")
+
+
+def test_an_slo_no_engine_can_meet_is_a_400_not_a_429_to_retry() -> None:
+    table = SloTable(min_ttft_s=0.008)
+    raw = orjson.dumps({"model": "m", "prompt": "a", "slo": {"ttft_s": 0.001}})
+    with pytest.raises(APIError) as err:
+        parse_request(raw, "completions", counter=COUNTER, default_max_tokens=256, max_tokens_limit=4096,
+                      slo_table=table)
+    assert err.value.status == 400 and err.value.param == "slo.ttft_s" and "0.008" in str(err.value)
+    ok = parse_request(orjson.dumps({"model": "m", "prompt": "a", "slo": {"ttft_s": 0.5}}), "completions",
+                       counter=COUNTER, default_max_tokens=256, max_tokens_limit=4096, slo_table=table)
+    assert ok.slo is not None and ok.slo.ttft_s == 0.5
