@@ -71,8 +71,14 @@ def test_full_cluster_is_retryable() -> None:
 
 def test_stale_reports_are_ignored_but_inflight_counts() -> None:
     params = DispatchParams(max_pending_per_engine=4, stale_load_s=1.0)
-    engines = [eng("p0", waiting_reqs=100, load_age_s=30.0), eng("d0", "decode")]
-    assert isinstance(LeastLoad(params).place(REQ, engines, 0.0), Placement)
+    stale = [eng("p0", waiting_reqs=100, load_age_s=30.0), eng("d0", "decode")]
+    assert LeastLoad(params).place(REQ, stale, 0.0) == Placement(prefill_id="p0", decode_id="d0")
+    # The same queue reported fresh fills the engine, and so does the gateway's own in-flight count when stale.
+    fresh = [eng("p0", waiting_reqs=100, load_age_s=0.5), eng("d0", "decode")]
+    counted = [eng("p0", waiting_reqs=100, load_age_s=30.0, inflight_reqs=4), eng("d0", "decode")]
+    for engines in (fresh, counted):
+        decision = LeastLoad(params).place(REQ, engines, 0.0)
+        assert isinstance(decision, Rejection) and decision.retryable
 
 
 def test_round_robin_cycles() -> None:

@@ -23,6 +23,7 @@ class Server:
         self.targets: list[bytes] = []
         self.server: asyncio.Server | None = None
         self.close_after_each = False
+        self.closed = asyncio.Event()  # set once the server has closed a connection
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
@@ -40,6 +41,8 @@ class Server:
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         writer.close()
+        await writer.wait_closed()
+        self.closed.set()
 
     @property
     def url(self) -> str:
@@ -97,8 +100,9 @@ async def test_idle_connection_closed_by_server_is_retried(server: Server) -> No
     server.responses = [_ok(b"1"), _ok(b"2")]
     pool = Http1Pool()
     assert await pool.fetch("GET", server.url + "/") == (200, b"1")
-    await asyncio.sleep(0.05)  # the server has closed the idle connection by now
+    await asyncio.wait_for(server.closed.wait(), 10)  # the pooled connection is now a closed one
     assert await pool.fetch("GET", server.url + "/") == (200, b"2")
+    assert server.connections == 2  # the second request went over a new connection
     await pool.aclose()
 
 
