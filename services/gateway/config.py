@@ -18,7 +18,7 @@ class GatewaySettings(SloPlanSettings, ControlPlaneSettings):
     port: int = Field(8000, description="Port of the OpenAI-compatible HTTP API.")
     dispatch_policy: str = Field("least-load", description=f"Dispatch policy: one of {', '.join(sorted(DISPATCH_POLICIES))}.")
     max_pending_per_engine: int = Field(512, description="Queued plus in-flight requests beyond which an engine counts as full; when all are full the gateway answers 429.")
-    default_max_tokens: int = Field(256, description="max_tokens used when a request gives none.")
+    default_max_tokens: int = Field(256, description="The output length the gateway plans with (its in-flight ledger, placement) for a chat request that gives no max_tokens; the engines get no limit and answer to the end, as OpenAI and SGLang do. A completions request without one gets the OpenAI API's 16.")
     max_tokens_limit: int = Field(32768, description="Largest max_tokens a request may ask for (400 above it).")
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest request body accepted, in bytes (413 above it; checked on Content-Length and while reading). 8 MiB holds a 1M-token prompt as token ids.")
     max_json_depth: int = Field(64, ge=4, description="Deepest nesting of objects and lists a request body may have (400 deeper): pass-through fields reach the engines re-encoded.")

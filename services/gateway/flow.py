@@ -410,7 +410,7 @@ class RequestFlow:
                                            or (target is not None and target.engine_kind != "sim")):
             mechanism = "recompute"  # only engine_sim models a decode-to-decode KV copy
         n = self.delivered_tokens
-        remaining = self.parsed.max_tokens - n
+        remaining = self.parsed.remaining_tokens(n)
         prefill = None
         if mechanism == "recompute":
             decodes = {i for i, info in instances.items() if info.role != "prefill"}

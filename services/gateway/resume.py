@@ -31,12 +31,10 @@ def resume_body(parsed: ParsedRequest, target: InstanceInfo, *, generated_tokens
                 kv_source: tuple[str, str] | None = None) -> dict[str, Any]:
     """The body for ``target`` continuing after ``generated_tokens`` tokens (``generated_text``)."""
     remaining = parsed.max_tokens - generated_tokens
-    if remaining < 1:
+    if parsed.limited and remaining < 1:
         raise NotResumable("the request has no tokens left to generate")
     body = dict(parsed.body)
-    if parsed.endpoint == "chat" and body.get("max_completion_tokens") is not None:
-        body["max_completion_tokens"] = remaining
-    else:
+    if parsed.limited:  # an unlimited answer runs on to its end on the target too
         body["max_tokens"] = remaining
     if target.engine_kind == "sim":
         body[RESUME_FIELD] = RequestResume(

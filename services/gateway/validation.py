@@ -23,14 +23,27 @@ CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "fun
 
 class ParsedRequest(msgspec.Struct, kw_only=True):
     endpoint: Endpoint
-    body: dict[str, Any]  # the client's body, normalised (max_tokens set), forwarded to the engines
+    body: dict[str, Any]  # the client's body, normalised, forwarded to the engines
     model: str
     stream: bool
     include_usage: bool
+    # The output limit: the client's, or for a chat request that gave none the length the gateway plans
+    # with (its ledger, placement), while the engines get no limit (``limited`` False) and answer to the end.
     max_tokens: int
     input_tokens: int
     priority: int | None  # SGLang's field: forwarded to every engine unchanged
     slo: ResolvedSlo | None = None  # the request's SLO class and targets (services/gateway/slo.py)
+    limited: bool = True  # the engines get ``max_tokens`` as the request's limit
+
+    def remaining_tokens(self, generated: int) -> int:
+        """Output tokens still to come after ``generated``, as the gateway plans for them (at least 1 while an
+        unlimited request runs on)."""
+        left = self.max_tokens - generated
+        return left if self.limited else max(left, 1)
+
+
+#: A completions request without max_tokens gets the OpenAI API's default, as SGLang's CompletionRequest does.
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 
 def _is_int(v: Any) -> bool:
@@ -141,8 +154,13 @@ def parse_request(raw: bytes, endpoint: Endpoint, *, counter: TokenCounter, defa
         max_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
 
     max_tokens = body.get(max_name)
-    if max_tokens is None:
-        max_tokens = default_max_tokens
+    limited = True
+    if max_tokens is None and endpoint == "completions":
+        max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
+    elif max_tokens is None:
+        # As OpenAI and SGLang: a chat answer without a limit runs to its end (or the context's); the gateway
+        # plans with default_max_tokens for it.
+        max_tokens, limited = default_max_tokens, False
     elif isinstance(max_tokens, float) and max_tokens.is_integer() and max_tokens >= 1:
         max_tokens = int(max_tokens)  # JSON Schema's integer, and SGLang, take 10.0 as 10
     elif not _is_int(max_tokens) or max_tokens < 1:
@@ -151,7 +169,8 @@ def parse_request(raw: bytes, endpoint: Endpoint, *, counter: TokenCounter, defa
         raise bad_request(f"'{max_name}' is {max_tokens}, above this deployment's limit of {max_tokens_limit}",
                           param=max_name)
     body.pop("max_completion_tokens", None)
-    body["max_tokens"] = max_tokens
+    if limited:
+        body["max_tokens"] = max_tokens
 
     _number(body, "temperature", 0.0, 2.0)
     _number(body, "top_p", 0.0, 1.0)
@@ -206,7 +225,7 @@ def parse_request(raw: bytes, endpoint: Endpoint, *, counter: TokenCounter, defa
     slo = (slo_table or _EMPTY_TABLE).resolve(body, model=model, endpoint=endpoint, priority=priority)
 
     return ParsedRequest(endpoint=endpoint, body=body, model=model, stream=stream, include_usage=include_usage,
-                         max_tokens=max_tokens, input_tokens=input_tokens, priority=priority, slo=slo)
+                         max_tokens=max_tokens, input_tokens=input_tokens, priority=priority, slo=slo, limited=limited)
 
 
 def model_not_found(model: str, served: list[str]) -> APIError:

@@ -158,3 +158,23 @@ async def test_the_openai_contract_details_clients_rely_on(cluster, engines, nat
         assert r.status_code == 200 and r.headers["x-request-id"] == r.json()["id"], r.headers
         r = await client.get(url + "/v1/completions")
         assert r.status_code == 405 and r.headers["allow"] == "POST" and r.json()["error"]["message"], r.text
+
+
+async def test_a_chat_request_without_max_tokens_runs_to_its_end(cluster, engines, nats_server, etcd_server) -> None:  # type: ignore[no-untyped-def]
+    """As OpenAI and SGLang: no limit is sent, so the answer ends where the model stops (engine_sim's drawn
+    stop length), past the gateway's planning default of 8 here; a completion without one gets 16 tokens."""
+    registry, ns = cluster
+    await register(registry, engines["prefill"].info("p0"), engines["decode"].info("d0"))
+    async with gateway(nats_server, etcd_server, ns, default_max_tokens=8) as (url, service), \
+            httpx.AsyncClient(timeout=60) as client:
+        await wait_instances(service, 2)
+        lengths = []
+        for i in range(4):
+            r = await client.post(url + "/v1/chat/completions", json={
+                "model": MODEL, "messages": [{"role": "user", "content": f"question {i}"}]})
+            assert r.status_code == 200, r.text
+            assert r.json()["choices"][0]["finish_reason"] == "stop", r.text
+            lengths.append(r.json()["usage"]["completion_tokens"])
+        assert max(lengths) > 8, lengths
+        r = await client.post(url + "/v1/completions", json={"model": MODEL, "prompt": list(range(50)), "ignore_eos": True})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16, r.text

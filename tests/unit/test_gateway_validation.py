@@ -33,7 +33,13 @@ def test_defaults_and_chat_max_completion_tokens() -> None:
     p = parse({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 7}, "chat")
     assert p.max_tokens == 7 and p.body["max_tokens"] == 7 and "max_completion_tokens" not in p.body
     assert p.input_tokens == count_chat(COUNTER, [{"role": "user", "content": "hi"}])
-    assert parse({"model": "m", "prompt": "a"}).max_tokens == 256
+    # Without a limit a chat answer runs to its end (the engines get none; the gateway plans with its default),
+    # and a completion gets the OpenAI API's 16, as from SGLang.
+    unlimited = parse({"model": "m", "messages": [{"role": "user", "content": "hi"}]}, "chat")
+    assert (unlimited.limited, unlimited.max_tokens, "max_tokens" in unlimited.body) == (False, 256, False)
+    assert unlimited.remaining_tokens(1000) == 1 and p.remaining_tokens(3) == 4
+    completion = parse({"model": "m", "prompt": "a"})
+    assert (completion.limited, completion.max_tokens, completion.body["max_tokens"]) == (True, 16, 16)
 
 
 def test_a_whole_number_float_max_tokens_is_an_integer() -> None:
