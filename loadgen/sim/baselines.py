@@ -52,7 +52,7 @@ from shared.policies.admission import EarlyRejectionParams
 from shared.policies.cache_aware import CacheAware
 from shared.policies.local_prefill import LocalPrefillParams
 from shared.policies.migration_cost import DEFAULT_MECHANISM, MIGRATION_MECHANISMS, make_migration_mechanism
-from shared.policies.poise_mix import POISE_MIX, PoiseMix
+from shared.policies.poise_mix import POISE_MIX, POISE_ON_SGLANG, PoiseMix
 from shared.protocol.messages import Role
 
 
@@ -182,9 +182,10 @@ def _dopd_ratio(instances: int, split: str | None) -> PolicyMix:
 #: The Poise mix (shared/policies/poise_mix.py, which says why each rule is in it) as the simulator runs it:
 #: the engines' scheduling, and the gateway's late-binding queue as (release order, depth).
 def _poise_engine(mix: PoiseMix) -> EngineSpec:
+    chunk = mix.chunked_prefill_size
     return EngineSpec(prefill_policy=mix.prefill_policy, decode_policy=mix.decode_policy,
                       preemption=mix.preemption,  # type: ignore[arg-type]  # PoiseMix checks it against PREEMPTION
-                      chunk_tokens=max(mix.chunked_prefill_size, 0), give_up_late=mix.give_up_late_prompts)
+                      chunk_tokens=None if chunk is None else max(chunk, 0), give_up_late=mix.give_up_late_prompts)
 
 
 def _poise_late_binding(mix: PoiseMix) -> tuple[str, int] | None:
@@ -196,15 +197,23 @@ POISE_LATE_BINDING = _poise_late_binding(POISE_MIX)
 
 
 def _poise(instances: int, split: str | None) -> PolicyMix:
-    mix = POISE_MIX
+    return _poise_of(POISE_MIX, "poise", instances, split)
+
+
+def _poise_on_sglang(instances: int, split: str | None) -> PolicyMix:
+    return _poise_of(POISE_ON_SGLANG, "poise-sglang", instances, split)
+
+
+def _poise_of(mix: PoiseMix, name: str, instances: int, split: str | None) -> PolicyMix:
     engine = _poise_engine(mix)
     roles, layout = _roles(instances, split)
     local = LocalPrefillParams(max_local_prefill_tokens=mix.local_prefill_max_tokens)
-    return PolicyMix("poise", roles, LeastLoad(),
+    return PolicyMix(name, roles, LeastLoad(),
                      f"starts {layout}; scores every split and colocated serving on the served mix (latency model), "
                      f"flips one at a time towards a clearly better split or restarts the cluster into colocated "
                      f"serving; Arrow's SLO-aware dispatch; "
-                     f"prompts <= {local.max_local_prefill_tokens} tokens prefilled on decode; "
+                     + (f"prompts <= {local.max_local_prefill_tokens} tokens prefilled on decode; "
+                        if local.max_local_prefill_tokens > 0 else "") +
                      f"prompts held in the gateway until a prefill engine has room (late binding, depth "
                      f"{mix.late_binding_depth}), so decode KV is reserved only for prompts about to be prefilled; "
                      f"early rejection when the decode side cannot start a request in time; "
@@ -236,6 +245,7 @@ MIXES: dict[str, Callable[[int, str | None], PolicyMix]] = {
                                "-> optimal P:D counts (Eq. 11-14), burst fast path", "DOPD"),
     "dopd-ratio": _dopd_ratio,
     "poise": _poise,
+    "poise-sglang": _poise_on_sglang,
 }
 
 

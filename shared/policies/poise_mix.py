@@ -48,7 +48,7 @@ class PoiseMix(msgspec.Struct, frozen=True, kw_only=True):
     prefill_policy: str = POISE_PREFILL_POLICY
     decode_policy: str = "continuous"
     preemption: str = "operator"
-    chunked_prefill_size: int = -1  # no chunks: operator preemption already bounds a wait
+    chunked_prefill_size: int | None = -1  # -1: no chunks (operator preemption bounds a wait); None: the engines'
     give_up_late_prompts: bool = True
     late_binding: bool = True
     late_binding_policy: str = POISE_LATE_BINDING_POLICY
@@ -66,6 +66,8 @@ class PoiseMix(msgspec.Struct, frozen=True, kw_only=True):
         lookup(DECODE_BATCH_POLICIES, self.decode_policy, "decode batch policy")
         lookup(dict.fromkeys(PREEMPTION), self.preemption, "preemption")
         lookup(MIGRATION_MECHANISMS, self.migration_mechanism, "migration mechanism")
+        if self.chunked_prefill_size is not None and self.chunked_prefill_size == 0:
+            raise ValueError("chunked_prefill_size must be a token count, -1 (no chunks) or None (the engines')")
         if self.late_binding_depth < 1 or self.local_prefill_max_tokens < 0:
             raise ValueError("late_binding_depth must be >= 1 and local_prefill_max_tokens >= 0")
 
@@ -97,3 +99,10 @@ class PoiseMix(msgspec.Struct, frozen=True, kw_only=True):
 
 
 POISE_MIX = PoiseMix()
+
+#: The Poise mix as it runs on stock SGLang 0.5.23 engines: the controller and the gateway's rules (Arrow's
+#: dispatch, late binding, early rejection, drains by recompute), and inside the engines SGLang's own
+#: scheduling (first come first served, chunked prefill at the engines' size, no give-up), with no prefill on
+#: PD decode engines, which SGLang's cannot do. What `poise up --engines sglang-cpu` and `make deploy` run.
+POISE_ON_SGLANG = PoiseMix(prefill_policy="fcfs", preemption="chunk", chunked_prefill_size=None,
+                           give_up_late_prompts=False, local_prefill_max_tokens=0)

@@ -75,3 +75,16 @@ def test_make_deploy_gives_a_poise_planner_the_mixs_dispatch_unless_told() -> No
 def test_a_mix_naming_an_unknown_policy_is_refused(field: str, value: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         PoiseMix(**{field: value})
+
+
+def test_the_mix_on_stock_sglang_engines_keeps_the_control_plane_and_drops_the_engine_extensions() -> None:
+    from shared.policies.poise_mix import POISE_ON_SGLANG
+
+    sim = make_mix("poise-sglang", 8, "4P4D")
+    poise = make_mix("poise", 8, "4P4D")
+    assert (sim.engine.prefill_policy, sim.engine.preemption, sim.engine.chunk_tokens) == ("fcfs", "chunk", None)
+    assert not sim.engine.give_up_late and sim.local_prefill is None
+    assert sim.early_rejection is not None and sim.early_rejection.colocated  # no engine gives up for it
+    assert sim.late_binding == poise.late_binding and sim.drain_by_migration and sim.bind is not None
+    assert POISE_ON_SGLANG.gateway_rules() == POISE_MIX.gateway_rules()
+    assert "prefilled on decode" not in sim.description and "prefilled on decode" in poise.description
