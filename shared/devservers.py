@@ -26,11 +26,19 @@ from typing import IO
 from shared.errors import PoiseError
 from shared.security import EtcdAuth, NatsUser, enable_etcd_auth, nats_config, url_with_credentials
 
+_GIVEN_PORTS: set[int] = set()
+
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A free port this process has not handed out before: ports are handed out before the processes that get
+    them bind, and the OS may offer a just-released port again, so two calls could otherwise return the same."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        if port not in _GIVEN_PORTS:
+            _GIVEN_PORTS.add(port)
+            return port
 
 
 def port_available(host: str, port: int) -> bool:

@@ -221,7 +221,7 @@ class _SimFields(TraceSliceSettings):
 
     duration_s: float | None = Field(None, gt=0.0, description="Length of the slice in trace seconds (unset = the whole trace).")
     rate_scale: float = Field(1.0, gt=0.0, description="Request-rate multiplier; how it raises the load is --rate-mode's (default natural: this many times the trace's rate curve at the trace's clock).")
-    policy: str = Field("static-minload", description="Policy mix (loadgen/sim/baselines.py MIXES): poise, colocated, static-minload, static-rr, static-cache-aware, static-arrow, arrow, dopd, dopd-ratio, dynamo-load or dynamo-sla.")
+    policy: str = Field("static-minload", description="Policy mix (loadgen/sim/baselines.py MIXES): poise, poise-sglang (the same control plane on stock SGLang engines), colocated, static-minload, static-rr, static-cache-aware, static-arrow, arrow, dopd, dopd-ratio, dynamo-load or dynamo-sla.")
     instances: int = Field(8, description="Number of instances (the GPU budget of the scaling mixes).")
     split: str | None = Field(None, description="P:D split of the disaggregated mixes, like 4P4D (default: even); the scaling mixes start from it.")
     profile: str = Field(DEFAULT_PROFILE, description="Latency profile (name or JSON path).")

@@ -304,7 +304,6 @@ class Stack:
         self.engines: dict[str, str] = {}  # instance id -> engine URL
         # instance id -> KV bootstrap port of a PD engine (what SGLang's router takes beside a prefill URL)
         self.bootstrap_ports: dict[str, int] = {}
-        self._given_ports: set[int] = set()
         self.nats: NatsServer | None = None
         self.etcd: EtcdServer | None = None
         self.gateway_url = ""
@@ -452,16 +451,7 @@ class Stack:
         self._say(f"stack ready: gateway {self.gateway_url}  (logs in {self.run_dir / 'logs'})")
 
     def _free_port(self) -> int:
-        """A free port no other process of this stack was given yet.
-
-        The ports are handed out before the processes bind them, and the OS may offer a just-released port
-        again; remembering what was given keeps two of our own processes from racing for one port.
-        """
-        while True:
-            port = free_port(self.settings.host)
-            if port not in self._given_ports:
-                self._given_ports.add(port)
-                return port
+        return free_port(self.settings.host)  # never one this process handed out before (shared.devservers)
 
     def _wait_ready(self, engines: int) -> None:
         deadline = time.monotonic() + self.settings.ready_timeout_s
