@@ -1,8 +1,9 @@
 """Reading a request body under limits: JSON content type (415), a size cap (413), a deadline (408).
 
 The cap is checked on ``Content-Length`` before a byte is read and again while reading (a chunked body has
-no length), so an oversized body never sits whole in the gateway's memory; past the cap the rest is read and
-dropped (a bounded amount) so that a client still sending sees the 413 rather than a reset. The deadline runs from the
+no length), so an oversized body never sits whole in the gateway's memory; an oversized body (declared or
+found) is read and dropped, up to a bounded amount, before the 413, so that a client still sending sees the 413
+rather than a reset (one that sent ``Expect: 100-continue`` gets it at once). The deadline runs from the
 moment the headers arrived: a client trickling its body cannot hold a connection and a slot open. These
 errors answer before the body was read to its end, so they close the connection.
 """
@@ -44,6 +45,11 @@ async def read_body(request: Request, *, max_bytes: int, timeout_s: float) -> by
         except ValueError:
             raise APIError(400, f"Content-Length is not a number: {declared[:40]!r}", headers=_CLOSE) from None
         if length > max_bytes:
+            # A client that asked first (Expect: 100-continue) or whose body is past what we drop is answered
+            # now; any other is still writing a body it declared, so it is drained first, or it would get a
+            # reset instead of the 413.
+            if length <= DISCARD_FACTOR * max_bytes and "100-continue" not in request.headers.get("expect", ""):
+                await _discard_rest(request, 0, max_bytes)
             raise _too_large(length, max_bytes)
     chunks: list[bytes] = []
     size = 0

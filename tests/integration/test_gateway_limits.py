@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import socket
 import time
 from typing import Any
 
@@ -178,3 +179,30 @@ async def test_a_chat_request_without_max_tokens_runs_to_its_end(cluster, engine
         assert max(lengths) > 8, lengths
         r = await client.post(url + "/v1/completions", json={"model": MODEL, "prompt": list(range(50)), "ignore_eos": True})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16, r.text
+
+
+async def test_a_client_that_sends_the_whole_oversized_body_first_reads_the_413(cluster, engines, nats_server,  # type: ignore[no-untyped-def]
+                                                                                   etcd_server) -> None:
+    """As Python's urllib does: the whole body is written before the response is read. A body up to
+    DISCARD_FACTOR x the limit (15 MiB on a 2 MiB limit, more than the loopback's socket buffers hold) is read and
+    dropped, so the client gets to read the 413 instead of a reset."""
+    registry, ns = cluster
+    await register(registry, engines["prefill"].info("p0"), engines["decode"].info("d0"))
+    async with gateway(nats_server, etcd_server, ns, max_body_bytes=2 * 1024 * 1024) as (url, service):
+        await wait_instances(service, 2)
+        host, port = url.removeprefix("http://").split(":")
+        body = b'{"model": "' + MODEL.encode() + b'", "prompt": "' + b"x" * (15 * 1024 * 1024) + b'"}'
+        head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()
+
+        def send_all_then_read() -> bytes:
+            with socket.create_connection((host, int(port)), timeout=30) as s:
+                s.sendall(head + body)  # a reset here is the bug
+                answer = b""
+                while chunk := s.recv(65536):
+                    answer += chunk
+                return answer
+
+        answer = await asyncio.to_thread(send_all_then_read)
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+        assert b"request_too_large" in answer
