@@ -98,6 +98,7 @@ def create_app(service: GatewayService) -> GatewayApp:
                            type_="invalid_request_error", code="invalid_api_key")
 
     async def _serve(request: Request, endpoint: Endpoint) -> Response:
+        arrived = time.monotonic()  # the client's clock starts before the body is read and parsed
         _authorize(request)
         require_json(request)
         raw = await read_body(request, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
@@ -113,7 +114,7 @@ def create_app(service: GatewayService) -> GatewayApp:
             name = parsed.slo.slo_class
             label = name if name in service.slo_table.classes else "(none)" if name is None else "(custom)"
             service.metrics.slo_requests.labels(label, parsed.slo.source).inc()
-        flow = service.new_flow(parsed)
+        flow = service.new_flow(parsed, arrived)
         service.metrics.inflight.inc()
         # Until a streaming response takes over (Starlette watches the connection then), a client that hangs
         # up cancels this task, so both engines are told to stop at once.

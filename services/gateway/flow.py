@@ -105,7 +105,8 @@ class RequestFlow:
     def __init__(self, parsed: ParsedRequest, *, cluster: ClusterView, policy: DispatchPolicy, http: Http1Pool,
                  metrics: GatewayMetrics, retries: int, first_token_timeout_s: float,
                  late_binding: LateBindingQueue | None = None, max_rescues: int = 2,
-                 predict_length: bool = False, stream_legs: bool = False, refuse_late: bool = False) -> None:
+                 predict_length: bool = False, stream_legs: bool = False, refuse_late: bool = False,
+                 arrived: float | None = None) -> None:
         self.parsed = parsed
         # The decode leg streams for streaming clients, and for the others too when ``stream_legs``: then a
         # non-streaming answer is assembled here from the stream, and can be moved or rescued mid-answer
@@ -121,8 +122,11 @@ class RequestFlow:
         self.late_binding = late_binding
         self.client_id = ("chatcmpl-" if parsed.endpoint == "chat" else "cmpl-") + _next_id()
         self.created = int(time.time())
-        self.arrived = time.monotonic()
-        self.arrived_unix = time.time()
+        # When the request reached the gateway (``arrived``, monotonic: before its body was read), from which
+        # its TTFT and its SLO's deadline count, as the client counts them.
+        now = time.monotonic()
+        self.arrived = now if arrived is None else arrived
+        self.arrived_unix = time.time() - (now - self.arrived)
         self.outcome = Outcome()
         self.attempt: Attempt | None = None
         self._placement: Placement | None = None

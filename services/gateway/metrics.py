@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+import math
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120)
-_TPOT_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1)
+_R10 = (1.0, 1.25, 1.6, 2.0, 2.5, 3.15, 4.0, 5.0, 6.3, 8.0)  # Renard's series: ten steps a decade, ~26% apart
+
+
+def _decades(low: float, high: float) -> tuple[float, ...]:
+    """Bucket bounds from ``low`` to at least ``high``, ten to a factor of ten, so a percentile read from the
+    histogram lies within one step (~26%) of the truth."""
+    bounds: list[float] = []
+    decade = 10.0 ** math.floor(math.log10(low))
+    while not bounds or bounds[-1] < high:
+        bounds += [float(f"{decade * r:.6g}") for r in _R10 if low <= decade * r * (1 + 1e-9)]
+        decade *= 10
+    return tuple(b for i, b in enumerate(bounds) if i == 0 or bounds[i - 1] < high)
+
+
+_LATENCY_BUCKETS = _decades(0.005, 300.0)
+_TPOT_BUCKETS = _decades(0.002, 2.0)
 
 
 class GatewayMetrics:

@@ -227,14 +227,14 @@ class GatewayService:
                 out += [(attempt, e) for e in (attempt.prefill, attempt.decode) if e is not None]
         return out
 
-    def new_flow(self, parsed) -> RequestFlow:  # type: ignore[no-untyped-def]
+    def new_flow(self, parsed, arrived: float | None = None) -> RequestFlow:  # type: ignore[no-untyped-def]
         assert self.http is not None
         flow = RequestFlow(parsed, cluster=self.cluster, policy=self.policy, http=self.http, metrics=self.metrics,
                            retries=self.settings.retries, first_token_timeout_s=self.settings.first_token_timeout_s,
                            late_binding=self.late_binding, max_rescues=self.settings.max_rescues,
                            predict_length=self.settings.length_predictions,
                            stream_legs=self.settings.move_non_streaming,
-                           refuse_late=self.settings.early_rejection)
+                           refuse_late=self.settings.early_rejection, arrived=arrived)
         self.flows[flow.client_id] = flow
         return flow
 

@@ -206,3 +206,34 @@ async def test_a_client_that_sends_the_whole_oversized_body_first_reads_the_413(
         answer = await asyncio.to_thread(send_all_then_read)
         assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
         assert b"request_too_large" in answer
+
+
+async def test_the_ttft_metric_counts_from_the_request_not_from_its_parsed_body(cluster, engines, nats_server,  # type: ignore[no-untyped-def]
+                                                                                etcd_server) -> None:
+    """A body that takes 0.6 s to arrive: the client waited that long for its first token too."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    registry, ns = cluster
+    await register(registry, engines["prefill"].info("p0"), engines["decode"].info("d0"))
+    async with gateway(nats_server, etcd_server, ns) as (url, service), httpx.AsyncClient(timeout=30) as client:
+        await wait_instances(service, 2)
+        raw = orjson.dumps({**BODY, "max_tokens": 2, "stream": True})  # a stream: its first token is timed
+
+        async def slow() -> Any:
+            yield raw[:10]
+            await asyncio.sleep(0.6)  # paces the client's body (what is measured), not a wait for a result
+            yield raw[10:]
+
+        r = await client.post(url + "/v1/completions", content=slow(), headers=JSON)
+        assert r.status_code == 200, r.text
+
+        async def ttft() -> dict[str, float]:
+            text = (await client.get(url + "/metrics")).text
+            return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+                    if s.name.startswith("poise_gateway_ttft_seconds_")}
+
+        deadline = time.monotonic() + 10
+        while (seen := await ttft())["poise_gateway_ttft_seconds_count"] < 1:  # recorded once the flow ends
+            assert time.monotonic() < deadline, seen
+            await asyncio.sleep(0.05)
+    assert seen["poise_gateway_ttft_seconds_count"] == 1 and seen["poise_gateway_ttft_seconds_sum"] >= 0.6, seen
