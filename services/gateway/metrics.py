@@ -6,12 +6,12 @@ import math
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-_R10 = (1.0, 1.25, 1.6, 2.0, 2.5, 3.15, 4.0, 5.0, 6.3, 8.0)  # Renard's series: ten steps a decade, ~26% apart
+_R10 = (1.0, 1.25, 1.6, 2.0, 2.5, 3.15, 4.0, 5.0, 6.3, 8.0)  # Renard's series: ten steps a decade, 25-28% apart
 
 
 def _decades(low: float, high: float) -> tuple[float, ...]:
     """Bucket bounds from ``low`` to at least ``high``, ten to a factor of ten, so a percentile read from the
-    histogram lies within one step (~26%) of the truth."""
+    histogram lies within one step (at most 28%) of the truth."""
     bounds: list[float] = []
     decade = 10.0 ** math.floor(math.log10(low))
     while not bounds or bounds[-1] < high:
@@ -20,8 +20,8 @@ def _decades(low: float, high: float) -> tuple[float, ...]:
     return tuple(b for i, b in enumerate(bounds) if i == 0 or bounds[i - 1] < high)
 
 
-_LATENCY_BUCKETS = _decades(0.005, 300.0)
-_TPOT_BUCKETS = _decades(0.002, 2.0)
+LATENCY_BUCKETS = _decades(0.005, 300.0)
+TPOT_BUCKETS = _decades(0.002, 2.0)
 
 
 class GatewayMetrics:
@@ -31,16 +31,16 @@ class GatewayMetrics:
         self.requests = Counter("poise_gateway_requests", "Finished requests by outcome", ["endpoint", "status"], registry=r)
         self.rejections = Counter("poise_gateway_rejections", "Requests refused before dispatch", ["reason"], registry=r)
         self.retries = Counter("poise_gateway_retries", "Attempts retried on another pair", registry=r)
-        self.ttft = Histogram("poise_gateway_ttft_seconds", "Time to first token seen by the client", buckets=_LATENCY_BUCKETS, registry=r)
-        self.tpot = Histogram("poise_gateway_tpot_seconds", "Mean time per output token after the first", buckets=_TPOT_BUCKETS, registry=r)
-        self.e2e = Histogram("poise_gateway_e2e_seconds", "End-to-end request latency", buckets=_LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram("poise_gateway_ttft_seconds", "Time to first token seen by the client", buckets=LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram("poise_gateway_tpot_seconds", "Mean time per output token after the first", buckets=TPOT_BUCKETS, registry=r)
+        self.e2e = Histogram("poise_gateway_e2e_seconds", "End-to-end request latency", buckets=LATENCY_BUCKETS, registry=r)
         self.prompt_tokens = Counter("poise_gateway_prompt_tokens", "Prompt tokens dispatched (estimated for text)", registry=r)
         self.output_tokens = Counter("poise_gateway_output_tokens", "Output tokens streamed to clients", registry=r)
         self.inflight = Gauge("poise_gateway_inflight_requests", "Requests in flight", registry=r)
         self.late_binding_held = Gauge("poise_gateway_late_binding_held_requests",
                                        "Requests held in the late-binding queue, waiting for a prefill slot", registry=r)
         self.late_binding_wait = Histogram("poise_gateway_late_binding_wait_seconds",
-                                           "Time a request waited in the late-binding queue", buckets=_LATENCY_BUCKETS,
+                                           "Time a request waited in the late-binding queue", buckets=LATENCY_BUCKETS,
                                            registry=r)
         self.slo_requests = Counter("poise_gateway_slo_class_requests", "Requests by resolved SLO class and the rule that picked it",
                                     ["slo_class", "source"], registry=r)
@@ -51,7 +51,7 @@ class GatewayMetrics:
                                           "Moves that failed (the request stayed on its source)", registry=r)
         self.migration_stall = Histogram("poise_gateway_migration_stall_seconds",
                                          "Client-visible gap of a move: last source token to the target's first",
-                                         buckets=_LATENCY_BUCKETS, registry=r)
+                                         buckets=LATENCY_BUCKETS, registry=r)
         self.stalls = Counter("poise_gateway_stalled_streams",
                               "Decode streams given up after stall_timeout_s without a token (then rescued)", registry=r)
         self.rescues = Counter("poise_gateway_rescues",
