@@ -20,19 +20,31 @@ def _decades(low: float, high: float) -> tuple[float, ...]:
     return tuple(b for i, b in enumerate(bounds) if i == 0 or bounds[i - 1] < high)
 
 
-LATENCY_BUCKETS = _decades(0.005, 300.0)
-TPOT_BUCKETS = _decades(0.002, 2.0)
+#: SLO targets in use (Arrow's Table 1 per trace, the sglang-cpu preset's, the dashboard's choices) are bounds
+#: too, so the share of requests within one reads exactly off the histogram (le="2.0").
+SLO_TTFT_BOUNDS = (0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 30.0)
+SLO_TPOT_BOUNDS = (0.05, 0.075, 0.1, 0.15, 0.2, 0.3)
+LATENCY_BUCKETS = tuple(sorted(set(_decades(0.005, 300.0)) | set(SLO_TTFT_BOUNDS)))
+TPOT_BUCKETS = tuple(sorted(set(_decades(0.002, 2.0)) | set(SLO_TPOT_BOUNDS)))
+
+
+def with_bound(buckets: tuple[float, ...], bound: float | None) -> tuple[float, ...]:
+    """``buckets`` with ``bound`` (a configured SLO target) among them."""
+    return buckets if bound is None or bound in buckets else tuple(sorted((*buckets, bound)))
 
 
 class GatewayMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, *, slo_ttft_s: float | None = None,
+                 slo_tpot_s: float | None = None) -> None:
+        """``slo_ttft_s`` / ``slo_tpot_s``: the gateway's own SLO, made a bucket bound as well."""
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        ttft_buckets, tpot_buckets = with_bound(LATENCY_BUCKETS, slo_ttft_s), with_bound(TPOT_BUCKETS, slo_tpot_s)
         self.requests = Counter("poise_gateway_requests", "Finished requests by outcome", ["endpoint", "status"], registry=r)
         self.rejections = Counter("poise_gateway_rejections", "Requests refused before dispatch", ["reason"], registry=r)
         self.retries = Counter("poise_gateway_retries", "Attempts retried on another pair", registry=r)
-        self.ttft = Histogram("poise_gateway_ttft_seconds", "Time to first token seen by the client", buckets=LATENCY_BUCKETS, registry=r)
-        self.tpot = Histogram("poise_gateway_tpot_seconds", "Mean time per output token after the first", buckets=TPOT_BUCKETS, registry=r)
+        self.ttft = Histogram("poise_gateway_ttft_seconds", "Time to first token seen by the client", buckets=ttft_buckets, registry=r)
+        self.tpot = Histogram("poise_gateway_tpot_seconds", "Mean time per output token after the first", buckets=tpot_buckets, registry=r)
         self.e2e = Histogram("poise_gateway_e2e_seconds", "End-to-end request latency", buckets=LATENCY_BUCKETS, registry=r)
         self.prompt_tokens = Counter("poise_gateway_prompt_tokens", "Prompt tokens dispatched (estimated for text)", registry=r)
         self.output_tokens = Counter("poise_gateway_output_tokens", "Output tokens streamed to clients", registry=r)

@@ -60,7 +60,7 @@ class GatewayService:
         self.subjects = Subjects(settings.namespace)
         self.keys = Keys(settings.namespace)
         self.cluster = ClusterView()
-        self.metrics = GatewayMetrics()
+        self.metrics = GatewayMetrics(slo_ttft_s=settings.slo_ttft_s, slo_tpot_s=settings.slo_tpot_s)
         self.policy: DispatchPolicy = make_dispatch_policy(
             settings.dispatch_policy, settings.latency_model(), settings.policy_context(),
             DispatchParams(max_pending_per_engine=settings.max_pending_per_engine))

@@ -95,7 +95,7 @@ def test_the_asked_for_panels_are_there(dashboard: dict[str, Any]) -> None:
 def test_slo_choices_are_bucket_bounds(dashboard: dict[str, Any], variable: str, histogram: str) -> None:
     # le="$ttft_slo" only matches a series when the value is one of the histogram's bounds, spelled as the
     # client library spells it (2 -> "2.0").
-    bounds = {floatToGoString(b) for b in getattr(gateway_metrics, f"_{'LATENCY' if histogram == 'ttft' else 'TPOT'}_BUCKETS")}
+    bounds = {floatToGoString(b) for b in getattr(gateway_metrics, f"{'LATENCY' if histogram == 'ttft' else 'TPOT'}_BUCKETS")}
     values = {o["value"] for o in _variable(dashboard, variable)["options"]}
     assert values <= bounds
     assert _variable(dashboard, variable)["current"]["value"] in values
