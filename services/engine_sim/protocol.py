@@ -36,13 +36,13 @@ from services.engine_sim.requests import SimRequest
 from shared.engine import prompt_blocks
 from shared.protocol.length_prediction import PREDICT_FIELD, PREDICTION_FIELD
 from shared.protocol.local_prefill import LOCAL_PREFILL_FIELD
+from shared.protocol.openai_api import COMPLETIONS_DEFAULT_MAX_TOKENS
 from shared.protocol.request_resume import RESUME_FIELD, RequestResume, parse_request_resume
 from shared.protocol.request_slo import SLO_FIELD, RequestSlo, parse_request_slo
 from shared.tokens import EstimatingCounter, count_chat, count_prompt
 
 Kind = Literal["generate", "completion", "chat"]
 _COUNTER = EstimatingCounter()
-DEFAULT_COMPLETION_MAX_TOKENS = 16  # CompletionRequest.max_tokens default
 DEFAULT_GENERATE_MAX_NEW_TOKENS = 128  # SamplingParams.max_new_tokens default
 WEIGHT_VERSION = "default"
 
@@ -245,7 +245,7 @@ def parse_completion(body: dict[str, Any]) -> GenRequest:
         prompt = _token_ids(prompt, "prompt")
     elif not isinstance(prompt, str):
         raise SchemaError("prompt: Input should be a valid string or list of token ids", "prompt")
-    max_tokens = _int(body, "max_tokens", DEFAULT_COMPLETION_MAX_TOKENS)
+    max_tokens = _int(body, "max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS)
     if max_tokens is not None and max_tokens <= 0:
         raise SchemaError("max_tokens: Value error, max_tokens must be positive", "max_tokens")
     return _common(body, "completion", _model(body), count_prompt(_COUNTER, prompt), max_tokens, prompt)

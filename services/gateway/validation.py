@@ -15,6 +15,7 @@ import orjson
 
 from services.gateway.errors import APIError, bad_request
 from services.gateway.slo import ResolvedSlo, SloTable
+from shared.protocol.openai_api import COMPLETIONS_DEFAULT_MAX_TOKENS
 from shared.tokens import TokenCounter, count_chat, count_prompt
 
 Endpoint = Literal["completions", "chat"]
@@ -40,10 +41,6 @@ class ParsedRequest(msgspec.Struct, kw_only=True):
         unlimited request runs on)."""
         left = self.max_tokens - generated
         return left if self.limited else max(left, 1)
-
-
-#: A completions request without max_tokens gets the OpenAI API's default, as SGLang's CompletionRequest does.
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 
 def _is_int(v: Any) -> bool:
