@@ -28,8 +28,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from services.engine_sim import protocol as P
 from services.engine_sim.auth import ApiKeyMiddleware
 from services.engine_sim.engine import SGLANG_API_VERSION, EngineRequestError, SimEngine
+from services.engine_sim.logprobs import chat_logprobs, completion_logprobs
 from services.engine_sim.requests import SimRequest
-from services.engine_sim.tokens import detokenize, token_text
+from services.engine_sim.stops import TextCut, visible_text
+from services.engine_sim.tokens import detokenize
 from services.engine_sim.transfer import KV_EXPORT_PATH
 from shared.protocol.engine_forecast import FORECAST_PATH
 
@@ -132,7 +134,7 @@ def create_app(engine: SimEngine) -> FastAPI:
             ignore_eos=gen.ignore_eos, stream=gen.stream, bootstrap_host=gen.bootstrap_host,
             bootstrap_port=gen.bootstrap_port, bootstrap_room=gen.bootstrap_room, priority=gen.priority,
             slo=gen.slo, stream_key=gen.stream_key, resume=gen.resume, predict_length=gen.predict_length,
-            local_prefill=gen.local_prefill, prefix_blocks=gen.prefix_blocks,
+            local_prefill=gen.local_prefill, prefix_blocks=gen.prefix_blocks, seed=gen.seed, stops=gen.stops,
         )
 
     async def finish_non_stream(req: SimRequest, request: Request) -> None:
@@ -159,14 +161,16 @@ def create_app(engine: SimEngine) -> FastAPI:
             failure = _engine_failure(req, openai=False)
             if failure is not None:
                 return failure
-            return _json(P.generate_output(req, detokenize(req.output_ids), len(req.output_ids), req.finish))
+            return _json(P.generate_output(req, visible_text(detokenize(req.output_ids), req.stop_match),
+                                           len(req.output_ids), req.finish))
 
         async def events() -> AsyncIterator[bytes]:
             parts: list[str] = []
+            cut = TextCut()
             try:
                 async for new_ids, finish in engine.outputs(req):
-                    parts.extend(token_text(t) for t in new_ids)
-                    out = P.generate_output(req, "".join(parts), len(parts), finish)
+                    parts.append(cut.piece(detokenize(new_ids), req.stop_match))
+                    out = P.generate_output(req, "".join(parts), len(req.output_ids), finish)
                     yield b"data: " + orjson.dumps(out) + b"\n\n"
                 yield P.DONE
             finally:
@@ -196,9 +200,9 @@ def create_app(engine: SimEngine) -> FastAPI:
             failure = _engine_failure(req, openai=True)
             if failure is not None:
                 return failure
-            text = detokenize(req.output_ids)
+            text = visible_text(detokenize(req.output_ids), req.stop_match)
             build = P.completion_response if kind == "completion" else P.chat_response
-            return _json(build(req, gen.model, text, cached(req)))
+            return _json(build(req, gen.model, text, cached(req), gen.logprobs))
         stream = completion_events(req, gen) if kind == "completion" else chat_events(req, gen)
         try:
             await engine.wait_for(req, request.is_disconnected, first_output=True)
@@ -225,13 +229,17 @@ def create_app(engine: SimEngine) -> FastAPI:
     async def completion_events(req: SimRequest, gen: P.GenRequest) -> AsyncGenerator[bytes, None]:
         """OpenAIServingCompletion._generate_completion_stream."""
         created = int(time.time())
+        cut, offset = TextCut(), 0
         async for new_ids, finish in engine.outputs(req):
             if finish is not None and finish.get("status_code") is not None:
                 yield P.stream_error_chunk(finish["message"], int(finish["status_code"]))
                 break
             chunk_usage = P.usage(req.prompt_tokens, len(req.output_ids)) if gen.continuous_usage else None
-            yield P.completion_chunk(req.rid, created, gen.model, "".join([token_text(t) for t in new_ids]), finish,
-                                     chunk_usage, engine.due_prediction(req))
+            text = cut.piece(detokenize(new_ids), req.stop_match)
+            logprobs = None if gen.logprobs is None else completion_logprobs(new_ids, gen.logprobs, offset)
+            offset += len(text)
+            yield P.completion_chunk(req.rid, created, gen.model, text, finish, chunk_usage,
+                                     engine.due_prediction(req), logprobs)
         if gen.include_usage:
             yield P.completion_usage_chunk(req.rid, created, gen.model, req.prompt_tokens, len(req.output_ids),
                                            cached(req))
@@ -242,6 +250,7 @@ def create_app(engine: SimEngine) -> FastAPI:
         created = int(time.time())
         first = True
         final: dict[str, Any] | None = None
+        cut = TextCut()
         async for new_ids, finish in engine.outputs(req):
             if finish is not None and finish.get("status_code") is not None:
                 yield P.stream_error_chunk(finish["message"], int(finish["status_code"]))
@@ -250,11 +259,12 @@ def create_app(engine: SimEngine) -> FastAPI:
             if first:
                 first = False
                 yield P.chat_chunk(req.rid, created, gen.model, role="assistant", content="")
-            text = "".join([token_text(t) for t in new_ids])
-            if text:
+            text = cut.piece(detokenize(new_ids), req.stop_match)
+            if text:  # as SGLang, no chunk for an end-of-turn token alone (nor for its log-probability)
                 chunk_usage = P.usage(req.prompt_tokens, len(req.output_ids)) if gen.continuous_usage else None
+                logprobs = None if gen.logprobs is None else chat_logprobs(new_ids, gen.logprobs)
                 yield P.chat_chunk(req.rid, created, gen.model, content=text, chunk_usage=chunk_usage,
-                                   prediction=engine.due_prediction(req))
+                                   prediction=engine.due_prediction(req), logprobs=logprobs)
             final = finish
         if final is not None:
             yield P.chat_chunk(req.rid, created, gen.model, finish=final)

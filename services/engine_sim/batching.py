@@ -180,7 +180,7 @@ def cut(eng: EngineState, step: Step, start: float, at: float, arrival: float) -
 
 
 def _next_token(req: SimRequest) -> int:
-    if not req.ignore_eos and len(req.output_ids) + 1 == req.stop_after < req.max_new_tokens:
+    if not req.ignore_eos and req.stop_match is None and len(req.output_ids) + 1 == req.stop_after < req.max_new_tokens:
         return EOS_TOKEN_ID
     assert req.tokens is not None
     return req.tokens.next()
@@ -194,7 +194,9 @@ def _emit(eng: EngineState, req: SimRequest, token: int, now: float) -> None:
     req.last_token_s = now
     if req.phase is Phase.FINISHED:  # the model ended it at its length (KV freed)
         n = len(req.output_ids)
-        if n < req.max_new_tokens and token == EOS_TOKEN_ID:
+        if req.stop_match is not None and n == req.stop_match.tokens:
+            reason = finish_stop(req.stop_match.stop)
+        elif n < req.max_new_tokens and token == EOS_TOKEN_ID:
             reason = finish_stop(EOS_TOKEN_ID)
         else:
             reason = finish_length(req.max_new_tokens)

@@ -40,6 +40,7 @@ from services.engine_sim.queues import QUEUED_PHASES, RequestQueues
 from services.engine_sim.reports import ENGINE_NAME, SGLANG_API_VERSION
 from services.engine_sim.requests import Phase, SimRequest, finish_abort
 from services.engine_sim.role_switch import RoleSwitchResult
+from services.engine_sim.stops import cut_at_stop
 from services.engine_sim.tokens import TokenSource, draw_output_length
 from shared.engine.model import EngineModel
 from shared.engine_client import engine_auth_headers
@@ -280,6 +281,8 @@ class SimEngine:
         predict_length: bool = False,
         local_prefill: bool = False,
         prefix_blocks: tuple[int, ...] = (),
+        seed: int | None = None,
+        stops: tuple[str, ...] = (),
     ) -> SimRequest:
         """Queue a request. Raises :class:`EngineRequestError` where SGLang's tokenizer manager would refuse it.
 
@@ -292,7 +295,9 @@ class SimEngine:
         ``local_prefill`` (``poise_local_prefill``) has a decode engine prefill the prompt itself, with no
         prefill peer (DOPD's local prefill of ultra-short prompts); a colocated engine does that anyway.
         ``prefix_blocks`` (``shared.engine.prefix_blocks`` of the prompt) is what the prefix cache matches on; a
-        resumed request's grown prompt is not matched."""
+        resumed request's grown prompt is not matched. ``seed`` (the request's) draws them from the prompt and
+        the seed alone, not the engine's seed; ``stops`` end the output where a stop string first appears
+        (:mod:`services.engine_sim.stops`)."""
         if self.stopping:
             raise EngineRequestError("engine_sim is shutting down", status=503)
         rid = rid if rid is not None else uuid.uuid4().hex
@@ -322,15 +327,19 @@ class SimEngine:
                 "messages or the completion to fit within the limit.")
         # Like SGLang's init_req_max_new_tokens: never more output than the KV pool could ever hold.
         max_new_tokens = max(0, min(max_new_tokens, self.capacity - prompt_tokens))
-        seed = self.settings.seed
+        # A request's own seed makes its answer the same on every engine, as a seeded sampler does.
+        engine_seed, key = (self.settings.seed, key) if seed is None else (0, f"seed={seed}:{key}")
         stop_after = max_new_tokens if ignore_eos else min(max_new_tokens, max(1, draw_output_length(
-            seed, key, self.settings.mean_output_tokens) - done))
-        tokens = TokenSource(seed, key)
+            engine_seed, key, self.settings.mean_output_tokens) - done))
+        tokens = TokenSource(engine_seed, key)
         tokens.skip(done)
+        uncut = stop_after
+        stop_after, match = cut_at_stop(tokens.clone(), stops, uncut, max_new_tokens)
         req = SimRequest(
             rid=rid, prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos,
             stream=stream, bootstrap_host=bootstrap_host, bootstrap_port=bootstrap_port,
             bootstrap_room=bootstrap_room, priority=priority, output_tokens=stop_after, tokens=tokens,
+            stops=stops, stop_match=match, uncut_tokens=uncut,
         )
         if resume is not None and resume.kv_transfer:
             req.kv_source = (resume.kv_source_url or "", resume.kv_source_rid or "")

@@ -32,6 +32,7 @@ from typing import Any, Literal
 import orjson
 
 from services.engine_sim import clock
+from services.engine_sim.logprobs import chat_logprobs, completion_logprobs
 from services.engine_sim.requests import SimRequest
 from shared.engine import prompt_blocks
 from shared.protocol.length_prediction import PREDICT_FIELD, PREDICTION_FIELD
@@ -82,6 +83,9 @@ class GenRequest:
     predict_length: bool = False  # poise_predict_length: remaining-length predictions on the stream
     local_prefill: bool = False  # poise_local_prefill: a decode engine prefills this prompt itself
     prefix_blocks: tuple[int, ...] = ()  # the prompt's prefix identity, what the radix cache matches on
+    seed: int | None = None  # the request's sampling seed: the same answer on any engine
+    stops: tuple[str, ...] = ()  # stop strings: the answer ends before the first one
+    logprobs: int | None = None  # alternatives a token in the answer's log-probabilities; None: not asked for
 
 
 def content_key(content: Any) -> str:
@@ -135,11 +139,39 @@ def _scalar(body: dict[str, Any], name: str) -> None:
         raise RequestRefused(f"engine_sim does not support batched requests ({name} is a list)")
 
 
-def _stop(body: dict[str, Any]) -> None:
-    # Accepted and ignored: placeholder text never contains a stop string (documented in README).
+def _stop(body: dict[str, Any]) -> tuple[str, ...]:
     v = body.get("stop")
-    if v is not None and not isinstance(v, str) and not (isinstance(v, list) and all(isinstance(s, str) for s in v)):
+    if v is None:
+        return ()
+    if not isinstance(v, str) and not (isinstance(v, list) and all(isinstance(s, str) for s in v)):
         raise SchemaError(f"stop: Input should be a valid string or list of strings, got {v!r}", "stop")
+    return tuple(s for s in ([v] if isinstance(v, str) else v) if s)
+
+
+def _logprobs(body: dict[str, Any], kind: Kind) -> int | None:
+    """How many alternatives a token the answer's log-probabilities carry; None: none asked for."""
+    if kind == "chat":
+        top = _int(body, "top_logprobs", 0) or 0
+        return top if _bool(body, "logprobs") else None  # SGLang: top_logprobs alone asks for nothing
+    if kind == "completion":
+        return _int(body, "logprobs")
+    if body.get("return_logprob"):
+        raise RequestRefused("engine_sim does not return log-probabilities on /generate (return_logprob)")
+    return None
+
+
+def _unconstrained(body: dict[str, Any]) -> None:
+    """engine_sim's text is placeholder words: it refuses, naming the field, what would constrain it, rather
+    than accept and ignore it. A real SGLang engine runs these (its grammar backend, tool-call parsers)."""
+    fmt = body.get("response_format")
+    kind = fmt.get("type") if isinstance(fmt, dict) else fmt
+    if fmt is not None and kind != "text":
+        raise RequestRefused(f"engine_sim cannot constrain its placeholder text: response_format of type {kind!r} "
+                             "needs a real engine (SGLang's grammar backend)")
+    choice = body.get("tool_choice")
+    if body.get("tools") and (choice == "required" or isinstance(choice, dict)):
+        raise RequestRefused("engine_sim never calls a tool: a forced tool_choice needs a real engine "
+                             "(SGLang with --tool-call-parser)")
 
 
 def _slo(body: dict[str, Any]) -> RequestSlo | None:
@@ -170,8 +202,10 @@ def _common(body: dict[str, Any], kind: Kind, model: str, prompt_tokens: int, ma
         _scalar(body, name)
     for name in ("temperature", "top_p"):
         _number(body, name)
-    _stop(body)
-    _int(body, "seed")
+    stops = _stop(body)
+    seed = _int(body, "seed")
+    logprobs = _logprobs(body, kind)
+    _unconstrained(body)
     _str(body, "user")
     hidden = body.get("return_hidden_states")
     if hidden is not None and not isinstance(hidden, bool) and hidden != "last":
@@ -206,6 +240,9 @@ def _common(body: dict[str, Any], kind: Kind, model: str, prompt_tokens: int, ma
         prefix_blocks=prompt_blocks(content),
         predict_length=_bool(body, PREDICT_FIELD),
         local_prefill=_bool(body, LOCAL_PREFILL_FIELD),
+        seed=seed,
+        stops=stops,
+        logprobs=logprobs,
     )
 
 
@@ -303,15 +340,20 @@ def parse_generate(body: dict[str, Any]) -> GenRequest:
     if not isinstance(sp, dict):
         raise SchemaError("sampling_params: Input should be a valid dictionary", "sampling_params")
     max_new = _int(sp, "max_new_tokens", DEFAULT_GENERATE_MAX_NEW_TOKENS)
-    _stop(sp)
+    stops = _stop(sp)
     for name in ("temperature", "top_p"):
         _number(sp, name)
     n = _int(sp, "n", 1)
     if n != 1:
         raise RequestRefused(f"engine_sim supports n=1 only, got n={n}")
+    for name in ("json_schema", "regex", "ebnf", "structural_tag"):
+        if sp.get(name) is not None:
+            raise RequestRefused(f"engine_sim cannot constrain its placeholder text: sampling_params.{name} needs a "
+                                 "real engine (SGLang's grammar backend)")
     gen = _common({k: v for k, v in body.items() if k not in ("n", "stop", "temperature", "top_p")}, "generate",
                   "default", prompt_tokens, max_new, content)
     gen.ignore_eos = _bool(sp, "ignore_eos")
+    gen.stops = stops
     return gen
 
 
@@ -376,14 +418,16 @@ def matched_stop(finish: dict[str, Any] | None) -> int | str | None:
     return finish.get("matched") if finish else None
 
 
-def completion_response(req: SimRequest, model: str, text: str, cached_tokens: int | None = None) -> dict[str, Any]:
-    """CompletionResponse (non-streaming)."""
+def completion_response(req: SimRequest, model: str, text: str, cached_tokens: int | None = None,
+                        logprobs: int | None = None) -> dict[str, Any]:
+    """CompletionResponse (non-streaming); ``logprobs``: the alternatives a token asked for (None: none)."""
     return {
         "id": req.rid,
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None,
+        "choices": [{"index": 0, "text": text,
+                     "logprobs": None if logprobs is None else completion_logprobs(req.output_ids, logprobs),
                      "finish_reason": req.finish["type"] if req.finish else None,
                      "matched_stop": matched_stop(req.finish)}],
         "usage": usage(req.prompt_tokens, len(req.output_ids), cached_tokens=cached_tokens),
@@ -399,12 +443,13 @@ def metadata(output_tokens: int) -> dict[str, Any]:
 
 
 def completion_chunk(rid: str, created: int, model: str, text: str, finish: dict[str, Any] | None,
-                     chunk_usage: dict[str, Any] | None = None, prediction: float | None = None) -> bytes:
+                     chunk_usage: dict[str, Any] | None = None, prediction: float | None = None,
+                     logprobs: dict[str, Any] | None = None) -> bytes:
     """CompletionStreamResponse.model_dump_json(): nulls included, sglext dropped; ``chunk_usage`` with
-    ``stream_options.continuous_usage_stats``."""
+    ``stream_options.continuous_usage_stats``; ``logprobs`` (the chunk's tokens') where asked for."""
     return b"data: " + orjson.dumps({
         "id": rid, "object": "text_completion", "created": created, "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None,
+        "choices": [{"index": 0, "text": text, "logprobs": logprobs,
                      "finish_reason": finish["type"] if finish else None, "matched_stop": matched_stop(finish)}],
         "usage": chunk_usage,
         **({PREDICTION_FIELD: prediction} if prediction is not None else {}),
@@ -420,15 +465,17 @@ def completion_usage_chunk(rid: str, created: int, model: str, prompt_tokens: in
     }) + b"\n\n"
 
 
-def chat_response(req: SimRequest, model: str, text: str, cached_tokens: int | None = None) -> dict[str, Any]:
-    """ChatCompletionResponse (non-streaming)."""
+def chat_response(req: SimRequest, model: str, text: str, cached_tokens: int | None = None,
+                  logprobs: int | None = None) -> dict[str, Any]:
+    """ChatCompletionResponse (non-streaming); ``logprobs``: the alternatives a token asked for (None: none)."""
     return {
         "id": req.rid,
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": None},
-                     "logprobs": None, "finish_reason": req.finish["type"] if req.finish else None,
+                     "logprobs": None if logprobs is None else chat_logprobs(req.output_ids, logprobs),
+                     "finish_reason": req.finish["type"] if req.finish else None,
                      "matched_stop": matched_stop(req.finish)}],
         "usage": usage(req.prompt_tokens, len(req.output_ids), cached_tokens=cached_tokens),
         "metadata": metadata(len(req.output_ids)),
@@ -437,9 +484,10 @@ def chat_response(req: SimRequest, model: str, text: str, cached_tokens: int | N
 
 def chat_chunk(rid: str, created: int, model: str, *, role: str | None = None, content: str | None = None,
                finish: dict[str, Any] | None = None, chunk_usage: dict[str, Any] | None = None,
-               prediction: float | None = None) -> bytes:
+               prediction: float | None = None, logprobs: dict[str, Any] | None = None) -> bytes:
     """build_sse_content (openai/sse_utils.py): delta omits unset role/content but always has reasoning_content;
-    ``chunk_usage`` (``stream_options.continuous_usage_stats``) rides on content chunks."""
+    ``chunk_usage`` (``stream_options.continuous_usage_stats``) rides on content chunks, ``logprobs`` (the
+    chunk's tokens') where the request asked for them."""
     delta: dict[str, Any] = {"reasoning_content": None}
     if role is not None:
         delta["role"] = role
@@ -447,7 +495,7 @@ def chat_chunk(rid: str, created: int, model: str, *, role: str | None = None, c
         delta["content"] = content
     return b"data: " + orjson.dumps({
         "id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": None,
+        "choices": [{"index": 0, "delta": delta, "logprobs": logprobs,
                      "finish_reason": finish["type"] if finish else None, "matched_stop": matched_stop(finish)}],
         **({"usage": chunk_usage} if chunk_usage is not None else {}),
         **({PREDICTION_FIELD: prediction} if prediction is not None else {}),

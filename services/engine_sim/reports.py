@@ -206,6 +206,7 @@ def server_info(eng: EngineState) -> dict[str, Any]:
         "dp_size": 1,
         "pp_size": 1,
         "random_seed": s.seed,
+        "enable_deterministic_inference": True,  # a request's seed decides its answer (tokens.py)
         "time_scale": s.time_scale,
         "mean_output_tokens": s.mean_output_tokens,
         "bootstrap_timeout_s": s.bootstrap_timeout_s,

@@ -15,6 +15,7 @@ from http import HTTPStatus
 from typing import Any
 
 from services.engine_sim import clock
+from services.engine_sim.stops import StopMatch
 from services.engine_sim.tokens import TokenSource
 from shared.engine.model import EngineRequest, Phase
 
@@ -72,6 +73,9 @@ class SimRequest(EngineRequest):
     local_prefill: bool = False  # decode: prefilled here, in this engine's own steps (poise_local_prefill)
     next_prediction_at: int = 0  # generated count (whole answer) at which the next prediction is due
     timer: asyncio.TimerHandle | None = None  # prefill: bootstrap / release timeout
+    stops: tuple[str, ...] = ()  # the request's stop strings
+    stop_match: StopMatch | None = None  # where the first stop string appears (output_tokens ends there)
+    uncut_tokens: int = 0  # the output length without the stop strings
 
     def __post_init__(self) -> None:
         EngineRequest.__post_init__(self)

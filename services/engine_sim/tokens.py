@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Iterator
 
 VOCAB_TEXT_TOKENS = 128000  # Llama-3 ids below 128000 are text; 128000+ are special tokens
 EOS_TOKEN_ID = 128009  # Llama-3 <|eot_id|>: what SGLang reports as finish_reason.matched for an EOS stop
@@ -50,6 +51,17 @@ class TokenSource:
         token = self._rng.randrange(VOCAB_TEXT_TOKENS)
         self._rng.setstate(state)
         return token
+
+    def clone(self) -> TokenSource:
+        """An independent copy at the same position (to look ahead without consuming)."""
+        copy = TokenSource.__new__(TokenSource)
+        copy._rng = random.Random()
+        copy._rng.setstate(self._rng.getstate())
+        return copy
+
+    def __iter__(self) -> Iterator[int]:
+        """The ids from here on, without end."""
+        return iter(self.next, -1)
 
     def skip(self, n: int) -> None:
         """Advance past ``n`` ids another engine already produced (the decode side skips the first token)."""

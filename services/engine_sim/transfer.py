@@ -8,6 +8,7 @@ prefill, sleeps the transfer time and moves the request to the ready queue. Plai
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from http import HTTPStatus
 
@@ -16,6 +17,7 @@ import orjson
 from services.engine_sim.engine_state import EngineState
 from services.engine_sim.handoff import HandoffError, pull_kv, release_kv
 from services.engine_sim.requests import Phase, SimRequest, finish_length
+from services.engine_sim.stops import cut_at_stop
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +125,21 @@ async def pull(eng: EngineState, req: SimRequest) -> None:
     eng.queues.transfer.pop(req.rid, None)
     req.handoff_task = None
     req.first_token_id = int(info["first_token_id"])
+    if req.stops:
+        _stops_after_first_token(req)
     eng.core.transfer_done(req)
     eng.kick()
+
+
+def _stops_after_first_token(req: SimRequest) -> None:
+    """The prefill peer drew the first token with its own seed, so the stop strings are found again in the
+    sequence this engine emits: that token, then its own from the second on (before the request joins the
+    batch, so the engine model stops it at the new length)."""
+    assert req.tokens is not None and req.first_token_id is not None
+    rest = req.tokens.clone()
+    rest.skip(1)
+    req.output_tokens, req.stop_match = cut_at_stop(itertools.chain([req.first_token_id], rest), req.stops,
+                                                    req.uncut_tokens, req.max_new_tokens)
 
 
 # -- decode → decode migration by KV copy (poise_resume with a KV source) -------------------------------
