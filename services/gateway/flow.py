@@ -40,6 +40,7 @@ from services.gateway.errors import APIError
 from services.gateway.late_binding import HeldRequest, LateBindingQueue
 from services.gateway.legs import Attempt, Event, LegFailed
 from services.gateway.metrics import GatewayMetrics
+from services.gateway.responses import whole_response
 from services.gateway.resume import NotResumable, resume_body
 from services.gateway.validation import ParsedRequest
 from shared.engine import prompt_blocks
@@ -505,27 +506,11 @@ class RequestFlow:
                 self.outcome.output_tokens = int(reported["completion_tokens"])
                 self._note_cached(reported)
             return body
-        parts: list[str] = []
-        finish: str | None = None
-        usage: dict[str, Any] | None = None
-        async for event in self.events():
-            parts.append(event.text)
-            finish = event.finish_reason or finish
-            if isinstance(event.data.get("usage"), dict):
-                usage = event.data["usage"]
-        text = "".join(parts)
-        if self.parsed.endpoint == "chat":
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                      "logprobs": None, "finish_reason": finish}
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-            obj = "text_completion"
-        if usage is None:
-            usage = {"prompt_tokens": self.parsed.input_tokens, "completion_tokens": self.outcome.content_chunks,
-                     "total_tokens": self.parsed.input_tokens + self.outcome.content_chunks}
-        return {"id": self.client_id, "object": obj, "created": self.created, "model": self.parsed.model,
-                "choices": [choice], "usage": usage}
+        events = [event async for event in self.events()]
+        n, p = self.outcome.content_chunks, self.parsed
+        return whole_response(events, endpoint=p.endpoint, client_id=self.client_id, created=self.created,
+                              model=p.model, usage={"prompt_tokens": p.input_tokens, "completion_tokens": n,
+                                                    "total_tokens": p.input_tokens + n})
 
     # -- ending ------------------------------------------------------------------------------------
     def conclude(self, *, status: str = "ok", error: str | None = None) -> Attempt | None:

@@ -118,6 +118,55 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     return messages
 
 
+RESPONSE_FORMATS = ("text", "json_object", "json_schema", "structural_tag")  # OpenAI's three and SGLang's own
+TOOL_CHOICES = ("none", "auto", "required")
+
+
+def _response_format(fmt: Any) -> None:
+    if fmt is None:
+        return
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind not in RESPONSE_FORMATS:
+        raise bad_request(f"'response_format' must be an object whose 'type' is one of {', '.join(RESPONSE_FORMATS)}, "
+                          f"got {fmt!r}", param="response_format")
+    if kind == "json_schema":
+        schema = fmt.get("json_schema")
+        if not isinstance(schema, dict) or not isinstance(schema.get("name"), str) or (
+                schema.get("schema") is not None and not isinstance(schema["schema"], dict)):
+            raise bad_request("'response_format.json_schema' must be an object with a string 'name' and a 'schema' "
+                              "object", param="response_format.json_schema")
+
+
+def _tools(tools: Any, choice: Any) -> None:
+    names: set[str] = set()
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise bad_request("'tools' must be a list of tools", param="tools")
+        for i, tool in enumerate(tools):
+            function = tool.get("function") if isinstance(tool, dict) else None
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+                raise bad_request(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}",
+                                  param=f"tools.[{i}]")
+            names.add(function["name"])
+    if choice is None or choice == "none":
+        return
+    named: str | None = None
+    if isinstance(choice, dict):
+        function = choice.get("function")
+        named = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(named, str):
+            raise bad_request("'tool_choice' as an object must be {'type': 'function', 'function': {'name': ...}}",
+                              param="tool_choice")
+    elif choice not in TOOL_CHOICES:
+        raise bad_request(f"'tool_choice' must be one of {', '.join(TOOL_CHOICES)} or a named function, "
+                          f"got {choice!r}", param="tool_choice")
+    if not names:
+        raise bad_request(f"'tool_choice' {choice!r} needs 'tools'", param="tool_choice")
+    if named is not None and named not in names:
+        raise bad_request(f"'tool_choice' names the function {named!r}, which is not among 'tools'",
+                          param="tool_choice")
+
+
 _EMPTY_TABLE = SloTable()
 
 
@@ -207,6 +256,12 @@ def parse_request(raw: bytes, endpoint: Endpoint, *, counter: TokenCounter, defa
     if count is not None and (not _is_int(count) or not 0 <= count <= most):
         raise bad_request(f"'{name}' must be an integer from 0 to {most}, got {count!r}", param=name)
 
+    if endpoint == "chat" and body.get("top_logprobs") and body.get("logprobs") is not True:
+        raise bad_request("'top_logprobs' needs 'logprobs' set to true", param="top_logprobs")
+    _response_format(body.get("response_format"))
+    if endpoint == "chat":
+        _tools(body.get("tools"), body.get("tool_choice"))
+
     # Checked here, so a bad value is a 400 naming it rather than an engine's error naming an engine.
     seed = body.get("seed")
     if seed is not None and not _is_int(seed):
@@ -229,3 +284,9 @@ def model_not_found(model: str, served: list[str]) -> APIError:
     names = ", ".join(served) if served else "none (no engine registered yet)"
     return APIError(404, f"The model '{model}' does not exist or is not served here. Served models: {names}",
                     param="model", code="model_not_found")
+
+
+def seed_not_applied(model: str) -> APIError:
+    return bad_request(f"'seed' is not applied by the engines serving '{model}': they sample without a per-request "
+                       "seed (SGLang applies one only when started with --enable-deterministic-inference), so the "
+                       "answer would not be repeatable; leave 'seed' out", param="seed")

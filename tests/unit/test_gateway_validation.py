@@ -166,3 +166,39 @@ def test_an_slo_no_engine_can_meet_is_a_400_not_a_429_to_retry() -> None:
     ok = parse_request(orjson.dumps({"model": "m", "prompt": "a", "slo": {"ttft_s": 0.5}}), "completions",
                        counter=COUNTER, default_max_tokens=256, max_tokens_limit=4096, slo_table=table)
     assert ok.slo is not None and ok.slo.ttft_s == 0.5
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"response_format": {"type": "nonsense"}}, "response_format"),
+    ({"response_format": "json_object"}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}, "response_format.json_schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": []}}},
+     "response_format.json_schema"),
+    ({"tools": {"type": "function"}}, "tools"),
+    ({"tools": [{"type": "function", "function": {}}]}, "tools.[0]"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tool_choice": "sometimes", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
+    ({"tool_choice": {"type": "function", "function": {"name": "g"}},
+      "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
+    ({"tool_choice": {"type": "function"}, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
+    ({"top_logprobs": 3}, "top_logprobs"),
+])
+def test_structured_output_tools_and_logprobs_are_checked(body: dict[str, Any], param: str) -> None:
+    with pytest.raises(APIError) as err:
+        parse({"model": "m", "messages": [{"role": "user", "content": "hi"}], **body}, "chat")
+    assert err.value.status == 400 and err.value.param == param, err.value
+
+
+@pytest.mark.parametrize("body", [
+    {"response_format": {"type": "text"}},
+    {"response_format": {"type": "json_object"}},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}},
+    {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"},
+    {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function",
+                                                                                 "function": {"name": "f"}}},
+    {"tool_choice": "none"},
+    {"logprobs": True, "top_logprobs": 20},
+])
+def test_valid_structured_output_tools_and_logprobs_go_to_the_engines_unchanged(body: dict[str, Any]) -> None:
+    p = parse({"model": "m", "messages": [{"role": "user", "content": "hi"}], **body}, "chat")
+    assert all(p.body[k] == v for k, v in body.items())
