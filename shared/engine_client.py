@@ -76,6 +76,9 @@ class EngineServerInfo(msgspec.Struct, frozen=True, kw_only=True):
     disaggregation_bootstrap_port: int | None
     served_model_name: str | None
     raw: dict[str, Any]  # the whole answer, for anything else
+    # Started with --enable-deterministic-inference: the only mode in which SGLang 0.5.23 samples with a
+    # request's ``seed`` (otherwise it accepts the field and samples without it).
+    deterministic: bool = False
 
 
 _CORE_INT_FIELDS = ("num_running_reqs", "num_waiting_reqs", "num_waiting_uncached_tokens", "num_used_tokens",
@@ -159,6 +162,7 @@ def parse_server_info(body: Any) -> EngineServerInfo:
         disaggregation_bootstrap_port=_opt_int(body.get("disaggregation_bootstrap_port")),
         served_model_name=served if isinstance(served, str) else None,
         raw=body,
+        deterministic=body.get("enable_deterministic_inference") is True,
     )
 
 

@@ -20,7 +20,7 @@ from services.gateway.body import read_body, require_json
 from services.gateway.errors import APIError
 from services.gateway.flow import RequestFlow
 from services.gateway.service import GatewayService
-from services.gateway.validation import Endpoint, model_not_found, parse_request
+from services.gateway.validation import Endpoint, model_not_found, parse_request, seed_not_applied
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -110,6 +110,9 @@ def create_app(service: GatewayService) -> GatewayApp:
             if not served:
                 raise APIError(503, "no engine is registered yet", type_="service_unavailable", code="no_capacity")
             raise model_not_found(parsed.model, served)
+        if parsed.body.get("seed") is not None and not (settings.accept_unapplied_seed
+                                                         or service.cluster.applies_seed(parsed.model)):
+            raise seed_not_applied(parsed.model)
         if parsed.slo is not None:
             name = parsed.slo.slo_class
             label = name if name in service.slo_table.classes else "(none)" if name is None else "(custom)"

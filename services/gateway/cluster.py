@@ -67,6 +67,10 @@ class ClusterView:
     def served_models(self) -> list[str]:
         return sorted({i.model for i in self.instances.values()})
 
+    def applies_seed(self, model: str) -> bool:
+        """Every engine of ``model`` samples with a request's ``seed`` (whichever serves it, it is applied)."""
+        return all(i.applies_seed for i in self.instances.values() if i.model == model)
+
     def engines(self, model: str | None = None) -> list[EngineView]:
         now = time.monotonic()
         views = []

@@ -461,6 +461,7 @@ class WorkerService(AsyncServiceMixin):
             bootstrap_host=host, bootstrap_port=bootstrap_port if role != "null" else None, model=model,
             profile=s.profile, kv_capacity_tokens=int(capacity), max_running_requests=int(max_running),
             sidecar=self._replica_id, registered_at_unix_s=time.time(),
+            applies_seed=info.deterministic if info is not None else s.engine_kind == "sim",
         )
 
     async def _register(self, status: InstanceStatus) -> None:

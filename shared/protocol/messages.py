@@ -38,6 +38,10 @@ class InstanceInfo(msgspec.Struct, frozen=True, kw_only=True):
     max_running_requests: int
     sidecar: str  # host:pid of the sidecar, for operators
     registered_at_unix_s: float
+    # The engine samples with a request's ``seed`` (SGLang: only when started with
+    # --enable-deterministic-inference; engine_sim: always). The gateway refuses ``seed`` where it would be
+    # accepted and not applied.
+    applies_seed: bool = False
 
 
 class LoadReport(msgspec.Struct, frozen=True, kw_only=True):

@@ -29,7 +29,7 @@ def engine_info(instance_id: str, role: str, url: str, bootstrap_port: int | Non
     return InstanceInfo(instance_id=instance_id, role=role, engine_kind="sim", url=url,  # type: ignore[arg-type]
                         bootstrap_host="127.0.0.1", bootstrap_port=bootstrap_port, model=model, profile="test",
                         kv_capacity_tokens=380_000, max_running_requests=256, sidecar="test",
-                        registered_at_unix_s=time.time())
+                        registered_at_unix_s=time.time(), applies_seed=True)
 
 
 def streamed_tokens(sse: str) -> int:

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import httpx
+import msgspec
 import orjson
 import pytest
 
@@ -237,3 +238,22 @@ async def test_the_ttft_metric_counts_from_the_request_not_from_its_parsed_body(
             assert time.monotonic() < deadline, seen
             await asyncio.sleep(0.05)
     assert seen["poise_gateway_ttft_seconds_count"] == 1 and seen["poise_gateway_ttft_seconds_sum"] >= 0.6, seen
+
+
+async def test_a_seed_is_refused_where_an_engine_of_the_model_would_not_apply_it(  # type: ignore[no-untyped-def]
+        cluster, engines, nats_server, etcd_server) -> None:
+    registry, ns = cluster
+    unseeded = msgspec.structs.replace(engines["decode"].info("d0"), applies_seed=False)  # SGLang, not deterministic
+    await register(registry, engines["prefill"].info("p0"), unseeded)
+    seeded = {**BODY, "seed": 7}
+    async with gateway(nats_server, etcd_server, ns) as (url, service):
+        await wait_instances(service, 2)
+        async with httpx.AsyncClient(timeout=30) as client:
+            r = await client.post(url + "/v1/completions", json=seeded)
+            assert r.status_code == 400 and r.json()["error"]["param"] == "seed", r.text
+            assert (await client.post(url + "/v1/completions", json=BODY)).status_code == 200
+    async with gateway(nats_server, etcd_server, ns, accept_unapplied_seed=True) as (url, service):
+        await wait_instances(service, 2)
+        async with httpx.AsyncClient(timeout=30) as client:
+            r = await client.post(url + "/v1/completions", json=seeded)
+            assert r.status_code == 200, r.text

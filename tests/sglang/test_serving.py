@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from services.cli.stack import Stack
@@ -101,6 +102,52 @@ def test_a_stop_string_ends_the_answer_before_it(stack: Stack) -> None:
                                            extra_body={"ignore_eos": True})
     assert cut.choices[0].finish_reason == "stop"
     assert cut.choices[0].text == free[: free.index(stop)], (free, stop)
+
+
+def test_logprobs_come_back_through_the_pd_pair_for_every_token(stack: Stack) -> None:
+    c = client(stack)
+    whole = c.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12, temperature=0, logprobs=True,
+                                      top_logprobs=2)
+    lp = whole.choices[0].logprobs
+    assert whole.usage is not None and lp is not None and lp.content is not None
+    assert len(lp.content) == whole.usage.completion_tokens
+    assert all(len(e.top_logprobs) == 2 and e.logprob <= 0 for e in lp.content)
+    chunks = list(c.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12, temperature=0,
+                                            logprobs=True, top_logprobs=2, stream=True))
+    streamed = [e.token for ch in chunks if ch.choices and ch.choices[0].logprobs
+                for e in ch.choices[0].logprobs.content or []]
+    # SGLang's stream sends no chunk for the end-of-turn token alone, so its log-probability is only in the
+    # whole answer
+    whole_tokens = [e.token for e in lp.content]
+    assert streamed == whole_tokens[:len(streamed)] and len(whole_tokens) - len(streamed) <= 1, (streamed, whole_tokens)
+    text = c.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=6, temperature=0,
+                                logprobs=1)
+    tlp = text.choices[0].logprobs
+    assert tlp is not None and tlp.tokens is not None and text.usage is not None
+    assert len(tlp.tokens) == text.usage.completion_tokens
+
+
+def test_a_seed_the_engines_would_drop_is_refused_naming_it(stack: Stack) -> None:
+    # SGLang 0.5.23 samples with a request's seed only under --enable-deterministic-inference, which needs a GPU
+    # attention backend; without it two seeded answers differ, so the gateway refuses the field.
+    info = engine_get(stack, next(iter(stack.engines)), "/server_info").json()
+    assert info["enable_deterministic_inference"] is False
+    with pytest.raises(openai.BadRequestError) as err:
+        client(stack).completions.create(model=MODEL, prompt="Once upon a time", max_tokens=4, temperature=1.0,
+                                         seed=1234)
+    assert err.value.param == "seed", err.value.body
+
+
+def test_a_json_object_response_format_gives_json(stack: Stack) -> None:
+    answer = client(stack).chat.completions.create(
+        model=MODEL, max_tokens=48, temperature=0, response_format={"type": "json_object"},
+        messages=[{"role": "user", "content": "Give the capital of France as JSON with the key capital."}])
+    content = answer.choices[0].message.content
+    assert content is not None
+    if answer.choices[0].finish_reason == "stop":
+        json.loads(content)
+    else:  # cut at max_tokens: still the start of a JSON object
+        assert content.lstrip().startswith("{"), content
 
 
 def test_the_request_id_names_the_request_to_the_client_and_on_the_engine(stack: Stack) -> None:
