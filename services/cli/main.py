@@ -41,6 +41,7 @@ from shared.settings import ServiceSettings, parse_settings, settings_config
 if TYPE_CHECKING:
     from loadgen.sim.baselines import PolicyMix
     from loadgen.sim.goodput import Yardstick
+    from services.cli.run_job import MainJobSettings
 
 
 class SLOClassSettings(ServiceSettings):
@@ -176,12 +177,15 @@ def cmd_up(argv: list[str]) -> int:
 
 def cmd_run(argv: list[str]) -> int:
     # The main job's defaults (a slice whose load shifts) and its split-over-time comparison: services/cli/run_job.py.
+    from services.cli.headroom import verdict
     from services.cli.replay_job import select_workload
     from services.cli.run_job import MainJobSettings, run_main_job
 
     settings = parse_settings(MainJobSettings, argv, prog="poise run")
     check_slo_classes(settings)
     select_workload(settings)  # a bad trace or slice is refused before the stack comes up
+    if settings.pace:
+        settings = _paced(settings)
     try:
         stack = start_stack(settings)
     except KeyboardInterrupt:
@@ -195,12 +199,30 @@ def cmd_run(argv: list[str]) -> int:
         if dead:
             _print(f"warning: process(es) died during the run: {', '.join(dead)}")
             return 1
-        return 0 if result.summary.requests_failed == 0 else 2
+        found = verdict(result.records, result.summary.lateness_p99_s, rate=settings.rate_scale)
+        if found.line:
+            _print(found.line)
+        if found.failed:
+            _print(f"{found.poise_failures} requests failed with an error (see the report's records)")
+        return 2 if found.failed else 0
     except KeyboardInterrupt:
         _print("interrupted")
         return 130
     finally:
         stack.stop()
+
+
+def _paced(settings: MainJobSettings) -> MainJobSettings:
+    """``settings`` with the replay rate this machine can keep up with now (services/cli/headroom.py)."""
+    from services.cli.headroom import paced_rate, sample_headroom
+
+    headroom = sample_headroom()
+    rate = round(paced_rate(settings.rate_scale, headroom), 2)
+    if rate == settings.rate_scale:
+        return settings
+    _print(f"this machine is busy ({headroom.busy:.1f} other tasks want its {headroom.cores} cores): replaying at "
+           f"{rate:g}x instead of {settings.rate_scale:g}x so the stand-in engines keep up (--no-pace: {settings.rate_scale:g}x)")
+    return settings.model_copy(update={"rate_scale": rate})
 
 
 def cmd_bench(argv: list[str]) -> int:

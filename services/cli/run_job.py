@@ -47,6 +47,7 @@ class MainJobSettings(RunSettings):
     start_s: float = Field(0.0, ge=0.0, description="Where the slice starts in the trace, in trace seconds (without --trace: 720).")
     duration_s: float | None = Field(180.0, gt=0.0, description="Length of the slice in trace seconds (unset = to the end; without --trace: 1080).")
     rate_scale: float = Field(1.0, gt=0.0, description="Request-rate multiplier of this live replay (without --trace: 6): timestamps are divided by it (Arrow's method; the slice's trace seconds pass this many times faster, so a length mix shifts faster too). This is `poise sim --rate-mode compress`, not its natural mode; the report's simulated comparison uses compress to match.")
+    pace: bool = Field(True, description="Sample how many other tasks want a core before the stack comes up and, on a busy machine, replay at a rate cut in proportion to the cores left (at least a quarter of --rate-scale), saying so; --no-pace replays at --rate-scale whatever else runs.")
     compare: bool = Field(True, description="Record the live P:D split during the replay and simulate the same slice (the poise mix, that mix at the fixed starting split, static-minload at it) for the report's split.png and its comparison line; --no-compare skips both.")
 
     @model_validator(mode="before")

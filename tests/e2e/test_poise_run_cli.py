@@ -41,3 +41,23 @@ def test_poise_run_replays_and_cleans_up(tmp_path: Path) -> None:
     # Nothing of the stack is left running: every process logged to the run dir and is gone.
     leftovers = subprocess.run(["pgrep", "-f", str(tmp_path / "run")], capture_output=True, text=True).stdout
     assert leftovers.strip() == ""
+
+
+def test_poise_run_beside_a_cpu_bound_job_paces_itself_and_passes(tmp_path: Path) -> None:
+    # A user's laptop with other work running: one core spinning for the whole run.
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        out = tmp_path / "report"
+        cmd = [sys.executable, "-m", "services.cli", "run", "--trace", "azure-code", "--duration-s", "30",
+               "--rate-scale", "2", "--gateway-port", "0", "--monitor-port", "0", "--run-dir", str(tmp_path / "run"),
+               "--out-dir", str(out), "--no-compare"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    finally:
+        burner.kill()
+        burner.wait()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "this machine is busy" in proc.stderr, proc.stderr[-3000:]
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["summary"]["requests_total"] > 0
+    assert doc["config"]["rate_scale"] < 2, doc["config"]
