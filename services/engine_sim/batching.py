@@ -26,6 +26,7 @@ model); the radix cache is on unless ``--disable-radix-cache``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from http import HTTPStatus
 from typing import cast
@@ -203,3 +204,30 @@ def _emit(eng: EngineState, req: SimRequest, token: int, now: float) -> None:
         eng.finish_request(req, reason)
     elif req.stream:  # a non-streaming reader only cares about the finish (finish_request notifies it)
         req.event.set()
+
+
+async def run_preemptible(eng: EngineState, wake: asyncio.Event, step: Step, start: float,
+                          deadline: float) -> tuple[float, float] | None:
+    """Wait out a prefill pass (operator preemption): each prompt that enters the waiting queue meanwhile
+    makes the policy re-plan; a plan the running pass must yield to cuts it at the next operator boundary.
+    Returns (the cut time, already reached; the arrival that caused it), or None when the pass ran to its
+    end."""
+    seen = eng.prefill_arrivals
+    while True:
+        now = clock.monotonic()
+        if now >= deadline:
+            await asyncio.sleep(0)  # a zero-time pass (time_scale 0) still yields to the event loop
+            return None
+        wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), deadline - now)
+        take_intake(eng)  # FlowPrefill's scheduler takes arrivals while a pass runs
+        if eng.prefill_arrivals == seen:
+            continue
+        seen = eng.prefill_arrivals
+        now = clock.monotonic()
+        cut = eng.core.preemption_point(step, start, now)
+        if cut is not None:
+            arrival = eng.last_prefill_arrival_s
+            await asyncio.sleep(max(0.0, cut - clock.monotonic()))
+            return cut, arrival

@@ -32,16 +32,16 @@ from http import HTTPStatus
 from typing import Any
 
 from services.engine_sim import batching, clock, reports, role_switch, transfer
+from services.engine_sim.admission import EngineRequestError, draw_answer, output_limit
 from services.engine_sim.batching import Step
 from services.engine_sim.config import EngineSimSettings, Mode
 from services.engine_sim.handoff import BootstrapServer, RoomRegistry, create_bootstrap_app, release_kv
+from services.engine_sim.heartbeat import Heartbeat
 from services.engine_sim.metrics import EngineMetrics, ThroughputWindow
 from services.engine_sim.queues import QUEUED_PHASES, RequestQueues
 from services.engine_sim.reports import ENGINE_NAME, SGLANG_API_VERSION
 from services.engine_sim.requests import Phase, SimRequest, finish_abort
 from services.engine_sim.role_switch import RoleSwitchResult
-from services.engine_sim.stops import cut_at_stop
-from services.engine_sim.tokens import TokenSource, draw_output_length
 from shared.engine.model import EngineModel
 from shared.engine_client import engine_auth_headers
 from shared.http1 import Http1Pool
@@ -59,19 +59,6 @@ __all__ = ["CATCH_UP_SLACK_S", "ENGINE_NAME", "SGLANG_API_VERSION", "EngineReque
 log = logging.getLogger(__name__)
 
 CATCH_UP_SLACK_S = 0.010  # a step that starts this soon after the last one ended absorbs the loop's lateness
-
-
-class EngineRequestError(ValueError):
-    """A request the engine refuses before queueing it (SGLang raises ValueError in its tokenizer manager).
-
-    ``status`` is the HTTP answer: 400 for the request itself (no engine would take it), 409 when this
-    engine's role does not fit it (it flipped since the caller looked) and 503 while shutting down; a caller
-    may retry the last two elsewhere.
-    """
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class SimEngine:
@@ -136,10 +123,7 @@ class SimEngine:
         self.switching = False
         self.frozen = False
         self.unhealthy = False
-        # Set when the scheduler produces something (a step ends) or has nothing to compute; /health waits on it.
-        self._progress = asyncio.Event()
-        self._progress_unix_s = clock.unix()
-        self._awaiting_work = False
+        self._heartbeat = Heartbeat()  # /health and the load snapshot's stamp read it
         self.stopping = False
         self._started = False
         self._task: asyncio.Task[None] | None = None
@@ -182,15 +166,6 @@ class SimEngine:
     @property
     def decode_policy(self) -> DecodeBatchPolicy:
         return self.core.decode_policy
-
-    # Read-only views of two queues, kept under their old names for tests and debugging.
-    @property
-    def _running(self) -> list[SimRequest]:
-        return self.queues.running
-
-    @property
-    def _prefilling(self) -> list[SimRequest]:
-        return self.queues.prefilling
 
     # ------------------------------------------------------------------------------------------------
     # lifecycle
@@ -310,40 +285,21 @@ class SimEngine:
                                      status=409)
         if rid in self._reqs:
             raise EngineRequestError(f"Duplicate request ID detected: {rid}")
-        ctx = self.settings.context_length
         prompt_tokens = max(1, prompt_tokens) + done  # SGLang's tokenizer adds BOS: never an empty prompt
-        if prompt_tokens >= ctx:
-            raise EngineRequestError(
-                f"The input ({prompt_tokens} tokens) is longer than the model's context length ({ctx} tokens).")
-        if max_new_tokens is None:
-            max_new_tokens = ctx - prompt_tokens - 1  # SGLang: unlimited, then capped by the context
-        elif max_new_tokens < 0:
-            raise EngineRequestError(f"max_new_tokens must be at least 0, got {max_new_tokens}.")
-        elif prompt_tokens + max_new_tokens > ctx:
-            raise EngineRequestError(
-                f"Requested token count exceeds the model's maximum context length of {ctx} tokens. You requested "
-                f"a total of {prompt_tokens + max_new_tokens} tokens: {prompt_tokens} tokens from the input messages "
-                f"and {max_new_tokens} tokens for the completion. Please reduce the number of tokens in the input "
-                "messages or the completion to fit within the limit.")
-        # Like SGLang's init_req_max_new_tokens: never more output than the KV pool could ever hold.
-        max_new_tokens = max(0, min(max_new_tokens, self.capacity - prompt_tokens))
-        # A request's own seed makes its answer the same on every engine, as a seeded sampler does.
-        engine_seed, key = (self.settings.seed, key) if seed is None else (0, f"seed={seed}:{key}")
-        stop_after = max_new_tokens if ignore_eos else min(max_new_tokens, max(1, draw_output_length(
-            engine_seed, key, self.settings.mean_output_tokens) - done))
-        tokens = TokenSource(engine_seed, key)
-        tokens.skip(done)
-        uncut = stop_after
-        stop_after, match = cut_at_stop(tokens.clone(), stops, uncut, max_new_tokens)
+        max_new_tokens = output_limit(prompt_tokens, max_new_tokens, context_length=self.settings.context_length,
+                                      capacity=self.capacity)
+        answer = draw_answer(key, engine_seed=self.settings.seed, seed=seed, generated=done,
+                             max_new_tokens=max_new_tokens, ignore_eos=ignore_eos,
+                             mean_output_tokens=self.settings.mean_output_tokens, stops=stops)
         req = SimRequest(
             rid=rid, prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos,
             stream=stream, bootstrap_host=bootstrap_host, bootstrap_port=bootstrap_port,
-            bootstrap_room=bootstrap_room, priority=priority, output_tokens=stop_after, tokens=tokens,
-            stops=stops, stop_match=match, uncut_tokens=uncut,
+            bootstrap_room=bootstrap_room, priority=priority, output_tokens=answer.output_tokens,
+            tokens=answer.tokens, stops=stops, stop_match=answer.stop_match, uncut_tokens=answer.uncut_tokens,
         )
         if resume is not None and resume.kv_transfer:
             req.kv_source = (resume.kv_source_url or "", resume.kv_source_rid or "")
-        req.resumed_from, req.stream_key = done, key
+        req.resumed_from, req.stream_key = done, answer.key
         req.blocks = prefix_blocks if done == 0 else ()
         req.predict_length = predict_length and self.length_predictor is not None
         req.local_prefill = local_prefill and self.mode == "decode"
@@ -496,18 +452,18 @@ class SimEngine:
                 deadline = start + step.time_s
                 self._prev_deadline = deadline
                 if self.preemption == "operator" and self.mode == "prefill" and step.prefill:
-                    cut = await self._run_preemptible(step, start, deadline)
+                    cut = await batching.run_preemptible(self, self._wake, step, start, deadline)
                     if cut is not None:
                         await self._hang_while_frozen()
                         self._prev_deadline = cut[0]
                         self._cut(step, start, *cut)
-                        self._made_progress()
+                        self._heartbeat.beat()
                         continue
                 else:
                     await asyncio.sleep(max(0.0, deadline - now))
                 await self._hang_while_frozen()
                 self._apply(step)
-                self._made_progress()
+                self._heartbeat.beat()
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -517,8 +473,8 @@ class SimEngine:
 
     async def _wait_for_work(self) -> None:
         """Nothing to compute: wait for a kick, or until the prefill policy asked to be planned again."""
-        self._awaiting_work = True
-        self._made_progress()  # an idle scheduler would run a health check's one-token request at once
+        self._heartbeat.awaiting_work = True
+        self._heartbeat.beat()  # an idle scheduler would run a health check's one-token request at once
         try:
             retry = self.core.retry_at
             if retry is None:
@@ -528,7 +484,7 @@ class SimEngine:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), delay)
         finally:
-            self._awaiting_work = False
+            self._heartbeat.awaiting_work = False
 
     async def _hang_while_frozen(self) -> None:
         """A frozen engine's step in flight does not end (a hung kernel) until it is thawed."""
@@ -536,35 +492,16 @@ class SimEngine:
             self._wake.clear()
             await self._wake.wait()
 
-    def _made_progress(self) -> None:
-        self._progress_unix_s = clock.unix()
-        self._progress.set()
-        self._progress = asyncio.Event()
-
     def snapshot_unix_s(self) -> float:
-        """The time SGLang's scheduler would have stamped its latest load snapshot with: now while it loops
-        without a batch (idle, paused, switching: it publishes every 50 ms then), else the end of its last
-        step (it publishes after each batch), so it stops advancing while a step hangs or the engine is frozen."""
-        if not self.frozen and (self._awaiting_work or self._paused or self.switching):
-            return clock.unix()
-        return self._progress_unix_s
+        """When SGLang's scheduler would have stamped its latest load snapshot (heartbeat.py)."""
+        return self._heartbeat.snapshot_unix_s(
+            looping=not self.frozen and (self._heartbeat.awaiting_work or self._paused or self.switching))
 
     async def health_check(self, timeout_s: float) -> bool:
-        """SGLang's /health (``health_generate``): true once the scheduler has produced something since the
-        question came (a step ended) or is free to run the check's one-token request; false if nothing comes
-        within ``timeout_s`` (SGLANG_HEALTH_CHECK_TIMEOUT) or the engine is not serving. So a scheduler that
-        hangs while the HTTP server answers (a wedged kernel; ``frozen`` here) fails it, and a busy one answers
-        after its current step. SGLang polls every second; this answers at the step."""
-        if not self.healthy:
-            return False
-        if self._awaiting_work and not (self._paused or self.frozen):
-            return True
-        progress = self._progress
-        try:
-            await asyncio.wait_for(progress.wait(), timeout_s)
-        except TimeoutError:
-            return False
-        return self.healthy
+        """SGLang's /health: false when the engine is not serving, or its scheduler makes no progress within
+        ``timeout_s`` (SGLANG_HEALTH_CHECK_TIMEOUT; heartbeat.py)."""
+        free = self._heartbeat.awaiting_work and not (self._paused or self.frozen)
+        return self.healthy and await self._heartbeat.healthy(timeout_s, free=free) and self.healthy
 
     def freeze(self) -> None:
         """Fault injection (SIGUSR1): the step in flight does not end and no other starts; requests, KV and the
@@ -578,31 +515,6 @@ class SimEngine:
         self.frozen = False
         self.reset_pacing()
         self.kick()
-
-    async def _run_preemptible(self, step: Step, start: float, deadline: float) -> tuple[float, float] | None:
-        """Wait out a prefill pass (operator preemption): each prompt that enters the waiting queue meanwhile
-        makes the policy re-plan; a plan the running pass must yield to cuts it at the next operator boundary.
-        Returns (the cut time, already reached; the arrival that caused it), or None when the pass ran to its
-        end."""
-        seen = self.prefill_arrivals
-        while True:
-            now = clock.monotonic()
-            if now >= deadline:
-                await asyncio.sleep(0)  # a zero-time pass (time_scale 0) still yields to the event loop
-                return None
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), deadline - now)
-            batching.take_intake(self)  # FlowPrefill's scheduler takes arrivals while a pass runs
-            if self.prefill_arrivals == seen:
-                continue
-            seen = self.prefill_arrivals
-            now = clock.monotonic()
-            cut = self.core.preemption_point(step, start, now)
-            if cut is not None:
-                arrival = self.last_prefill_arrival_s
-                await asyncio.sleep(max(0.0, cut - clock.monotonic()))
-                return cut, arrival
 
     # Methods rather than direct calls so that a test can wrap a step's effects on one engine.
     def _plan(self) -> Step | None:

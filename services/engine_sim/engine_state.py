@@ -50,6 +50,9 @@ class EngineState(Protocol):
     last_kv_transfer_gb_s: float
     num_retracted_total: int
     num_prefill_preemptions: int
+    # the prompts that entered the waiting queue, and when the last did (operator preemption re-plans on them)
+    prefill_arrivals: int
+    last_prefill_arrival_s: float
 
     @property
     def paused(self) -> bool: ...

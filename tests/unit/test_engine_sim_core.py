@@ -21,7 +21,7 @@ from services.engine_sim.engine import SimEngine
 from services.engine_sim.reports import kv_in_use, load_snapshot
 from services.engine_sim.requests import Phase, SimRequest
 from services.engine_sim.tokens import EOS_TOKEN_ID, TokenSource, draw_output_length
-from services.worker.sidecar import load_report
+from services.worker.load_report import load_report
 from shared.engine_client import parse_loads
 from tests.bench.router_compare import metric_total
 
@@ -221,8 +221,8 @@ async def test_max_running_requests_caps_the_batch() -> None:
         reqs = [engine.submit(prompt_tokens=10, max_new_tokens=50, ignore_eos=True) for _ in range(7)]
         seen = 0
         while not all(r.finished for r in reqs):
-            seen = max(seen, len(engine._running) + len(engine._prefilling) + len(engine.queues.ready))
-            assert len(engine._running) <= 3
+            seen = max(seen, len(engine.queues.running) + len(engine.queues.prefilling) + len(engine.queues.ready))
+            assert len(engine.queues.running) <= 3
             await asyncio.sleep(0.001)
         assert seen == 3
 
