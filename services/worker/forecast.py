@@ -13,7 +13,15 @@ and the policy goes back to its own running mean of the inputs it sees.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from shared.protocol.engine_forecast import FORECAST_PATH
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -38,3 +46,21 @@ class ForecastRelay:
             return False
         self.isl = None
         return True
+
+
+def takes_forecast(engine_kind: str, server_info: dict[str, Any]) -> bool:
+    """engine_sim has the forecast hook (spawned, or attached and saying so in /server_info)."""
+    return engine_kind == "sim" or (engine_kind == "attach" and server_info.get("engine") == "poise-engine-sim")
+
+
+async def send_forecast(http: httpx.AsyncClient, engine_url: str, isl: float | None, *, timeout_s: float,
+                        instance_id: str) -> None:
+    """Hand the engine its forecast (None withdraws it); a refusal is logged, an engine that does not answer
+    is the load loop's to report."""
+    try:
+        response = await http.post(engine_url + FORECAST_PATH, json={"isl": isl}, timeout=timeout_s)
+        if response.status_code != 200:
+            log.warning("worker %s: engine refused the ISL forecast: HTTP %s %s", instance_id,
+                        response.status_code, response.text[:200])
+    except httpx.HTTPError as exc:
+        log.debug("worker %s: forecast not delivered: %s", instance_id, exc)

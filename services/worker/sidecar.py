@@ -42,8 +42,10 @@ from typing import Any
 
 import httpx
 
-from services.worker.config import SGLANG_DEFAULT_BOOTSTRAP_PORT, WorkerSettings
-from services.worker.forecast import ForecastRelay
+from services.worker.config import WorkerSettings
+from services.worker.engine_waits import DrainTimeout, wait_healthy, wait_idle
+from services.worker.forecast import ForecastRelay, send_forecast, takes_forecast
+from services.worker.instance_record import instance_info, live_mode
 from services.worker.launcher import (
     EngineProcess,
     build_engine_command,
@@ -53,6 +55,7 @@ from services.worker.launcher import (
     reclaim_ports,
     resolve_ports,
 )
+from services.worker.load_report import SampleCursor, hung_for
 from services.worker.orphan import AdoptedEngine, pid_file, previous_engine, remove_pid_file, write_pid_file
 from shared.bus import Bus, bus_from_settings
 from shared.devservers import free_port, port_available
@@ -69,7 +72,6 @@ from shared.protocol import (
     ServiceStatus,
     Subjects,
 )
-from shared.protocol.engine_forecast import FORECAST_PATH
 from shared.protocol.messages import InstanceStatus, PlannerEvent, Role
 from shared.registry import ETCD_ERRORS, InstanceRegistration, Registry, registry_from_settings
 from shared.runtime import (
@@ -90,10 +92,6 @@ _RESTART_ERRORS: tuple[type[BaseException], ...] = (PoiseError, OSError, *ETCD_E
 ADOPT_HEALTH_TIMEOUT_S = 30.0  # a previous run's engine that is not healthy by then is replaced
 
 
-class DrainTimeout(PoiseError, TimeoutError):
-    """The engine did not go idle within the drain timeout of a role switch."""
-
-
 def worker_admin_service(instance_id: str) -> str:
     """The admin service name of one sidecar (``Subjects.admin(...)`` takes it)."""
     return f"worker-{instance_id}"
@@ -104,23 +102,6 @@ def engine_url(settings: WorkerSettings) -> str:
     if settings.engine_kind == "attach":
         return (settings.engine_url or "").rstrip("/")
     return f"http://{settings.public_host}:{settings.engine_port}"
-
-
-def load_report(instance_id: str, role: Role, status: InstanceStatus, loads: EngineLoads, ts_unix_s: float,
-                after_seq: int = 0) -> LoadReport:
-    """A :class:`LoadReport` from one ``/v1/loads`` reading, with the prefill samples newer than ``after_seq``."""
-    return LoadReport(
-        instance_id=instance_id, role=role, status=status, ts_unix_s=ts_unix_s, healthy=True,
-        num_running_reqs=loads.num_running_reqs, num_waiting_reqs=loads.num_waiting_reqs,
-        num_waiting_uncached_tokens=loads.num_waiting_uncached_tokens, num_used_tokens=loads.num_used_tokens,
-        num_running_tokens=loads.running_tokens,
-        max_total_num_tokens=loads.max_total_num_tokens, token_usage=loads.token_usage,
-        gen_throughput_tps=loads.gen_throughput_tps, prefill_queue_reqs=loads.prefill_queue_reqs,
-        prefill_bootstrap_reqs=loads.prefill_bootstrap_queue_reqs,
-        decode_queue_reqs=loads.decode_queue_reqs,
-        decode_kv_waiting_reqs=loads.decode_prealloc_queue_reqs + loads.decode_retracted_queue_reqs,
-        prefill_samples=[(tokens, seconds) for seq, tokens, seconds in loads.prefill_samples if seq > after_seq],
-    )
 
 
 class WorkerService(AsyncServiceMixin):
@@ -143,7 +124,7 @@ class WorkerService(AsyncServiceMixin):
         # Set when supervision gave up on the engine; the process then exits with status 1 (see __main__).
         self.fatal_error: str | None = None
         self.last_loads: EngineLoads | None = None
-        self._sample_seq = 0  # the newest engine prefill sample already published
+        self._samples = SampleCursor()  # each engine prefill sample is published once
         self.last_error: str | None = None
         self._replica_id = replica_id()
         self._uptime = Uptime()
@@ -228,7 +209,7 @@ class WorkerService(AsyncServiceMixin):
         self._control.register("retire", self._admin_retire, "retire [drain_timeout_s=<s>]: drain, deregister, exit")
         await self._control.start()
         self._tasks.append(asyncio.create_task(self._load_loop(), name=f"loads-{self.instance_id}"))
-        if self._takes_forecast():
+        if takes_forecast(s.engine_kind, self._engine_info.raw if self._engine_info is not None else {}):
             self._forecast_sub = await self._bus.subscribe(self.subjects.planner_events(), PlannerEvent,
                                                            self._on_planner_event)
         else:  # said once: an operator comparing engine kinds should see why dopd-length gets no forecast here
@@ -321,26 +302,8 @@ class WorkerService(AsyncServiceMixin):
 
     async def _wait_healthy(self, timeout_s: float | None = None) -> None:
         assert self._client is not None
-        timeout_s = self.settings.health_timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + timeout_s
-        last = "no answer yet"
-        delay = 0.05
-        while True:
-            engine = self._engine
-            if engine is not None and engine.returncode is not None:
-                raise EngineError(self.instance_id, f"engine exited with code {engine.returncode} before it became "
-                                  f"healthy; last lines of {engine.log_path}:\n{engine.tail()}")
-            try:
-                if await self._client.health():
-                    return
-                last = "/health answered 503 (starting)"
-            except EngineError as exc:
-                last = str(exc)
-            if time.monotonic() >= deadline:
-                tail = f"; last lines of {engine.log_path}:\n{engine.tail()}" if engine is not None else ""
-                raise EngineTimeout(self.instance_id, f"{self.url}/health not OK after {timeout_s:.0f}s ({last}){tail}")
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.5)
+        await wait_healthy(self._client, self._engine, instance_id=self.instance_id, url=self.url,
+                           timeout_s=self.settings.health_timeout_s if timeout_s is None else timeout_s)
 
     async def _read_engine_info(self) -> None:
         assert self._client is not None
@@ -351,7 +314,7 @@ class WorkerService(AsyncServiceMixin):
             self._engine_info = None
         with contextlib.suppress(EngineError):
             self.last_loads = await self._client.loads()
-        reported = self._live_mode()
+        reported = live_mode(self.last_loads, self._engine_info)
         if reported is not None and reported not in _ROLES:
             log.warning("engine reports unknown disaggregation mode %r", reported)
             reported = None
@@ -360,21 +323,6 @@ class WorkerService(AsyncServiceMixin):
                 log.warning("engine at %s runs as %s, not %s as configured; registering %s", self.url, reported,
                             self.role, reported)
             self.role = reported or self.role or "null"
-
-    def _live_mode(self) -> str | None:
-        """The engine's current PD role: ``/v1/loads`` ``disaggregation.mode`` (the scheduler's own), else
-        ``/server_info`` ``internal_states[].disaggregation_mode``, else its top-level field. In SGLang 0.5.23
-        the top level is the startup config and does not follow a role switch; internal_states carries the
-        runtime overrides (sglang/srt/runtime_context.py:1164-1171, resolved_server_args_dict)."""
-        if self.last_loads is not None and self.last_loads.mode is not None:
-            return self.last_loads.mode
-        info = self._engine_info
-        if info is None:
-            return None
-        for state in info.raw.get("internal_states") or []:
-            if isinstance(state, dict) and isinstance(state.get("disaggregation_mode"), str):
-                return str(state["disaggregation_mode"])
-        return info.disaggregation_mode
 
     async def _supervise(self) -> None:
         """Restart a spawned engine that exits, with exponential back-off; re-register once it is healthy.
@@ -440,29 +388,9 @@ class WorkerService(AsyncServiceMixin):
 
     # -- registration ------------------------------------------------------------------------------
     def _instance_info(self, status: InstanceStatus) -> InstanceInfo:
-        s = self.settings
-        info, loads, profile = self._engine_info, self.last_loads, self._profile
-        role: Role = self.role or "null"
-        capacity = (info.max_total_num_tokens if info else None) or (loads.max_total_num_tokens if loads else 0) \
-            or (profile.kv_capacity_tokens if profile else 0)
-        max_running = (info.max_running_requests if info else None) or (loads.max_running_requests if loads else 0) \
-            or (profile.max_running_requests if profile else 0)
-        bootstrap_port: int | None
-        if s.engine_kind == "attach":
-            bootstrap_port = (info.disaggregation_bootstrap_port if info else None) or s.bootstrap_port \
-                or SGLANG_DEFAULT_BOOTSTRAP_PORT
-            host = httpx.URL(self.url).host or s.public_host
-        else:
-            bootstrap_port, host = s.bootstrap_port, s.public_host
-        model = s.model or (info.served_model_name if info else None) or s.model_path \
-            or (profile.model if profile else "default")
-        return InstanceInfo(
-            instance_id=self.instance_id, role=role, status=status, engine_kind=s.engine_kind, url=self.url,
-            bootstrap_host=host, bootstrap_port=bootstrap_port if role != "null" else None, model=model,
-            profile=s.profile, kv_capacity_tokens=int(capacity), max_running_requests=int(max_running),
-            sidecar=self._replica_id, registered_at_unix_s=time.time(),
-            applies_seed=info.deterministic if info is not None else s.engine_kind == "sim",
-        )
+        return instance_info(self.settings, url=self.url, role=self.role or "null", status=status,
+                             sidecar=self._replica_id, info=self._engine_info, loads=self.last_loads,
+                             profile=self._profile)
 
     async def _register(self, status: InstanceStatus) -> None:
         """(Re-)write the instance record; the caller holds ``_reg_lock``."""
@@ -493,7 +421,7 @@ class WorkerService(AsyncServiceMixin):
             t0 = time.monotonic()
             try:
                 loads = await self._client.loads()
-                hung = self._hung_for(loads)
+                hung = hung_for(loads, time.time(), s.stalled_after_s)
                 if hung is not None:
                     raise EngineError(self.instance_id, f"the engine's scheduler has published no load snapshot for "
                                       f"{hung:.0f}s while it has work (a hung step)")
@@ -504,13 +432,7 @@ class WorkerService(AsyncServiceMixin):
                 await self._on_loads_failed(t0)
             else:
                 self.last_loads = loads
-                seqs = [seq for seq, _, _ in loads.prefill_samples]
-                if seqs and max(seqs) < self._sample_seq:  # the engine restarted: its sequence began again
-                    self._sample_seq = 0
-                report = load_report(self.instance_id, self.role or "null", self.status, loads, time.time(),
-                                     self._sample_seq)
-                if seqs:
-                    self._sample_seq = max(seqs)
+                report = self._samples.report(self.instance_id, self.role or "null", self.status, loads, time.time())
                 await self._on_loads_ok()
                 await self._expire_forecast()
             try:
@@ -520,14 +442,6 @@ class WorkerService(AsyncServiceMixin):
             except Exception as exc:  # nats-py raises its own errors while reconnecting
                 log.warning("load report not published: %s", exc)
             await asyncio.sleep(max(0.0, s.load_interval_s - (time.monotonic() - t0)))
-
-    def _hung_for(self, loads: EngineLoads) -> float | None:
-        """How long the engine's scheduler has been stuck with work, once past ``stalled_after_s``; else None.
-        Its /v1/loads keeps answering from the last snapshot, so only the snapshot's age shows it."""
-        if loads.busy_snapshot_unix_s is None:
-            return None
-        age = time.time() - loads.busy_snapshot_unix_s
-        return age if age > self.settings.stalled_after_s else None
 
     async def _on_loads_failed(self, now: float) -> None:
         if self._failing_since is None:
@@ -552,13 +466,6 @@ class WorkerService(AsyncServiceMixin):
                 log.warning("re-registration failed: %s", exc)
 
     # -- planner forecast ---------------------------------------------------------------------------
-    def _takes_forecast(self) -> bool:
-        """engine_sim has the forecast hook (spawned, or attached and saying so in /server_info)."""
-        if self.settings.engine_kind == "sim":
-            return True
-        raw = self._engine_info.raw if self._engine_info is not None else {}
-        return self.settings.engine_kind == "attach" and raw.get("engine") == "poise-engine-sim"
-
     async def _on_planner_event(self, event: PlannerEvent, _subject: str) -> None:
         if event.kind != "forecast" or self.role not in ("prefill", "null"):
             return
@@ -574,14 +481,8 @@ class WorkerService(AsyncServiceMixin):
 
     async def _send_forecast(self, isl: float | None) -> None:
         assert self._http is not None
-        try:
-            response = await self._http.post(self.url + FORECAST_PATH, json={"isl": isl},
-                                              timeout=self.settings.engine_timeout_s)
-            if response.status_code != 200:
-                log.warning("worker %s: engine refused the ISL forecast: HTTP %s %s", self.instance_id,
-                            response.status_code, response.text[:200])
-        except httpx.HTTPError as exc:  # the load loop reports an engine that does not answer
-            log.debug("worker %s: forecast not delivered: %s", self.instance_id, exc)
+        await send_forecast(self._http, self.url, isl, timeout_s=self.settings.engine_timeout_s,
+                            instance_id=self.instance_id)
 
     # -- role commands -----------------------------------------------------------------------------
     def _command_error(self, message: str) -> RoleCommandReply:
@@ -670,26 +571,8 @@ class WorkerService(AsyncServiceMixin):
         return {"message": f"engine restarted as {new_role}"}
 
     async def _wait_idle(self, timeout_s: float) -> None:
-        """Return once two consecutive ``/v1/loads`` reads show the engine idle; raise :class:`DrainTimeout`."""
         assert self._client is not None
-        deadline = time.monotonic() + timeout_s
-        poll_s = min(self.settings.load_interval_s, 0.1)
-        idle_reads = 0
-        last = "no load reading"
-        while True:
-            try:
-                loads = await self._client.loads()
-                idle_reads = idle_reads + 1 if loads.idle else 0
-                last = (f"running={loads.num_running_reqs} waiting={loads.num_waiting_reqs} "
-                        f"prefill_queue={loads.prefill_queue_reqs} decode_queue={loads.decode_queue_reqs}")
-            except EngineError as exc:
-                idle_reads = 0
-                last = str(exc)
-            if idle_reads >= 2:
-                return
-            if time.monotonic() >= deadline:
-                raise DrainTimeout(f"engine not idle after {timeout_s:.1f}s ({last})")
-            await asyncio.sleep(poll_s)
+        await wait_idle(self._client, timeout_s, min(self.settings.load_interval_s, 0.1))
 
     async def switch_role(self, new_role: Role, *, reason: str = "", drain_timeout_s: float | None = None) -> RoleCommandReply:
         """In-process equivalent of a :class:`RoleCommand` (what the NATS handler and ``set-role`` run)."""

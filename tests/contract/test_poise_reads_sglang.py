@@ -15,12 +15,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from services.gateway.legs import _error_message
-from services.worker.config import WorkerSettings
-from services.worker.sidecar import WorkerService, load_report
+from services.worker.instance_record import live_mode
+from services.worker.load_report import load_report
 from shared.engine_client import EngineClient, parse_loads, parse_server_info
 from shared.errors import EngineError
 from shared.runtime import EmbeddedHttpServer
-from shared.settings import load_settings
 from tests.contract.shapes import assert_shape, fixture
 
 
@@ -76,12 +75,9 @@ def test_live_role_after_a_switch_comes_from_loads_and_internal_states() -> None
     info = parse_server_info(body)
     assert info.max_total_num_tokens == 100_000 and info.served_model_name == "llama-8b"
     assert info.disaggregation_mode == "prefill"  # the startup value: stale after the switch
-    worker = WorkerService(load_settings(WorkerSettings, instance_id="w0", engine_kind="attach",
-                                         engine_url="http://127.0.0.1:1"))
-    worker._engine_info = info
-    assert worker._live_mode() == "decode"  # internal_states follows the switch
-    worker.last_loads = parse_loads({**LOADS, "loads": [_rank(0, 0, 0, 0, mode="prefill")]})
-    assert worker._live_mode() == "prefill"  # /v1/loads (the scheduler's own mode) wins
+    assert live_mode(None, info) == "decode"  # internal_states follows the switch
+    loads = parse_loads({**LOADS, "loads": [_rank(0, 0, 0, 0, mode="prefill")]})
+    assert live_mode(loads, info) == "prefill"  # /v1/loads (the scheduler's own mode) wins
 
 
 @pytest.mark.asyncio

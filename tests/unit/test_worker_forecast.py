@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from services.engine_sim.reports import ENGINE_NAME
-from services.worker.config import WorkerSettings
-from services.worker.forecast import ForecastRelay
-from services.worker.sidecar import WorkerService
-from shared.engine_client import EngineServerInfo
+from services.worker.forecast import ForecastRelay, takes_forecast
 from shared.latency import LatencyModel, load_profile
 from shared.policies.context import PolicyContext
 from shared.policies.dopd import DopdParams, Split, forecast_split, optimal_split
-from shared.settings import load_settings
 
 
 def test_every_forecast_is_sent_and_one_without_an_isl_is_not() -> None:
@@ -51,23 +45,10 @@ def test_forecast_split_finds_dopd_inside_a_mix() -> None:
     assert forecast_split(object()) is None
 
 
-def _worker(kind: str, **settings: Any) -> WorkerService:
-    return WorkerService(load_settings(WorkerSettings, instance_id="p0", role="prefill", engine_kind=kind,
-                                       model="m", **settings))
-
-
-def _info(raw: dict[str, Any]) -> EngineServerInfo:
-    return EngineServerInfo(max_total_num_tokens=None, max_running_requests=None, disaggregation_mode="prefill",
-                            disaggregation_bootstrap_port=None, served_model_name=None, raw=raw)
-
-
 def test_only_engine_sim_is_sent_forecasts() -> None:
     # SGLang has no /poise_sim/forecast: its sidecar must not call it (nor subscribe for nothing).
-    assert _worker("sim")._takes_forecast()
-    assert not _worker("sglang", model_path="/models/x")._takes_forecast()
-    attached = _worker("attach", engine_url="http://127.0.0.1:30000")
-    assert not attached._takes_forecast()  # unknown until /server_info says what it is
-    attached._engine_info = _info({"engine": "sglang"})
-    assert not attached._takes_forecast()
-    attached._engine_info = _info({"engine": ENGINE_NAME})
-    assert attached._takes_forecast()
+    assert takes_forecast("sim", {})
+    assert not takes_forecast("sglang", {"engine": ENGINE_NAME})
+    assert not takes_forecast("attach", {})  # unknown until /server_info says what it is
+    assert not takes_forecast("attach", {"engine": "sglang"})
+    assert takes_forecast("attach", {"engine": ENGINE_NAME})
