@@ -12,13 +12,26 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response, StreamingResponse
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.gateway.body import read_body, require_json
 from services.gateway.errors import APIError
 from services.gateway.flow import RequestFlow
+from services.gateway.openapi import (
+    HEALTH_ROUTE,
+    METRICS_ROUTE,
+    MODEL_ROUTE,
+    MODEL_ROUTES,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    finish_document,
+    inference_route,
+)
 from services.gateway.service import GatewayService
 from services.gateway.validation import Endpoint, model_not_found, parse_request, seed_not_applied
 
@@ -181,19 +194,21 @@ def create_app(service: GatewayService) -> GatewayApp:
         return await _serve(request, "chat")
 
     # Registered with FastAPI too, so OPTIONS/405 and the route list stay right; POSTs take the lean path.
-    app.add_api_route("/v1/completions", completions, methods=["POST"])
-    app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"])
+    app.add_api_route("/v1/completions", completions, methods=["POST"],
+                      **inference_route(CompletionRequest, CompletionResponse))
+    app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"],
+                      **inference_route(ChatCompletionRequest, ChatCompletionResponse))
 
     def _model(name: str, now: int) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": now, "owned_by": "poise"}
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", **MODEL_ROUTES)
     async def models(request: Request) -> Response:
         _authorize(request)
         now = int(time.time())
         return _json({"object": "list", "data": [_model(m, now) for m in service.cluster.served_models()]})
 
-    @app.get("/v1/models/{model:path}")  # a path: model names such as meta-llama/Llama-3.1-8B-Instruct have a /
+    @app.get("/v1/models/{model:path}", **MODEL_ROUTE)  # a path: model names such as meta-llama/Llama-3.1-8B-Instruct have a /
     async def model(request: Request, model: str) -> Response:
         _authorize(request)
         served = service.cluster.served_models()
@@ -201,15 +216,21 @@ def create_app(service: GatewayService) -> GatewayApp:
             raise model_not_found(model, served)
         return _json(_model(model, int(time.time())))
 
-    @app.get("/health")
+    @app.get("/health", **HEALTH_ROUTE)
     async def health() -> Response:
         body, serving = service.health()  # 200 exactly when a request can be served (GatewayService.health)
         return _json(body, 200 if serving else 503)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse, **METRICS_ROUTE)
     async def metrics() -> Response:
         return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = finish_document(get_openapi(title=app.title, version=app.version, routes=app.routes))
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return GatewayApp(app, {"/v1/completions": completions, "/v1/chat/completions": chat_completions})
 
 
