@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from services.worker.sidecar import load_report
+from services.worker.load_report import load_report
 from shared.engine_client import EngineClient, parse_loads, parse_server_info
 from shared.errors import EngineError, EngineTimeout
 
