@@ -14,12 +14,15 @@ and the policy goes back to its own running mean of the inputs it sees.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from shared.protocol.engine_forecast import FORECAST_PATH
+from shared.protocol.messages import PlannerEvent, Role
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +56,34 @@ def takes_forecast(engine_kind: str, server_info: dict[str, Any]) -> bool:
     return engine_kind == "sim" or (engine_kind == "attach" and server_info.get("engine") == "poise-engine-sim")
 
 
-async def send_forecast(http: httpx.AsyncClient, engine_url: str, isl: float | None, *, timeout_s: float,
-                        instance_id: str) -> None:
-    """Hand the engine its forecast (None withdraws it); a refusal is logged, an engine that does not answer
-    is the load loop's to report."""
-    try:
-        response = await http.post(engine_url + FORECAST_PATH, json={"isl": isl}, timeout=timeout_s)
-        if response.status_code != 200:
-            log.warning("worker %s: engine refused the ISL forecast: HTTP %s %s", instance_id,
-                        response.status_code, response.text[:200])
-    except httpx.HTTPError as exc:
-        log.debug("worker %s: forecast not delivered: %s", instance_id, exc)
+class ForecastHook:
+    """The sidecar's end of the relay: it hears the planner's events and sends its engine what the
+    :class:`ForecastRelay` says, to the engine's current URL (a restart may have moved it)."""
+
+    def __init__(self, relay: ForecastRelay, http: httpx.AsyncClient, url: Callable[[], str], *, timeout_s: float,
+                 instance_id: str) -> None:
+        self.relay, self._http, self._url = relay, http, url
+        self._timeout_s, self._id = timeout_s, instance_id
+
+    async def on_event(self, event: PlannerEvent, role: Role | None) -> None:
+        if event.kind != "forecast" or role not in ("prefill", "null"):
+            return
+        isl = self.relay.heard(event.forecast_isl, time.monotonic())
+        if isl is not None:
+            await self._send(isl)
+
+    async def expire(self) -> None:
+        if self.relay.stale(time.monotonic()):
+            log.info("worker %s: no planner forecast for %.0fs; the prefill policy goes back to its own mean",
+                     self._id, self.relay.ttl_s)
+            await self._send(None)
+
+    async def _send(self, isl: float | None) -> None:
+        """A refusal is logged; an engine that does not answer is the load loop's to report."""
+        try:
+            response = await self._http.post(self._url() + FORECAST_PATH, json={"isl": isl}, timeout=self._timeout_s)
+            if response.status_code != 200:
+                log.warning("worker %s: engine refused the ISL forecast: HTTP %s %s", self._id,
+                            response.status_code, response.text[:200])
+        except httpx.HTTPError as exc:
+            log.debug("worker %s: forecast not delivered: %s", self._id, exc)

@@ -7,7 +7,9 @@ own, not the configuration's.
 
 from __future__ import annotations
 
+import logging
 import time
+from typing import cast
 
 import httpx
 
@@ -16,6 +18,8 @@ from shared.engine_client import EngineLoads, EngineServerInfo
 from shared.latency import LatencyProfile
 from shared.protocol import InstanceInfo
 from shared.protocol.messages import InstanceStatus, Role
+
+log = logging.getLogger(__name__)
 
 
 def instance_info(s: WorkerSettings, *, url: str, role: Role, status: InstanceStatus, sidecar: str,
@@ -56,3 +60,22 @@ def live_mode(loads: EngineLoads | None, info: EngineServerInfo | None) -> str |
         if isinstance(state, dict) and isinstance(state.get("disaggregation_mode"), str):
             return str(state["disaggregation_mode"])
     return info.disaggregation_mode
+
+
+ROLES: tuple[Role, ...] = ("prefill", "decode", "null")
+
+
+def registered_role(configured: Role | None, loads: EngineLoads | None, info: EngineServerInfo | None, *,
+                    engine_decides: bool, url: str) -> Role | None:
+    """The role to register: the configured one, or for an engine this sidecar did not start in it (attached,
+    or adopted from a previous run, which may have flipped it since) the engine's own live mode."""
+    reported = live_mode(loads, info)
+    if reported is not None and reported not in ROLES:
+        log.warning("engine reports unknown disaggregation mode %r", reported)
+        reported = None
+    if not engine_decides:
+        return configured
+    if configured is not None and reported is not None and reported != configured:
+        log.warning("engine at %s runs as %s, not %s as configured; registering %s", url, reported, configured,
+                    reported)
+    return cast("Role | None", reported) or configured or "null"

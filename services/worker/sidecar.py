@@ -1,31 +1,22 @@
-"""The worker sidecar service: one per engine.
+"""The worker sidecar service: one per engine; it wires the engine's I/O to the bus and the registry.
 
-- **start**: launch the engine (engine_sim or SGLang) or attach to one, wait for ``/health``, read its
-  capacity from ``/server_info``, register an :class:`InstanceInfo` in etcd under a lease.
-- **load loop**: every ``load_interval_s`` read ``/v1/loads`` and publish a :class:`LoadReport` on
-  ``Subjects.load(id)`` (``healthy=False`` with the error when the read fails, or when the snapshot has not
-  advanced for ``stalled_after_s`` while the engine has work: a hung scheduler). An engine whose loads fail
-  for ``unhealthy_after_s`` is taken out of the registry until it answers again.
-- **role commands** on ``Subjects.worker_command(id)``: mark the instance ``draining`` (gateways stop
-  sending), wait until ``/v1/loads`` shows it idle, ``POST /pd_role_switch``, re-register in the new role.
-  Any failure re-registers the old role as ``ready`` and answers ``ok=false`` with the reason.
-- **supervision**: a spawned engine that exits is deregistered, restarted with exponential back-off (in its
-  current role, ``restart_backoff_s`` doubling up to ``restart_backoff_max_s``) and registered again. After
-  ``restart_max_failures`` consecutive failures (exits, or restarts that never became healthy) it gives up:
-  ``fatal_error`` says why (with the engine log's tail) and ``exit_requested`` is set, so the process exits
-  with status 1 and its supervisor (systemd, Kubernetes, ``poise up``) sees it.
-- **sglang**: before anything else the engine environment's sglang version is checked against
-  :data:`~services.worker.launcher.SUPPORTED_SGLANG_VERSIONS` (by running its interpreter, not importing it).
-- **forecast relay** (engine_sim only): the planner's ``forecast`` events on ``Subjects.planner_events()``
-  carry DOPD's forecast mean input length; the sidecar hands it to its engine's prefill policy
-  (``POST /poise_sim/forecast``, for ``dopd-length``) and withdraws it after ``forecast_ttl_s`` without a
-  newer one (services/worker/forecast.py). SGLang has no such hook and gets nothing.
-- **stop**: deregister first (no new traffic), then stop the engine, then close the connections.
-- **retire** (admin verb, what a connector's scale-in sends): mark the instance ``draining``, wait until the
-  engine is idle (bounded; on timeout it goes on and says so), deregister, answer, then stop the whole
-  process the way SIGTERM does (``exit_requested`` is the event ``run_service`` waits on).
+- **start**: launch the engine (engine_sim or SGLang; launcher.py) or attach to one, wait for ``/health``,
+  read ``/server_info``, register an :class:`InstanceInfo` in etcd under a lease (instance_record.py). For
+  SGLang the engine environment's version is checked first, by running its interpreter.
+- **load loop**: every ``load_interval_s`` publish a :class:`LoadReport` from ``/v1/loads`` on
+  ``Subjects.load(id)`` (load_report.py; ``healthy=False`` with the error when the read fails or the
+  snapshot stopped while the engine has work). An engine whose loads fail for ``unhealthy_after_s`` is out
+  of the registry until it answers again.
+- **role commands** on ``Subjects.worker_command(id)`` (role_rules.py): mark the instance ``draining``, wait
+  until the engine is idle, ``POST /pd_role_switch`` (or restart it, to or from colocated), re-register in
+  the new role; any failure re-registers the old role as ``ready`` and answers ``ok=false`` with why.
+- **supervision** (supervisor.py): a spawned engine that exits is deregistered and restarted with back-off;
+  after ``restart_max_failures`` failures in a row ``fatal_error`` says why and the process exits with 1.
+- **forecast relay** (forecast.py, engine_sim only): the planner's ISL forecast to the prefill policy.
+- **retire** (the admin verb a connector's scale-in sends): drain (bounded), deregister, answer, then stop
+  the way SIGTERM does (``exit_requested``). **stop**: deregister first, then stop the engine.
 
-Admin: ``Subjects.admin("worker-<id>")`` answers ``status``, ``set-role role=<prefill|decode>`` and
+Admin: ``Subjects.admin("worker-<id>")`` answers ``status``, ``set-role role=<prefill|decode|null>`` and
 ``retire [drain_timeout_s=<s>]``.
 """
 
@@ -44,8 +35,8 @@ import httpx
 
 from services.worker.config import WorkerSettings
 from services.worker.engine_waits import DrainTimeout, wait_healthy, wait_idle
-from services.worker.forecast import ForecastRelay, send_forecast, takes_forecast
-from services.worker.instance_record import instance_info, live_mode
+from services.worker.forecast import ForecastHook, ForecastRelay, takes_forecast
+from services.worker.instance_record import ROLES, instance_info, registered_role
 from services.worker.launcher import (
     EngineProcess,
     build_engine_command,
@@ -57,6 +48,8 @@ from services.worker.launcher import (
 )
 from services.worker.load_report import SampleCursor, hung_for
 from services.worker.orphan import AdoptedEngine, pid_file, previous_engine, remove_pid_file, write_pid_file
+from services.worker.role_rules import drain_timeout_s, is_restart, switch_refusal
+from services.worker.supervisor import RESTART_ERRORS, EngineSupervisor
 from shared.bus import Bus, bus_from_settings
 from shared.devservers import free_port, port_available
 from shared.engine_client import EngineClient, EngineLoads, EngineServerInfo, engine_auth_headers
@@ -82,13 +75,10 @@ from shared.runtime import (
     cancel_and_wait,
     replica_id,
     require_arg,
-    restart_delay,
 )
 
 log = logging.getLogger(__name__)
 
-_ROLES: tuple[Role, ...] = ("prefill", "decode", "null")
-_RESTART_ERRORS: tuple[type[BaseException], ...] = (PoiseError, OSError, *ETCD_ERRORS)
 ADOPT_HEALTH_TIMEOUT_S = 30.0  # a previous run's engine that is not healthy by then is replaced
 
 
@@ -119,7 +109,6 @@ class WorkerService(AsyncServiceMixin):
         self.url = engine_url(s)
         self.role: Role | None = s.role
         self.status: InstanceStatus = "starting"
-        self.restarts = 0
         self.sglang_version: str | None = None  # what the engine environment has (sglang kind)
         # Set when supervision gave up on the engine; the process then exits with status 1 (see __main__).
         self.fatal_error: str | None = None
@@ -137,14 +126,16 @@ class WorkerService(AsyncServiceMixin):
         self._control: AdminEndpoint | None = None
         self._command_sub: Any = None
         self._forecast_sub: Any = None
-        self._forecast = ForecastRelay(ttl_s=settings.forecast_ttl_s)
+        self._forecast: ForecastHook | None = None  # engine_sim's: the planner's ISL forecast, relayed
         self._engine: EngineProcess | None = None  # an AdoptedEngine: one a previous run left running
         self._adopted = False  # the engine is one a previous run of this sidecar left running
         self._engine_info: EngineServerInfo | None = None
         self._profile: LatencyProfile | None = None
         self._registered = False
-        self._restarting = False  # the supervisor owns the registration while it restarts the engine
-        self._supervisor: asyncio.Task[None] | None = None  # watches a spawned engine (:meth:`_supervise`)
+        self._supervision = EngineSupervisor(
+            self.settings, engine=lambda: self._engine, stopping=lambda: self._stop.stopping,
+            take_down=self._take_down, bring_up=self._bring_up, give_up=self._give_up, note_error=self._note_error)
+        self._supervisor: asyncio.Task[None] | None = None  # runs the supervision of a spawned engine
         self._failing_since: float | None = None  # monotonic time loads started failing
         self._health_deregistered = False
         self._reg_lock = asyncio.Lock()
@@ -159,8 +150,11 @@ class WorkerService(AsyncServiceMixin):
 
     # -- lifecycle ---------------------------------------------------------------------------------
     @property
-    def registered(self) -> bool:
-        return self._registered
+    def restarts(self) -> int:
+        return self._supervision.restarts
+
+    def _note_error(self, message: str) -> None:
+        self.last_error = message
 
     @property
     def engine_pid(self) -> int | None:
@@ -210,6 +204,8 @@ class WorkerService(AsyncServiceMixin):
         await self._control.start()
         self._tasks.append(asyncio.create_task(self._load_loop(), name=f"loads-{self.instance_id}"))
         if takes_forecast(s.engine_kind, self._engine_info.raw if self._engine_info is not None else {}):
+            self._forecast = ForecastHook(ForecastRelay(ttl_s=s.forecast_ttl_s), self._http, lambda: self.url,
+                                          timeout_s=s.engine_timeout_s, instance_id=self.instance_id)
             self._forecast_sub = await self._bus.subscribe(self.subjects.planner_events(), PlannerEvent,
                                                            self._on_planner_event)
         else:  # said once: an operator comparing engine kinds should see why dopd-length gets no forecast here
@@ -314,68 +310,23 @@ class WorkerService(AsyncServiceMixin):
             self._engine_info = None
         with contextlib.suppress(EngineError):
             self.last_loads = await self._client.loads()
-        reported = live_mode(self.last_loads, self._engine_info)
-        if reported is not None and reported not in _ROLES:
-            log.warning("engine reports unknown disaggregation mode %r", reported)
-            reported = None
-        if self.settings.engine_kind == "attach" or self._adopted:
-            if self.role is not None and reported is not None and reported != self.role:
-                log.warning("engine at %s runs as %s, not %s as configured; registering %s", self.url, reported,
-                            self.role, reported)
-            self.role = reported or self.role or "null"
+        self.role = registered_role(self.role, self.last_loads, self._engine_info, url=self.url,
+                                    engine_decides=self.settings.engine_kind == "attach" or self._adopted)
 
-    async def _supervise(self) -> None:
-        """Restart a spawned engine that exits, with exponential back-off; re-register once it is healthy.
+    async def _take_down(self) -> None:
+        """The engine exited: out of the registry until a new one is up."""
+        async with self._reg_lock:
+            await self._deregister()
 
-        Failures count consecutively: the exit itself, then each restart that does not become healthy. An
-        engine that ran longer than ``restart_backoff_max_s`` before exiting starts the count over. At
-        ``restart_max_failures`` (unless 0) the worker gives up (:meth:`_give_up`).
-        """
-        s = self.settings
-        failures = 0
-        while True:
-            engine = self._engine
-            assert engine is not None
-            started = time.monotonic()
-            code = await engine.wait()
-            if self._stop.stopping:
-                return
-            ran_s = time.monotonic() - started
-            if ran_s > s.restart_backoff_max_s:
-                failures = 0  # it ran a good while: start the back-off over
-            failures += 1
-            log.error("engine of %s exited with code %s after %.1fs; last lines of %s:\n%s", self.instance_id, code,
-                      ran_s, engine.log_path, engine.tail())
-            self.last_error = f"engine exited with code {code} after {ran_s:.1f}s"
-            self._restarting = True
-            async with self._reg_lock:
-                await self._deregister()
-            await engine.stop(s.stop_timeout_s)  # closes the log file
-            while True:
-                if s.restart_max_failures and failures >= s.restart_max_failures:
-                    self._give_up(failures)
-                    return
-                delay = restart_delay(failures, s.restart_backoff_s, s.restart_backoff_max_s)
-                log.info("restarting the engine of %s in %.1fs (consecutive failures: %d)", self.instance_id, delay,
-                         failures)
-                await asyncio.sleep(delay)
-                try:
-                    await self._launch()
-                    await self._wait_healthy()
-                    await self._read_engine_info()
-                    async with self._reg_lock:
-                        await self._register("ready")
-                    break
-                except _RESTART_ERRORS as exc:
-                    failures += 1
-                    log.error("restart of %s failed: %s", self.instance_id, exc)
-                    self.last_error = f"restart failed: {exc}"
-                    if self._engine is not None:
-                        await self._engine.stop(s.stop_timeout_s)
-            self.restarts += 1
-            self._restarting = False
-            self._failing_since = None
-            self._health_deregistered = False
+    async def _bring_up(self) -> None:
+        """A new engine: launched, healthy, read and registered; the load loop's failure count starts over."""
+        await self._launch()
+        await self._wait_healthy()
+        await self._read_engine_info()
+        async with self._reg_lock:
+            await self._register("ready")
+        self._failing_since = None
+        self._health_deregistered = False
 
     def _give_up(self, failures: int) -> None:
         """Stop restarting: record why and ask the process to exit (``__main__`` then returns 1)."""
@@ -434,7 +385,8 @@ class WorkerService(AsyncServiceMixin):
                 self.last_loads = loads
                 report = self._samples.report(self.instance_id, self.role or "null", self.status, loads, time.time())
                 await self._on_loads_ok()
-                await self._expire_forecast()
+                if self._forecast is not None:
+                    await self._forecast.expire()
             try:
                 await self._bus.publish(self.subjects.load(self.instance_id), report)
             except PoiseError as exc:  # not connected; nats-py reconnects by itself
@@ -446,7 +398,7 @@ class WorkerService(AsyncServiceMixin):
     async def _on_loads_failed(self, now: float) -> None:
         if self._failing_since is None:
             self._failing_since = now
-        if (self._registered and not self._restarting and not self._switch_lock.locked()
+        if (self._registered and not self._supervision.restarting and not self._switch_lock.locked()
                 and now - self._failing_since >= self.settings.unhealthy_after_s):
             log.warning("engine of %s has not answered /v1/loads for %.1fs; deregistering until it does",
                         self.instance_id, now - self._failing_since)
@@ -456,7 +408,7 @@ class WorkerService(AsyncServiceMixin):
 
     async def _on_loads_ok(self) -> None:
         self._failing_since = None
-        if self._health_deregistered and not self._restarting:
+        if self._health_deregistered and not self._supervision.restarting:
             try:
                 async with self._reg_lock:
                     await self._register("ready")
@@ -467,22 +419,8 @@ class WorkerService(AsyncServiceMixin):
 
     # -- planner forecast ---------------------------------------------------------------------------
     async def _on_planner_event(self, event: PlannerEvent, _subject: str) -> None:
-        if event.kind != "forecast" or self.role not in ("prefill", "null"):
-            return
-        isl = self._forecast.heard(event.forecast_isl, time.monotonic())
-        if isl is not None:
-            await self._send_forecast(isl)
-
-    async def _expire_forecast(self) -> None:
-        if self._forecast.stale(time.monotonic()):
-            log.info("worker %s: no planner forecast for %.0fs; the prefill policy goes back to its own mean",
-                     self.instance_id, self.settings.forecast_ttl_s)
-            await self._send_forecast(None)
-
-    async def _send_forecast(self, isl: float | None) -> None:
-        assert self._http is not None
-        await send_forecast(self._http, self.url, isl, timeout_s=self.settings.engine_timeout_s,
-                            instance_id=self.instance_id)
+        if self._forecast is not None:
+            await self._forecast.on_event(event, self.role)
 
     # -- role commands -----------------------------------------------------------------------------
     def _command_error(self, message: str) -> RoleCommandReply:
@@ -505,17 +443,12 @@ class WorkerService(AsyncServiceMixin):
             old = self.role or "null"
             if cmd.new_role == old:
                 return reply(True, f"already {old}")
-            restart = "null" in (cmd.new_role, old)
-            if restart and self.settings.engine_kind == "attach":
-                return reply(False, f"cannot switch {old} -> {cmd.new_role}: colocated and PD serving differ at "
-                                    "launch, and this worker attached to an engine it cannot restart")
-            if not restart and self.settings.engine_kind == "sglang" and not self.settings.sglang_role_switch:
-                return reply(False, f"cannot switch {old} -> {cmd.new_role}: the engine was launched without "
-                                    f"--enable-pd-role-switch (transfer_backend={self.settings.transfer_backend})")
-            if not self._registered or self._restarting or self._stop.stopping:
-                return reply(False, "the engine is not serving (restarting, unhealthy or stopping)")
-            timeout_s = min(cmd.drain_timeout_s, self.settings.drain_timeout_s) if cmd.drain_timeout_s > 0 \
-                else self.settings.drain_timeout_s
+            restart = is_restart(old, cmd.new_role)
+            serving = self._registered and not self._supervision.restarting and not self._stop.stopping
+            refusal = switch_refusal(old, cmd.new_role, self.settings, serving=serving)
+            if refusal is not None:
+                return reply(False, refusal)
+            timeout_s = drain_timeout_s(cmd.drain_timeout_s, self.settings.drain_timeout_s)
             log.info("role switch %s -> %s (%s): draining up to %.1fs", old, cmd.new_role, cmd.reason or "no reason",
                      timeout_s)
             t0 = time.monotonic()
@@ -529,7 +462,7 @@ class WorkerService(AsyncServiceMixin):
                 else:
                     result = await self._client.pd_role_switch(
                         cmd.new_role, decode_cuda_graph_memory_gb=self.settings.decode_cuda_graph_memory_gb)
-            except _RESTART_ERRORS as exc:  # a relaunch can fail to spawn (OSError)
+            except RESTART_ERRORS as exc:  # a relaunch can fail to spawn (OSError)
                 log.warning("role switch of %s to %s failed: %s", self.instance_id, cmd.new_role, exc)
                 try:
                     await self._set_status("ready")
@@ -543,7 +476,7 @@ class WorkerService(AsyncServiceMixin):
             return reply(True, f"{old} -> {cmd.new_role} in {took:.2f}s: {result.get('message', '') or 'ok'}")
 
     def _start_supervisor(self) -> None:
-        self._supervisor = asyncio.create_task(self._supervise(), name=f"supervise-{self.instance_id}")
+        self._supervisor = asyncio.create_task(self._supervision.run(), name=f"supervise-{self.instance_id}")
         self._tasks.append(self._supervisor)
 
     async def _relaunch(self, new_role: Role) -> dict[str, Any]:
@@ -602,7 +535,7 @@ class WorkerService(AsyncServiceMixin):
         async with self._switch_lock:
             self._retiring = True
             t0 = time.monotonic()
-            if not self._registered or self._restarting:
+            if not self._registered or self._supervision.restarting:
                 drain = "not serving (unregistered or restarting), so no drain"
             else:
                 try:
@@ -638,8 +571,8 @@ class WorkerService(AsyncServiceMixin):
 
     async def _admin_set_role(self, args: dict[str, str]) -> AdminReply:
         role = require_arg(args, "role")
-        if role not in _ROLES:
-            raise ValueError(f"role must be one of {', '.join(_ROLES)}")
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}")
         timeout = float(args["drain_timeout_s"]) if "drain_timeout_s" in args else None
         result = await self.switch_role(role, reason=args.get("reason", "admin set-role"),
                                         drain_timeout_s=timeout)

@@ -82,7 +82,7 @@ async def test_crashing_engine_is_restarted_with_backoff_then_given_up(
     # Launch 1 serves for 0.8 s and crashes; every later launch crashes at once (e.g. CUDA OOM at start-up).
     settings = _settings(nats_server, etcd_server, ns, tmp_path, "serve:0.8,crash", restart_max_failures=4)
     worker = WorkerService(settings)
-    caplog.set_level(logging.INFO, logger="services.worker.sidecar")
+    caplog.set_level(logging.INFO, logger="services.worker")
     try:
         await worker.start()
         assert worker.sglang_version == "0.5.23"
