@@ -8,12 +8,11 @@ numbers that paper reports.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import msgspec
 
 from loadgen.workload import Workload
-from shared.slo_spec import check_class_name, parse_class_spec
+from shared.slo_spec import PRESETS as SPEC_PRESETS
+from shared.slo_spec import check_class_name, parse_class_spec, preset_specs
 
 
 class SLO(msgspec.Struct, frozen=True):
@@ -183,39 +182,11 @@ def parse_slo_classes(specs: list[str], default: SLO) -> SLOClasses | None:
     return SLOClasses(tuple(SLOClass(name, slo, remainder if share is None else share) for name, slo, share in parsed))
 
 
-def _interactive_batch(trace_slo: SLO) -> SLOClasses:
-    return SLOClasses((
-        SLOClass("interactive", SLO(ttft_s=trace_slo.ttft_s / 2, tpot_s=trace_slo.tpot_s / 2), 0.3),
-        SLOClass("batch", trace_slo, 0.7),
-    ))
-
-
-#: FlowPrefill's per-task TTFT SLOs (Table 2, Llama3-8B) with QwenTrace's task shares (FlowPrefill Table 1).
-FLOWPREFILL_TASKS: tuple[tuple[str, float, float], ...] = (
-    ("text", 0.25, 0.68), ("image", 0.5, 0.08), ("search", 4.0, 0.20), ("file", 6.0, 0.04),
-)
-
-
-def _flowprefill_tasks(trace_slo: SLO) -> SLOClasses:
-    return SLOClasses(tuple(SLOClass(name, SLO(ttft_s=ttft, tpot_s=trace_slo.tpot_s), share)
-                            for name, ttft, share in FLOWPREFILL_TASKS))
-
-
-#: Named class sets, each built from the trace's own SLO so one preset fits every trace.
-#: ``interactive-batch``: 30% interactive requests at half the trace's TTFT and TPOT targets, 70% batch
-#: requests at the trace's targets. An illustrative mix, not taken from a paper.
-#: ``tasks-flowprefill``: FlowPrefill's Table 2 TTFT SLOs for Llama3-8B (text 0.25 s, image 0.5 s, search 4 s,
-#: file 6 s) at QwenTrace's shares (68%, 8%, 20%, 4%); TPOT targets are the trace's (FlowPrefill judges TTFT).
-#: The gateway builds the same presets on its own SLO (its ``slo_preset`` setting).
-PRESETS: dict[str, Callable[[SLO], SLOClasses]] = {
-    "interactive-batch": _interactive_batch,
-    "tasks-flowprefill": _flowprefill_tasks,
-}
+#: The named class sets (shared/slo_spec.py, where the gateway reads them too), built on a trace's own SLO.
+PRESETS = SPEC_PRESETS
 
 
 def preset_classes(name: str, trace_slo: SLO) -> SLOClasses:
     """The preset ``name`` built on ``trace_slo``, or a ValueError listing the presets."""
-    try:
-        return PRESETS[name](trace_slo)
-    except KeyError:
-        raise ValueError(f"unknown SLO-class preset {name!r}; presets: {', '.join(sorted(PRESETS))}") from None
+    return SLOClasses(tuple(SLOClass(c.name, SLO(ttft_s=c.ttft_s, tpot_s=c.tpot_s), c.share or 0.0)
+                            for c in preset_specs(name, trace_slo.ttft_s, trace_slo.tpot_s)))

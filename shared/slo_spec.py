@@ -58,3 +58,33 @@ def parse_class_spec(spec: str, default_ttft_s: float | None, default_tpot_s: fl
     return ClassSpec(name=check_class_name(name.strip(), f"SLO class spec {spec!r}"),
                      ttft_s=_seconds(parts[0], default_ttft_s, "TTFT", spec),
                      tpot_s=_seconds(parts[1], default_tpot_s, "TPOT", spec), share=share)
+
+
+#: FlowPrefill's per-task TTFT SLOs (Table 2, Llama3-8B) with QwenTrace's task shares (FlowPrefill Table 1).
+FLOWPREFILL_TASKS: tuple[tuple[str, float, float], ...] = (
+    ("text", 0.25, 0.68), ("image", 0.5, 0.08), ("search", 4.0, 0.20), ("file", 6.0, 0.04),
+)
+
+
+def _interactive_batch(ttft_s: float, tpot_s: float) -> tuple[ClassSpec, ...]:
+    return (ClassSpec("interactive", ttft_s / 2, tpot_s / 2, 0.3), ClassSpec("batch", ttft_s, tpot_s, 0.7))
+
+
+def _flowprefill_tasks(_ttft_s: float, tpot_s: float) -> tuple[ClassSpec, ...]:
+    return tuple(ClassSpec(name, ttft, tpot_s, share) for name, ttft, share in FLOWPREFILL_TASKS)
+
+
+#: Named class sets, each built from a base SLO (the trace's, or the gateway's own) so one preset fits all.
+#: ``interactive-batch``: 30% interactive requests at half the base TTFT and TPOT targets, 70% batch requests
+#: at the base targets. An illustrative mix, not taken from a paper.
+#: ``tasks-flowprefill``: FlowPrefill's Table 2 TTFT SLOs for Llama3-8B (text 0.25 s, image 0.5 s, search 4 s,
+#: file 6 s) at QwenTrace's shares (68%, 8%, 20%, 4%); TPOT targets are the base's (FlowPrefill judges TTFT).
+PRESETS = {"interactive-batch": _interactive_batch, "tasks-flowprefill": _flowprefill_tasks}
+
+
+def preset_specs(name: str, ttft_s: float, tpot_s: float) -> tuple[ClassSpec, ...]:
+    """The preset ``name`` built on the base targets, or a ValueError listing the presets."""
+    try:
+        return PRESETS[name](ttft_s, tpot_s)
+    except KeyError:
+        raise ValueError(f"unknown SLO-class preset {name!r}; presets: {', '.join(sorted(PRESETS))}") from None

@@ -40,7 +40,7 @@ class GatewaySettings(SloPlanSettings, ControlPlaneSettings):
     engine_connect_timeout_s: float = Field(5.0, description="TCP connect timeout to an engine, in seconds.")
     # -- per-request SLO classes (services/gateway/slo.py) ----------------------------------------------
     slo_class: list[str] = Field(default_factory=list, description="SLO class NAME=TTFT_S:TPOT_S a request may name in its 'slo_class' field (an empty target = slo_ttft_s / slo_tpot_s); repeat for more classes.")
-    slo_preset: str | None = Field(None, description="SLO classes from a loadgen preset built on slo_ttft_s/slo_tpot_s, e.g. tasks-flowprefill (FlowPrefill Table 2: text 0.25 s, image 0.5 s, search 4 s, file 6 s TTFT) or interactive-batch; slo_class specs add to it.")
+    slo_preset: str | None = Field(None, description="SLO classes from a preset (shared/slo_spec.py) built on slo_ttft_s/slo_tpot_s, e.g. tasks-flowprefill (FlowPrefill Table 2: text 0.25 s, image 0.5 s, search 4 s, file 6 s TTFT) or interactive-batch; slo_class specs add to it.")
     slo_priority_class: list[str] = Field(default_factory=list, description="PRIORITY=CLASS: the class of a request whose integer 'priority' is PRIORITY (comma-separated pairs or repeated).")
     slo_model_class: list[str] = Field(default_factory=list, description="MODEL=CLASS: the default class of a model's requests.")
     slo_route_class: list[str] = Field(default_factory=list, description="ROUTE=CLASS: the default class of a route, completions (/v1/completions) or chat (/v1/chat/completions).")

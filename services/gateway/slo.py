@@ -17,9 +17,9 @@ from the class the later rules pick):
 ``slo`` and ``slo_class`` are removed from the body before it is forwarded (the gateway sends what it resolved
 as ``poise_slo``, see shared/protocol/request_slo.py); ``priority`` is forwarded unchanged to every engine.
 
-The classes are gateway settings: ``slo_class`` specs ``NAME=TTFT_S:TPOT_S`` (loadgen's format; an empty
+The classes are gateway settings: ``slo_class`` specs ``NAME=TTFT_S:TPOT_S`` (shared/slo_spec.py's format; an empty
 target is the gateway's ``slo_ttft_s`` / ``slo_tpot_s``, a trailing ``:SHARE`` is accepted and ignored) and/or
-``slo_preset``, a loadgen preset (loadgen/slo.py ``PRESETS``, e.g. ``tasks-flowprefill``: FlowPrefill's Table 2)
+``slo_preset``, a preset (shared/slo_spec.py ``PRESETS``, e.g. ``tasks-flowprefill``: FlowPrefill's Table 2)
 built on the gateway's SLO; specs add to or replace the preset's classes by name.
 """
 
@@ -35,7 +35,7 @@ import msgspec
 
 from services.gateway.errors import APIError, bad_request
 from shared.protocol.request_slo import RequestSlo
-from shared.slo_spec import NAME_CHARS
+from shared.slo_spec import NAME_CHARS, preset_specs
 from shared.slo_spec import parse_class_spec as parse_spec
 
 #: Body fields the gateway reads and strips (the Poise extension).
@@ -122,12 +122,10 @@ class SloTable:
         """From the gateway's settings; ValueError with a readable message on bad input."""
         classes: dict[str, Targets] = {}
         if preset:
-            from loadgen.slo import SLO, preset_classes
-
             if default_slo.ttft_s is None or default_slo.tpot_s is None:
                 raise ValueError("an SLO preset needs the gateway's slo_ttft_s and slo_tpot_s")
-            for c in preset_classes(preset, SLO(ttft_s=default_slo.ttft_s, tpot_s=default_slo.tpot_s)).classes:
-                classes[c.name] = Targets(c.slo.ttft_s, c.slo.tpot_s)
+            for c in preset_specs(preset, default_slo.ttft_s, default_slo.tpot_s):
+                classes[c.name] = Targets(c.ttft_s, c.tpot_s)
         for spec in specs:
             name, targets = parse_class_spec(spec, default_slo)
             classes[name] = targets
