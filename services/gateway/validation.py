@@ -170,13 +170,7 @@ def _tools(tools: Any, choice: Any) -> None:
 _EMPTY_TABLE = SloTable()
 
 
-def parse_request(raw: bytes, endpoint: Endpoint, *, counter: TokenCounter, default_max_tokens: int,
-                  max_tokens_limit: int, slo_table: SloTable | None = None, max_depth: int = 64) -> ParsedRequest:
-    """Validate a request body; raises :class:`APIError` (400) naming the offending parameter.
-
-    The Poise extension fields ``slo`` and ``slo_class`` are resolved with ``slo_table`` (no classes when
-    None) and removed from the body that goes to the engines.
-    """
+def _body(raw: bytes, max_depth: int) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -187,18 +181,14 @@ def parse_request(raw: bytes, endpoint: Endpoint, *, counter: TokenCounter, defa
     if depth > max_depth:
         # every field goes to the engines re-encoded; a deep one would exhaust the encoder's recursion
         raise bad_request(f"request body nests {depth} levels deep; at most {max_depth} are accepted")
+    return body
 
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad_request("'model' is required and must be a string", param="model")
 
-    if endpoint == "completions":
-        input_tokens = count_prompt(counter, _prompt(body))
-        max_name = "max_tokens"
-    else:
-        input_tokens = count_chat(counter, _messages(body))
-        max_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-
+def _output_limit(body: dict[str, Any], endpoint: Endpoint, default_max_tokens: int,
+                  max_tokens_limit: int) -> tuple[int, bool]:
+    """The output limit and whether the engines get it (``body`` is normalised to ``max_tokens``)."""
+    max_name = "max_completion_tokens" if endpoint == "chat" and body.get("max_completion_tokens") is not None \
+        else "max_tokens"
     max_tokens = body.get(max_name)
     limited = True
     if max_tokens is None and endpoint == "completions":
@@ -217,36 +207,40 @@ def parse_request(raw: bytes, endpoint: Endpoint, *, counter: TokenCounter, defa
     body.pop("max_completion_tokens", None)
     if limited:
         body["max_tokens"] = max_tokens
+    return max_tokens, limited
 
-    _number(body, "temperature", 0.0, 2.0)
-    _number(body, "top_p", 0.0, 1.0)
-    _number(body, "presence_penalty", -2.0, 2.0)
-    _number(body, "frequency_penalty", -2.0, 2.0)
 
+def _streaming(body: dict[str, Any]) -> tuple[bool, bool]:
+    """``stream`` and ``stream_options.include_usage``."""
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise bad_request("'stream' must be a boolean", param="stream")
     options = body.get("stream_options")
-    include_usage = False
-    if options is not None:
-        if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
-            raise bad_request("'stream_options' must be an object like {\"include_usage\": true}", param="stream_options")
-        if not stream:
-            raise bad_request("'stream_options' is only allowed when 'stream' is true", param="stream_options")
-        include_usage = bool(options.get("include_usage", False))
+    if options is None:
+        return stream, False
+    if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
+        raise bad_request("'stream_options' must be an object like {\"include_usage\": true}", param="stream_options")
+    if not stream:
+        raise bad_request("'stream_options' is only allowed when 'stream' is true", param="stream_options")
+    return stream, bool(options.get("include_usage", False))
 
+
+def _sampling(body: dict[str, Any], endpoint: Endpoint) -> None:
+    """The sampling fields' types and the OpenAI API's bounds."""
+    _number(body, "temperature", 0.0, 2.0)
+    _number(body, "top_p", 0.0, 1.0)
+    _number(body, "presence_penalty", -2.0, 2.0)
+    _number(body, "frequency_penalty", -2.0, 2.0)
     stop = body.get("stop")
     if stop is not None:
         stops = [stop] if isinstance(stop, str) else stop
         if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
             raise bad_request("'stop' must be a non-empty string or a list of up to 4 non-empty strings", param="stop")
-
     n = body.get("n", 1)
     if not _is_int(n) or n < 1:
         raise bad_request(f"'n' must be a positive integer, got {n!r}", param="n")
     if n != 1:
         raise bad_request("'n' > 1 is not supported: send separate requests", param="n")
-
     for flag in ("ignore_eos", "echo") if endpoint == "completions" else ("ignore_eos", "logprobs"):
         if body.get(flag) is not None and not isinstance(body[flag], bool):
             raise bad_request(f"'{flag}' must be a boolean", param=flag)
@@ -255,13 +249,8 @@ def parse_request(raw: bytes, endpoint: Endpoint, *, counter: TokenCounter, defa
     count = body.get(name)
     if count is not None and (not _is_int(count) or not 0 <= count <= most):
         raise bad_request(f"'{name}' must be an integer from 0 to {most}, got {count!r}", param=name)
-
     if endpoint == "chat" and body.get("top_logprobs") and body.get("logprobs") is not True:
         raise bad_request("'top_logprobs' needs 'logprobs' set to true", param="top_logprobs")
-    _response_format(body.get("response_format"))
-    if endpoint == "chat":
-        _tools(body.get("tools"), body.get("tool_choice"))
-
     # Checked here, so a bad value is a 400 naming it rather than an engine's error naming an engine.
     seed = body.get("seed")
     if seed is not None and not _is_int(seed):
@@ -270,12 +259,32 @@ def parse_request(raw: bytes, endpoint: Endpoint, *, counter: TokenCounter, defa
     if user is not None and not isinstance(user, str):
         raise bad_request(f"'user' must be a string, got {type(user).__name__}", param="user")
 
+
+def parse_request(raw: bytes, endpoint: Endpoint, *, counter: TokenCounter, default_max_tokens: int,
+                  max_tokens_limit: int, slo_table: SloTable | None = None, max_depth: int = 64) -> ParsedRequest:
+    """Validate a request body; raises :class:`APIError` (400) naming the offending parameter.
+
+    The Poise extension fields ``slo`` and ``slo_class`` are resolved with ``slo_table`` (no classes when
+    None) and removed from the body that goes to the engines.
+    """
+    body = _body(raw, max_depth)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("'model' is required and must be a string", param="model")
+    if endpoint == "completions":
+        input_tokens = count_prompt(counter, _prompt(body))
+    else:
+        input_tokens = count_chat(counter, _messages(body))
+    max_tokens, limited = _output_limit(body, endpoint, default_max_tokens, max_tokens_limit)
+    stream, include_usage = _streaming(body)
+    _sampling(body, endpoint)
+    _response_format(body.get("response_format"))
+    if endpoint == "chat":
+        _tools(body.get("tools"), body.get("tool_choice"))
     priority = body.get("priority")
     if priority is not None and not _is_int(priority):
         raise bad_request("'priority' must be an integer", param="priority")
-
     slo = (slo_table or _EMPTY_TABLE).resolve(body, model=model, endpoint=endpoint, priority=priority)
-
     return ParsedRequest(endpoint=endpoint, body=body, model=model, stream=stream, include_usage=include_usage,
                          max_tokens=max_tokens, input_tokens=input_tokens, priority=priority, slo=slo, limited=limited)
 
