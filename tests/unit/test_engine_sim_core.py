@@ -264,17 +264,23 @@ async def test_abort_all_and_pause_in_place() -> None:
     async with running(engine):
         req = engine.submit(prompt_tokens=10, max_new_tokens=1000, ignore_eos=True)
         await until(lambda: len(req.output_ids) >= 2)
+        # How long five tokens take here while it runs: the negative checks below wait twice that, so a
+        # paused engine that kept going would show it.
+        loop = asyncio.get_running_loop()
+        t0, n0 = loop.time(), len(req.output_ids)
+        await until(lambda: len(req.output_ids) >= n0 + 5)
+        window = 2 * (loop.time() - t0)
         engine.pause("in_place")
-        await asyncio.sleep(0.03)
+        await asyncio.sleep(window / 2)  # a step already under way ends (it takes a fifth of that)
         frozen = len(req.output_ids)
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(window)
         assert len(req.output_ids) == frozen and not req.finished
         engine.resume()
         await until(lambda: len(req.output_ids) > frozen)
         engine.pause("abort")  # SGLang's default mode: abort everything, then pause
         assert req.finish is not None and req.finish["type"] == "abort"
         late = engine.submit(prompt_tokens=10, max_new_tokens=3)
-        await asyncio.sleep(0.03)
+        await asyncio.sleep(window)  # running, it would have prefilled and produced its 3 tokens in that time
         assert not late.finished
         engine.resume()
         await finish(engine, late)
