@@ -14,7 +14,8 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.engine_sim import control_routes, generation_routes, info_routes
-from services.engine_sim.answers import openai_error
+from services.engine_sim import protocol as P
+from services.engine_sim.answers import openai_error, schema_error
 from services.engine_sim.auth import ApiKeyMiddleware
 from services.engine_sim.engine import SimEngine
 
@@ -34,6 +35,7 @@ def create_app(engine: SimEngine) -> FastAPI:
     app.state.engine = engine
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(P.SchemaError, _schema_error)  # type: ignore[arg-type]
     for routes in (generation_routes, info_routes, control_routes):
         app.include_router(routes.router)
     return app
@@ -42,6 +44,10 @@ def create_app(engine: SimEngine) -> FastAPI:
 async def _http_error(_: Request, exc: StarletteHTTPException) -> Response:
     # SGLang renders HTTPException as ErrorResponse with type = the status code.
     return openai_error(str(exc.detail), str(exc.status_code), exc.status_code)
+
+
+async def _schema_error(_: Request, exc: P.SchemaError) -> Response:
+    return schema_error(exc)  # a malformed body, wherever a route reads it
 
 
 async def _validation_error(_: Request, exc: RequestValidationError) -> Response:

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from services.engine_sim import protocol as P
-from services.engine_sim.answers import engine_of, json_response, openai_error, schema_error
+from services.engine_sim.answers import engine_of, json_response, openai_error
 from services.engine_sim.engine import SimEngine
 from services.engine_sim.transfer import KV_EXPORT_PATH
 from shared.protocol.engine_forecast import FORECAST_PATH
@@ -20,6 +20,8 @@ router = APIRouter()
 
 
 async def optional_body(request: Request) -> dict[str, Any]:
+    """The body as an object ({} when empty); a malformed one raises P.SchemaError, answered with SGLang's 400
+    by the app's handler (app.py)."""
     raw = await request.body()
     return P.load_json(raw) if raw.strip() else {}
 
@@ -28,12 +30,9 @@ async def optional_body(request: Request) -> dict[str, Any]:
 async def abort_request(request: Request) -> Response:
     """AbortReq {rid, abort_all}: 200 with an empty body, even for an unknown rid (as SGLang)."""
     engine = engine_of(request)
-    try:
-        body = await optional_body(request)
-        rid = P._str(body, "rid") or ""
-        abort_all = P._bool(body, "abort_all")
-    except P.SchemaError as exc:
-        return schema_error(exc)
+    body = await optional_body(request)
+    rid = P._str(body, "rid") or ""
+    abort_all = P._bool(body, "abort_all")
     if abort_all or rid:  # an empty rid without abort_all is ignored (tokenizer_manager.abort_request)
         engine.abort(rid, abort_all=abort_all)
     return Response(status_code=200)
@@ -44,15 +43,12 @@ async def kv_export(request: Request) -> Response:
     """engine_sim's side of a decode→decode KV copy (poise_resume with a KV source; transfer.pull_migrated):
     200 with the request's context while it is decoding here, 404 otherwise (finished, aborted, unknown)."""
     engine = engine_of(request)
-    try:
-        rid = P._str(await optional_body(request), "rid") or ""
-    except P.SchemaError as exc:
-        return schema_error(exc)
+    rid = P._str(await optional_body(request), "rid") or ""
     req = engine.running_request(rid)
     if req is None:
         return openai_error(f"no decoding request {rid!r} here", "NotFoundError", 404)
     return json_response({"rid": rid, "context_tokens": req.context_tokens, "generated": req.generated,
-                  "kv_bytes": engine.latency.kv_bytes(req.context_tokens)})
+                          "kv_bytes": engine.latency.kv_bytes(req.context_tokens)})
 
 
 def forecast_state(engine: SimEngine) -> dict[str, Any]:
@@ -74,10 +70,7 @@ async def get_forecast(request: Request) -> Response:
 async def set_forecast(request: Request) -> Response:
     """The planner's ISL forecast for DOPD's length-aware batching (shared/protocol/engine_forecast.py)."""
     engine = engine_of(request)
-    try:
-        body = await optional_body(request)
-    except P.SchemaError as exc:
-        return schema_error(exc)
+    body = await optional_body(request)
     isl = body.get("isl")
     if isl is not None and (isinstance(isl, bool) or not isinstance(isl, int | float) or not isl > 0):
         return openai_error(f"isl: Input should be a positive number or null, got {isl!r}",
@@ -92,17 +85,14 @@ async def set_forecast(request: Request) -> Response:
 async def pd_role_switch(request: Request) -> Response:
     """PdRoleSwitchReqInput -> PdRoleSwitchReqOutput; 200 on success, 400 otherwise."""
     engine = engine_of(request)
-    try:
-        body = await optional_body(request)
-        new_role = P._str(body, "new_role")
-        prepare_only = P._bool(body, "prepare_only")
-        P._number(body, "decode_cuda_graph_memory_gb")
-        graph_memory = body.get("decode_cuda_graph_memory_gb")
-        if new_role not in (None, "prefill", "decode", ""):  # PdRoleSwitchReqInput.new_role is a Literal
-            raise P.SchemaError(f"new_role: Input should be 'prefill', 'decode' or '', got {new_role!r}",
-                                "new_role")
-    except P.SchemaError as exc:
-        return schema_error(exc)
+    body = await optional_body(request)
+    new_role = P._str(body, "new_role")
+    prepare_only = P._bool(body, "prepare_only")
+    P._number(body, "decode_cuda_graph_memory_gb")
+    graph_memory = body.get("decode_cuda_graph_memory_gb")
+    if new_role not in (None, "prefill", "decode", ""):  # PdRoleSwitchReqInput.new_role is a Literal
+        raise P.SchemaError(f"new_role: Input should be 'prefill', 'decode' or '', got {new_role!r}",
+                            "new_role")
     result = await engine.pd_role_switch(new_role, prepare_only,
                                          None if graph_memory is None else float(graph_memory))
     # msgspec_to_builtins(PdRoleSwitchReqOutput) also dumps BaseReq's rid and http_worker_ipc (both None).
@@ -112,10 +102,7 @@ async def pd_role_switch(request: Request) -> Response:
 @router.post("/pause_generation")
 async def pause_generation(request: Request) -> Response:
     engine = engine_of(request)
-    try:
-        body = await optional_body(request)
-    except P.SchemaError as exc:
-        return schema_error(exc)
+    body = await optional_body(request)
     mode = body.get("mode", "abort")
     if mode not in ("abort", "retract", "in_place"):
         return openai_error(f"mode: Input should be 'abort', 'retract' or 'in_place', got {mode!r}",
