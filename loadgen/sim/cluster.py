@@ -136,50 +136,29 @@ class SimCluster:
         self._place(req, [i.view() for i in self.live])
 
     def _release(self) -> None:
-        """Late binding: send held requests, in the prefill policy's order, to prefill instances with room."""
+        """Late binding: the held queue's pump (the gateway's), on exact views of the instances."""
         lb = self.late_binding
         if lb is None or not self.held:
             return
         now = self.queue.now_s
-        overdue = lb.overdue(self.held, now)
-        if overdue:
-            gone = set(overdue)
-            self.held = [r for r in self.held if r not in gone]
-            self.given_up += len(overdue)
-            for req in overdue:
-                self._fail(req, f"429: {lb.give_up_reason(now - req.arrival_s, req.slo_ttft_s)}")
-        open_prefill = {i.instance_id: lb.free_slots(i.assigned) for i in self.live
-                        if i.role == "prefill" and i.status == "ready"}
-        if not open_prefill:  # nothing to bind to (colocated, or every prefill draining): dispatch as usual
-            held, self.held = self.held, []
-            for req in held:
-                self._place(req, [i.view() for i in self.live])
-            return
-        if not self.held or not lb.decode_room([i.view() for i in self.live if i.role == "decode"]):
-            return  # a decode engine that finishes a request calls again (_finished)
-        # As the gateway's queue pumps: until the slots are taken or the policy holds the rest. A policy may
-        # release fewer than the free slots (FlowPrefill's batch), and a request that is refused or prefilled
-        # on its decode instance takes none.
-        retry_at = None
-        while self.held:
-            chosen, retry_at = lb.release(self.held, sum(open_prefill.values()), now)
-            if not chosen:
-                break
-            for req in chosen:
-                self.held.remove(req)
-                views = [i.view() for i in self.live
-                         if i.role != "prefill" or open_prefill.get(i.instance_id, 0) > 0]
-                placed = self._place(req, views)
-                if placed is not None:
-                    open_prefill[placed] -= 1
-        if retry_at is not None and self.held and (self._release_at is None or retry_at < self._release_at):
-            self._release_at = retry_at
+        prefill = {i.instance_id: i.assigned for i in self.live if i.role == "prefill" and i.status == "ready"}
+
+        def place(req: SimRequest, full: frozenset[str]) -> str | None:
+            return self._place(req, [i.view() for i in self.live if i.instance_id not in full])
+
+        pumped = lb.pump(self.held, prefill, [i.view() for i in self.live if i.role == "decode"], now, place)
+        self.given_up += len(pumped.refused)
+        for req in pumped.refused:
+            self._fail(req, f"429: {lb.give_up_reason(now - req.arrival_s, req.slo_ttft_s)}")
+        if self.held and not math.isinf(pumped.wake_at_s) and (
+                self._release_at is None or pumped.wake_at_s < self._release_at):
+            self._release_at = pumped.wake_at_s
 
             def wake() -> None:
                 self._release_at = None
                 self._release()
 
-            self.queue.at(max(retry_at, now), PRIORITY_STEP_END, wake)
+            self.queue.at(max(pumped.wake_at_s, now), PRIORITY_STEP_END, wake)
 
     def _prefill_done(self, inst: SimInstance) -> None:
         if self.late_binding is not None and self.held:

@@ -9,7 +9,9 @@ and the held requests go in the order of ``late_binding_policy``, a prefill poli
 order in which prompts reach the engines is the policy's, not arrival order; a prompt already on an engine is
 not preempted.
 
-The queue is pumped when a request arrives, when a prefill slot frees, when the instances change and at a
+The queue's rule is one pure pump (:meth:`shared.policies.late_binding.LateBinding.pump`, which the simulator
+runs too); this module is its asyncio adapter: futures the waiting requests await, a timer for the pump's
+wake-ups, the metrics. The queue is pumped when a request arrives, when a prefill slot frees, when the instances change and at a
 policy's ``retry_at_s`` (a batching policy that chose to wait). A released request is placed and its engine
 slots taken in the same synchronous step, so the counts the next decision reads are exact. A request whose
 model has no accepting prefill engine is not held (it is placed as without late binding: a colocated engine,
@@ -73,15 +75,10 @@ class LateBindingQueue:
     def held(self) -> int:
         return sum(len(v) for v in self._held.values())
 
-    def _prefill_engines(self, model: str) -> list[tuple[str, int]]:
-        """(instance id, prompts in flight from this gateway) of the model's accepting prefill engines."""
-        return [(e.instance_id, e.inflight_reqs) for e in self.cluster.engines(model)
-                if e.role == "prefill" and e.accepting]
-
     async def admit(self, item: HeldRequest, place: PlaceFn) -> Placement:
         """Wait for the request's turn, then place it with ``place`` (which takes the slots); returns the
         placement or raises what ``place`` raised. Cancellation removes the request from the queue."""
-        if not self._prefill_engines(item.model):
+        if not any(e.role == "prefill" and e.accepting for e in self.cluster.engines(item.model)):
             return place(frozenset())  # nothing to bind late to: as without late binding
         item.place = place
         held = self._held.setdefault(item.model, [])
@@ -141,42 +138,21 @@ class LateBindingQueue:
         if not held:
             return
         held[:] = [h for h in held if not h.future.done()]  # cancelled, not yet cleaned up by their task
-        engines = self._prefill_engines(model)
-        if not engines:
-            # The model's last prefill engine left: place as without late binding (colocated, or today's error).
-            for item in list(held):
-                self._dispatch(held, item, frozenset())
-            self._gauge()
-            return
         now = time.monotonic()
-        for item in self.binding.overdue(held, now):
-            held.remove(item)
+        engines = self.cluster.engines(model)
+        prefill = {e.instance_id: e.inflight_reqs for e in engines if e.role == "prefill" and e.accepting}
+        pumped = self.binding.pump(held, prefill, engines, now, self._dispatch)
+        for item in pumped.refused:
             self.metrics.rejections.labels("slo_unreachable").inc()
             item.future.set_exception(APIError(
                 429, self.binding.give_up_reason(now - item.arrival_s, item.slo_ttft_s),
                 type_="rate_limit_error", code="slo_unreachable", headers=retry_after_header()))
-        if held and self.binding.guard_decode:
-            self._arm(min(h.arrival_s + h.slo_ttft_s for h in held))  # the next give-up (inf: none)
-        if not held or not self.binding.decode_room(self.cluster.engines(model)):
-            self._gauge()
-            return  # a request that ends releases its slots and kicks the queue
-        free = {instance_id: self.binding.free_slots(inflight) for instance_id, inflight in engines}
-        while held:
-            slots = sum(free.values())
-            released, retry_at_s = self.binding.release(held, slots, time.monotonic())
-            if retry_at_s is not None:
-                self._arm(retry_at_s)
-            if not released:
-                break
-            for item in released:
-                full = frozenset(i for i, n in free.items() if n <= 0)
-                placement = self._dispatch(held, item, full)
-                if placement is not None and placement.prefill_id in free:
-                    free[placement.prefill_id] -= 1
+        self._arm(pumped.wake_at_s)
         self._gauge()
 
-    def _dispatch(self, held: list[HeldRequest], item: HeldRequest, exclude: frozenset[str]) -> Placement | None:
-        held.remove(item)
+    @staticmethod
+    def _dispatch(item: HeldRequest, exclude: frozenset[str]) -> str | None:
+        """Place a released request (taking its slots) and wake its task; the prefill engine it took a slot on."""
         assert item.place is not None
         try:
             placement = item.place(exclude)
@@ -184,4 +160,4 @@ class LateBindingQueue:
             item.future.set_exception(exc)
             return None
         item.future.set_result(placement)
-        return placement
+        return placement.prefill_id

@@ -8,14 +8,18 @@ preempt: a prompt already on an engine runs there. The simulator uses this same 
 also keeps decode KV for prompts about to be prefilled: SGLang's decode side reserves a request's KV at
 dispatch, so a prompt sent on arrival holds it through its whole prefill queue wait (docs/engine-scheduling.md).
 
-Pure: the caller owns the held requests and the per-engine counts.
+Pure and clock-free: the caller owns the held requests, reads the engines and passes the time. The held queue's
+one pump (:meth:`LateBinding.pump`) is what the live gateway (services/gateway/late_binding.py, an asyncio
+adapter) and the simulator (loadgen/sim/cluster.py, an event-queue adapter) both run, so the order prompts are
+released in, the refusals and the wake-ups are the same rule in both.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TypeVar
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from shared.policies.prefill_order import PrefillItem, PrefillPolicy
 from shared.policies.views import EngineView
@@ -41,6 +45,19 @@ def replica_depth(depth: int, replicas: int) -> int:
     return max(1, depth // replicas)
 
 
+#: Places one released prompt, never on the prefill engines named (they have no slot left); returns the prefill
+#: engine it took a slot on, or None (refused, placed on a colocated engine or prefilled on its decode engine).
+PlaceFn = Callable[[T, frozenset[str]], "str | None"]
+
+
+@dataclass(slots=True)
+class Pumped(Generic[T]):
+    """What one pump of the held queue did, besides the placements its ``place`` made."""
+
+    refused: list[T] = field(default_factory=list)  # held past their TTFT target: refuse with give_up_reason
+    wake_at_s: float = math.inf  # pump again then (a policy that chose to wait, the next give-up); inf: no need
+
+
 @dataclass(slots=True)
 class LateBinding:
     policy: PrefillPolicy
@@ -60,7 +77,8 @@ class LateBinding:
         """The held prompts to refuse now: with ``guard_decode``, those that waited past their TTFT target."""
         if not self.guard_decode:
             return []
-        return [h for h in held if now_s - h.arrival_s > h.slo_ttft_s]
+        # The same sum as the pump's wake-up for the next give-up, so a wake-up at that time finds it due.
+        return [h for h in held if now_s >= h.arrival_s + h.slo_ttft_s]
 
     @staticmethod
     def give_up_reason(held_s: float, slo_ttft_s: float) -> str:
@@ -92,3 +110,41 @@ class LateBinding:
                 break
             out.append(item)
         return out, plan.retry_at_s
+
+    def pump(self, held: list[T], prefill: Mapping[str, int] | None, decode: Sequence[EngineView], now_s: float,
+             place: PlaceFn[T]) -> Pumped[T]:
+        """Release what may go now, refusing what waited too long, and say when to look again.
+
+        ``held``: the queue, in arrival order; the pump removes what it refuses or places. ``prefill``: the
+        accepting prefill engines' unprefilled prompts from this queue, by instance id (empty or None: nothing to
+        bind to, so every held prompt is placed as without late binding: a colocated engine, or the dispatch
+        policy's error). ``decode``: the engines :meth:`decode_room` judges. ``place``: places one prompt and
+        takes its engines' slots in the same step, so the next decision reads exact counts.
+        """
+        out: Pumped[T] = Pumped(refused=self.overdue(held, now_s))
+        if out.refused:
+            gone = {id(h) for h in out.refused}
+            held[:] = [h for h in held if id(h) not in gone]
+        if not prefill:
+            while held:
+                place(held.pop(0), frozenset())
+            return out
+        if held and self.guard_decode:
+            out.wake_at_s = min(h.arrival_s + h.slo_ttft_s for h in held)  # the next give-up (inf: none)
+        if not held or not self.decode_room(decode):
+            return out  # a request that ends frees decode room and pumps again
+        free = {instance_id: self.free_slots(n) for instance_id, n in prefill.items()}
+        # Until the slots are taken or the policy holds the rest. A policy may release fewer than the free slots
+        # (FlowPrefill's batch), and a prompt refused or prefilled on its decode engine takes none.
+        while held:
+            released, retry_at_s = self.release(held, sum(free.values()), now_s)
+            if retry_at_s is not None:
+                out.wake_at_s = min(out.wake_at_s, retry_at_s)
+            if not released:
+                break
+            for item in released:
+                held.remove(item)
+                taken = place(item, frozenset(i for i, n in free.items() if n <= 0))
+                if taken is not None and taken in free:
+                    free[taken] -= 1
+        return out

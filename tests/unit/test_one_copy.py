@@ -124,3 +124,29 @@ def test_engine_sims_modules_import_each_other_without_a_cycle() -> None:
 
     for name in sorted(graph):
         visit(name, [])
+
+
+LATE_BINDING = REPO / "shared" / "policies" / "late_binding.py"
+# The held queue's rule, by the names LateBinding gives its parts: called from anywhere but the pump, they
+# would make a second pump.
+PUMP_PARTS = {"overdue", "decode_room", "free_slots", "release"}
+
+
+def test_the_gateway_and_the_simulator_run_the_one_held_queue_pump() -> None:
+    """The held queue (late binding) is one pure pump, ``LateBinding.pump``: the live gateway and the simulator
+    each call it, and neither calls the rule's parts itself."""
+    for adapter in ("services/gateway/late_binding.py", "loadgen/sim/cluster.py"):
+        tree = ast.parse((REPO / adapter).read_text())
+        calls = {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
+        assert "pump" in calls, f"{adapter} does not run LateBinding.pump"
+        assert not calls & PUMP_PARTS, f"{adapter} calls the pump's parts itself: {sorted(calls & PUMP_PARTS)}"
+    twins = []
+    for path in SOURCES:
+        if path == LATE_BINDING or "tests" in path.relative_to(REPO).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in PUMP_PARTS
+                    and isinstance(node.func.value, ast.Attribute | ast.Name)
+                    and "binding" in ast.unparse(node.func.value).lower().replace("lb", "binding")):
+                twins.append(f"{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(node.func)}")
+    assert not twins, f"the held queue's rule outside LateBinding.pump: {twins}"
