@@ -25,7 +25,7 @@ from loadgen.sim.events import PRIORITY_ARRIVAL, EventQueue
 from loadgen.sim.instance import SimRequest
 from loadgen.sim.prediction import DEFAULT_INTERVAL_TOKENS, PredictionCadence
 from shared.policies import LengthPredictor, MigrationPolicy, PoolPolicy, ScalingPolicy, ScalingTarget
-from shared.policies.dopd import Split, forecast_split
+from shared.policies.dopd import Split
 from shared.protocol.messages import ClusterSnapshot, RequestEvent, SeriesPoint
 from shared.series import SeriesBuilder
 
@@ -156,7 +156,8 @@ class ControlLoop:
         the live sidecars relay the planner's forecast events; new instances get it when they appear."""
         if not self.params.relay_forecast:
             return
-        split = forecast_split(self.pools) or forecast_split(self.scaling)
+        reports = [p.report() for p in (self.pools, self.scaling) if p is not None]
+        split = next((r.forecast for r in reports if r.forecast is not None), None)
         if split is None or (split is self._relayed and len(self.cluster.instances) == self._relayed_to):
             return
         self._relayed, self._relayed_to = split, len(self.cluster.instances)

@@ -40,12 +40,12 @@ import msgspec
 from services.planner.config import PlannerSettings
 from services.planner.decider import Decider
 from services.planner.resizer import Resizer, build_connector
-from services.planner.views import policy_view, pool_rows, split_reason, target_prefill
+from services.planner.views import policy_view, pool_rows
 from shared.elected import ElectedService
 from shared.errors import BusTimeout, PoiseError
 from shared.policies import PoolDecision, PoolPolicy, RoleChange, make_pool_policy, make_scaling_policy
-from shared.policies.dopd import forecast_split
 from shared.policies.evacuation import EVACUATE_AFTER_S
+from shared.policies.report import PolicyReport
 from shared.protocol import (
     AdminCommand,
     AdminReply,
@@ -84,9 +84,10 @@ class PlannerService(ElectedService):
         self.last_decision: PoolDecision | None = None
         self.last_snapshot_instances: int | None = None
         self.pause: PlannerPause | None = None  # this replica's latest reading of the etcd pause record
-        self.policy_state: dict[str, Any] = policy_view(self.policy)  # refreshed after each decision
+        self.report: PolicyReport = self.policy.report()  # the policy's newest, taken after each decision
+        self.policy_state: dict[str, Any] = policy_view(self.policy, self.report)
         self._last_target: int | None = None
-        self._last_split: Any = None  # the DOPD evaluation last published as a forecast event
+        self._last_split: object = None  # the DOPD evaluation last published as a forecast event
         self.resizer: Resizer | None = None  # built on the first tick (the connector needs the bus)
         self._known_ids: set[str] = set()
 
@@ -136,10 +137,11 @@ class PlannerService(ElectedService):
             await resizer.step(snapshot, now_s)
         decision = await self.decider.decide(snapshot, now_s)
         self.last_decision = decision
-        self.policy_state = policy_view(self.policy)  # safe: no decision is running now (only tick calls it)
+        self.report = self.policy.report()  # safe: no decision is running now (only tick calls it)
+        self.policy_state = policy_view(self.policy, self.report)
         await self._note_target(snapshot)
         # A policy that reacts on the second scale (Arrow: 0.5 s) is asked that often, not every tick_interval_s.
-        policy_interval = getattr(self.policy, "interval_s", None)
+        policy_interval = self.policy.interval_s
         if decision is None:
             return policy_interval
         if self.paused:  # paused while the policy was deciding: the decision is dropped
@@ -154,19 +156,18 @@ class PlannerService(ElectedService):
         """Publish ``forecast`` when DOPD evaluated a new forecast, ``resize_requested`` when the policy's
         target prefill count moved."""
         # The pool policy's forecast, else an elastic DOPD scaler's: either is what engines batch by.
-        split = forecast_split(self.policy) or (
-            forecast_split(self.resizer.policy) if self.resizer is not None else None)
+        split = self.report.forecast or (self.resizer.policy.report().forecast if self.resizer is not None else None)
         if split is not None and split is not self._last_split:
             self._last_split = split
             await self.publish_event("forecast", source="policy", forecast_rate_rps=split.rate_rps,
                                      forecast_isl=split.isl, forecast_osl=split.osl,
                                      forecast_concurrency=split.concurrency, forecast_ratio=split.ratio)
-        target = target_prefill(self.policy)
+        target = self.report.target_prefill
         if target is None or target == self._last_target:
             return
         self._last_target = target
         total = sum(1 for i in snapshot.instances if i.info.role in _SWITCHABLE)
-        await self.publish_event("resize_requested", source="policy", reason=split_reason(self.policy),
+        await self.publish_event("resize_requested", source="policy", reason=self.report.reason,
                                  target_prefill=target, target_decode=max(total - target, 0))
 
     def apply(self, change: RoleChange, *, source: Source = "policy", from_role: Role | None = None,

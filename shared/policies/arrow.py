@@ -44,6 +44,7 @@ from shared.policies.dispatch import (
     rejection,
 )
 from shared.policies.pools import PoolDecision, RoleChange
+from shared.policies.report import ArrowState, PolicyReport
 from shared.policies.ttft_predictor import QuadraticTtft
 from shared.policies.views import EngineView, RequestView
 from shared.protocol.messages import ClusterSnapshot, InstanceLoad
@@ -225,6 +226,10 @@ class ArrowPools(_ArrowModel):
         if load is None or load.num_running_reqs <= 0 or load.gen_throughput_tps <= 0:
             return None
         return load.num_running_reqs / load.gen_throughput_tps
+
+    def report(self) -> PolicyReport:
+        return PolicyReport(arrow=ArrowState(bounds=self.bounds, max_running_tokens=self.max_tokens,
+                                             last_flip_s=self.last_flip_s, wanted_s=dict(self.wanted_s)))
 
     def decide(self, snapshot: ClusterSnapshot, now_s: float) -> PoolDecision | None:
         ready = [i for i in snapshot.instances if i.info.status == "ready" and i.load is not None]

@@ -48,6 +48,7 @@ from shared.forecast import ForecastParams, MultiForecaster
 from shared.latency import LatencyModel
 from shared.policies.context import PolicyContext
 from shared.policies.pools import PoolDecision, RoleChange
+from shared.policies.report import PolicyReport, split_line
 from shared.policies.scaling import ScalingTarget, active, fit_budget
 from shared.protocol.messages import ClusterSnapshot, InstanceLoad, SeriesPoint
 from shared.series import merge_points
@@ -133,6 +134,10 @@ def split_of(total: int, ratio: float, min_per_role: int = 1, current: int | Non
     return prefill, total - prefill
 
 
+#: Decision times a report carries (the newest; the count covers them all).
+FORECAST_TIMES_KEPT = 500
+
+
 class _Forecasting:
     """The part both DOPD policies share: series in, calibrated forecasts out, on each interval."""
 
@@ -182,15 +187,13 @@ class _Forecasting:
         return split
 
 
-def forecast_split(policy: object) -> Split | None:
-    """The newest DOPD evaluation inside a policy (DOPD's own, or the ``dopd`` part of a mix such as Poise's);
-    None when the policy has no DOPD part or has not forecast yet. What the planner publishes as a
-    ``forecast`` event and the engines' ``dopd-length`` batching takes its ISL from."""
-    for part in (policy, getattr(policy, "dopd", None)):
-        split = getattr(part, "last_split", None)
-        if isinstance(split, Split):
-            return split
-    return None
+    def _forecast_report(self, target_prefill: int | None) -> PolicyReport:
+        """The newest forecast (what the planner publishes as a ``forecast`` event and the engines'
+        ``dopd-length`` batching takes its ISL from) and the wall time of the recent decisions."""
+        split = self.last_split
+        return PolicyReport(target_prefill=target_prefill, reason=split_line(split) if split is not None else "",
+                            forecasts=True, forecast=split, forecast_decisions=len(self.decision_s),
+                            forecast_recent_s=tuple(self.decision_s[-FORECAST_TIMES_KEPT:]))
 
 
 class DopdScaling(_Forecasting):
@@ -223,6 +226,9 @@ class DopdScaling(_Forecasting):
         self._next_periodic = -math.inf
         self._lower_streak = {"prefill": 0, "decode": 0}
         self._held_until = {"prefill": -math.inf, "decode": -math.inf}  # no scale-in of the role before
+
+    def report(self) -> PolicyReport:
+        return self._forecast_report(None)  # its targets are replica counts (ScalingTarget), not a split
 
     def decide(self, snapshot: ClusterSnapshot, now_s: float) -> ScalingTarget | None:
         n_p, n_d = len(active(snapshot, "prefill")), len(active(snapshot, "decode"))
@@ -334,6 +340,9 @@ class DopdPools(_Forecasting):
             self.target_prefill = split_of(total, split.ratio, self.ctx.min_per_role, self.target_prefill,
                                            self.params.dead_band)[0]
         return self.target_prefill
+
+    def report(self) -> PolicyReport:
+        return self._forecast_report(self.target_prefill)
 
     def decide(self, snapshot: ClusterSnapshot, now_s: float) -> PoolDecision | None:
         target = self.update_target(snapshot)

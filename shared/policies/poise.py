@@ -91,6 +91,7 @@ from shared.policies.context import PolicyContext
 from shared.policies.evacuation import EVACUATE_AFTER_S, free_kv_tokens
 from shared.policies.migration_cost import make_migration_mechanism
 from shared.policies.pools import PoolDecision, RoleChange
+from shared.policies.report import PolicyReport
 from shared.policies.split_capacity import (
     KV_SD,
     ColocatedLoad,
@@ -189,6 +190,10 @@ class PoisePools:
         return (f"mix {m.rate_rps:.1f} req/s, ISL {m.isl:.0f}, OSL {m.osl:.0f} -> best {best.prefill}P{best.decode}D "
                 f"(score {best.score:.2f}: P {best.rho_prefill:.2f}, D {best.rho_decode:.2f}){colocated}; "
                 f"mode {self.mode}")
+
+    def report(self) -> PolicyReport:
+        return PolicyReport(target_prefill=self.target_prefill, reason=self.describe_split(),
+                            splits=tuple(self.last_loads), drains_deferred=self.drains_deferred)
 
     def decide(self, snapshot: ClusterSnapshot, now_s: float) -> PoolDecision | None:
         if any(i.info.status in ("draining", "switching") for i in snapshot.instances):

@@ -15,6 +15,7 @@ from typing import Protocol
 
 import msgspec
 
+from shared.policies.report import PolicyReport
 from shared.protocol.messages import ClusterSnapshot, Role
 
 
@@ -43,6 +44,10 @@ class PoolPolicy(Protocol):
 
     def decide(self, snapshot: ClusterSnapshot, now_s: float) -> PoolDecision | None: ...
 
+    def report(self) -> PolicyReport:
+        """What it last decided and why (the planner reads it between decisions)."""
+        ...
+
 
 class StaticPools:
     """Keeps the registered roles: the P:D split is whatever the operator launched."""
@@ -53,3 +58,6 @@ class StaticPools:
 
     def decide(self, snapshot: ClusterSnapshot, now_s: float) -> PoolDecision | None:
         return PoolDecision()
+
+    def report(self) -> PolicyReport:
+        return PolicyReport()

@@ -23,6 +23,7 @@ import msgspec
 
 from shared.latency import LatencyModel
 from shared.policies.context import PolicyContext
+from shared.policies.report import PolicyReport
 from shared.protocol.messages import ClusterSnapshot, InstanceLoad, Role, SeriesPoint
 
 
@@ -40,6 +41,10 @@ class ScalingPolicy(Protocol):
     interval_s: float  # how often the executor asks
 
     def decide(self, snapshot: ClusterSnapshot, now_s: float) -> ScalingTarget | None: ...
+
+    def report(self) -> PolicyReport:
+        """What it last decided and why (the planner reads it between decisions)."""
+        ...
 
 
 def active(snapshot: ClusterSnapshot, role: Role) -> list[InstanceLoad]:
@@ -77,6 +82,9 @@ class DynamoLoad:
     def __init__(self, model: LatencyModel, ctx: PolicyContext, params: DynamoLoadParams | None = None) -> None:
         self.model, self.ctx, self.params = model, ctx, params or DynamoLoadParams()
         self.interval_s = self.params.interval_s
+
+    def report(self) -> PolicyReport:
+        return PolicyReport()  # it keeps no target or forecast between intervals
 
     def decide(self, snapshot: ClusterSnapshot, now_s: float) -> ScalingTarget | None:
         prefills = [i for i in active(snapshot, "prefill") if i.load is not None and i.info.status == "ready"]
@@ -134,6 +142,9 @@ class DynamoSla:
     def __init__(self, model: LatencyModel, ctx: PolicyContext, params: DynamoSlaParams | None = None) -> None:
         self.model, self.ctx, self.params = model, ctx, params or DynamoSlaParams()
         self.interval_s = self.params.interval_s
+
+    def report(self) -> PolicyReport:
+        return PolicyReport()  # it keeps no target or forecast between intervals
 
     def decide(self, snapshot: ClusterSnapshot, now_s: float) -> ScalingTarget | None:
         window = _window(snapshot.series, self.interval_s)

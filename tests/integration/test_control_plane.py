@@ -22,6 +22,7 @@ from services.planner.service import PlannerService
 from shared.bus import Bus
 from shared.devservers import EtcdServer, NatsServer, free_port
 from shared.policies.pools import PoolDecision, RoleChange, StaticPools
+from shared.policies.report import PolicyReport
 from shared.protocol import (
     AdminCommand,
     AdminReply,
@@ -144,6 +145,7 @@ class _OneFlip:
 
     name = "one-flip"
     note = "test: flips p0 to decode once"
+    interval_s = 0.1
 
     def __init__(self) -> None:
         self.snapshots: list[ClusterSnapshot] = []
@@ -153,6 +155,9 @@ class _OneFlip:
         if len(self.snapshots) == 1:
             return PoolDecision(changes=[RoleChange(instance_id="p0", new_role="decode", reason="test flip")])
         return None
+
+    def report(self) -> PolicyReport:
+        return PolicyReport()
 
 
 async def test_planner_and_migrator_lead_and_act(nats_server: NatsServer, etcd_server: EtcdServer) -> None:

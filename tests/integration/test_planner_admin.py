@@ -25,6 +25,7 @@ from services.worker.sidecar import WorkerService
 from shared.bus import Bus
 from shared.devservers import EtcdServer, NatsServer
 from shared.policies import PoolDecision
+from shared.policies.report import PolicyReport
 from shared.protocol import AdminCommand, AdminReply, ClusterSnapshot, Keys, PlannerEvent, Subjects
 from shared.registry import InstanceRegistration, Registry
 from shared.settings import load_settings
@@ -56,6 +57,9 @@ class _SlowCounting:
         time.sleep(self.sleep_s)
         self.inside.clear()
         return PoolDecision()
+
+    def report(self) -> PolicyReport:
+        return PolicyReport()
 
 
 async def _spawn_admin(*args: str, nats_url: str, ns: str) -> asyncio.subprocess.Process:

@@ -15,6 +15,7 @@ from services.planner.connectors import LocalConnector, LocalConnectorSettings
 from services.planner.resizer import Resizer
 from shared.devservers import EtcdServer, NatsServer
 from shared.policies import ScalingTarget
+from shared.policies.report import PolicyReport
 from shared.protocol import ClusterSnapshot, InstanceLoad
 from tests.integration.observer import start_observer
 from tests.integration.waiting import until
@@ -32,6 +33,9 @@ class Scripted:
 
     def decide(self, snapshot: ClusterSnapshot, now_s: float) -> ScalingTarget | None:
         return self.target
+
+    def report(self) -> PolicyReport:
+        return PolicyReport()
 
 
 _until = functools.partial(until, timeout_s=30.0)

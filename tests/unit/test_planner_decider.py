@@ -9,7 +9,7 @@ import time
 import pytest
 
 from services.planner.decider import Decider, quantile
-from services.planner.views import policy_view, pool_rows, target_prefill
+from services.planner.views import policy_view, pool_rows
 from shared.latency import LatencyModel, load_profile
 from shared.policies import PolicyContext, PoolDecision, make_pool_policy
 from shared.protocol import ClusterSnapshot, InstanceInfo
@@ -105,11 +105,12 @@ def test_stats_before_any_decision_and_quantiles() -> None:
 def test_policy_view_reads_what_each_policy_keeps(name: str) -> None:
     ctx = PolicyContext(ttft_slo_s=2.0, tpot_slo_s=0.15, max_instances=8)
     policy = make_pool_policy(name, LatencyModel(load_profile()), ctx)
-    view = policy_view(policy)
+    report = policy.report()
+    view = policy_view(policy, report)
     assert view["name"] == name and view["note"]
-    assert ("dopd" in view) == (name in ("dopd", "poise"))
+    assert ("dopd" in view) == (name == "dopd")  # Poise shows its target once it has scored the splits
     assert ("arrow" in view) == (name == "arrow")
-    assert target_prefill(policy) is None  # no forecast before the first decision
+    assert report.target_prefill is None and report.forecast is None  # nothing decided yet
 
 
 def test_pool_rows_are_sorted_by_role_and_mark_flips() -> None:

@@ -124,8 +124,10 @@ def test_dopd_scaling_sizes_roles_from_the_forecast_within_the_step_limit() -> N
     for k in range(8):  # steady series: the forecast converges on it
         target = policy.decide(snap(cluster, series(2 * (k + 1), 2048, 28, 400.0)), now_s=10.0 * k) or target
     assert target is not None and target.prefill == 3 and target.decode >= 1  # 1 + max_step 2 in one decision
-    assert policy.last_split is not None and policy.last_split.prefill == want.prefill
-    assert policy.decision_s and max(policy.decision_s) < 5.0
+    report = policy.report()  # what the planner publishes and shows
+    assert report.forecast is not None and report.forecast.prefill == want.prefill and report.target_prefill is None
+    assert report.forecast_decisions >= len(report.forecast_recent_s) > 0 and max(report.forecast_recent_s) < 5.0
+    assert report.reason.startswith(f"forecast ISL {report.forecast.isl:.0f}")
 
 
 def test_dopd_burst_fast_path_adds_prefill_without_waiting_for_the_interval() -> None:

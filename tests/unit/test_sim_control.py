@@ -20,8 +20,8 @@ from loadgen.traces import load_trace
 from loadgen.workload import TraceRequest, Workload
 from shared.latency import LatencyModel, load_profile
 from shared.policies import DECODE_BATCH_POLICIES, PolicyContext, PoolDecision, RoleChange
-from shared.policies.dopd import forecast_split
 from shared.policies.length_batching import LengthBatching
+from shared.policies.report import PolicyReport
 from shared.protocol.messages import ClusterSnapshot
 
 SLO_ = SLO(ttft_s=2.0, tpot_s=0.15)
@@ -65,6 +65,9 @@ class FlipOnce:
         self.done = True
         return PoolDecision(changes=[RoleChange(instance_id=self.instance_id, new_role=self.new_role,  # type: ignore[arg-type]
                                                 reason="test")])
+
+    def report(self) -> PolicyReport:
+        return PolicyReport()
 
 
 def test_a_flip_drains_pays_the_switch_and_loses_nothing() -> None:
@@ -277,7 +280,7 @@ def _run_loop(mix_name: str, control: ControlParams) -> tuple[SimCluster, object
 def test_every_engine_batches_by_the_newest_forecast(mix_name: str) -> None:
     # Not the loop's record of what it sent: the dopd-length policy inside each engine holds the forecast.
     cluster, policy = _run_loop(mix_name, ControlParams())
-    split = forecast_split(policy)
+    split = policy.report().forecast
     assert split is not None and abs(split.isl - 1500) < 150
     engines = [i.prefill_policy for i in cluster.instances.values()]
     assert engines and all(isinstance(p, LengthBatching) for p in engines)
@@ -288,7 +291,7 @@ def test_every_engine_batches_by_the_newest_forecast(mix_name: str) -> None:
 
 def test_with_the_relay_off_engines_keep_their_running_mean() -> None:
     cluster, policy = _run_loop("dopd-ratio", ControlParams(relay_forecast=False))
-    assert forecast_split(policy) is not None  # DOPD did forecast; the engines just never heard it
+    assert policy.report().forecast is not None  # DOPD did forecast; the engines just never heard it
     engines = [i.prefill_policy for i in cluster.instances.values()]
     assert all(isinstance(p, LengthBatching) and p.forecast_isl is None for p in engines)
     assert any(isinstance(p, LengthBatching) and p.isl_hat == p.isl_mean == 1500.0 for p in engines)

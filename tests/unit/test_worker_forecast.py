@@ -4,9 +4,6 @@ from __future__ import annotations
 
 from services.engine_sim.reports import ENGINE_NAME
 from services.worker.forecast import ForecastRelay, takes_forecast
-from shared.latency import LatencyModel, load_profile
-from shared.policies.context import PolicyContext
-from shared.policies.dopd import DopdParams, Split, forecast_split, optimal_split
 
 
 def test_every_forecast_is_sent_and_one_without_an_isl_is_not() -> None:
@@ -27,22 +24,6 @@ def test_a_forecast_is_withdrawn_once_after_its_ttl() -> None:
     assert not relay.stale(now=31.0)  # withdrawn already
     relay.heard(1900.0, now=40.0)
     assert not relay.stale(now=60.0)
-
-
-def test_forecast_split_finds_dopd_inside_a_mix() -> None:
-    split = optimal_split(LatencyModel(load_profile()), PolicyContext(ttft_slo_s=2.0, tpot_slo_s=0.15, max_instances=8),
-                          1000.0, 200.0, 40.0, 5.0, DopdParams())
-    assert isinstance(split, Split)
-
-    class Dopd:
-        last_split = split
-
-    class Mix:
-        dopd = Dopd()
-
-    assert forecast_split(Dopd()) is split
-    assert forecast_split(Mix()) is split
-    assert forecast_split(object()) is None
 
 
 def test_only_engine_sim_is_sent_forecasts() -> None:
