@@ -22,6 +22,7 @@ request (never per token: inter-token latency is recorded once per request, as a
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
@@ -97,30 +98,43 @@ class ThroughputWindow:
 
 
 class EngineMetrics:
+    """SGLang's metric families (scheduler and tokenizer), with its names, labels and buckets, and Poise's
+    extensions beside them."""
+
     def __init__(self, *, model_name: str, mode: str, role_switch_enabled: bool) -> None:
         # SGLang exports through prometheus_client's multiprocess collector, which writes no *_created series
         # (recorded from 0.5.23: tests/contract/fixtures/sglang-0.5.23-cpu/metrics_decode.json); a process-wide
         # switch, and this process is the engine
         disable_created_metrics()
         self.registry = CollectorRegistry()
-        r = self.registry
-        sched = {
+        self.scheduler_labels = {
             "model_name": model_name,
             "engine_type": "dynamic" if role_switch_enabled else engine_type(mode),
             "tp_rank": "0",
             "pp_rank": "0",
             "moe_ep_rank": "0",
         }
-        tok = {"model_name": model_name, "engine_type": engine_type(mode)}
-        self.scheduler_labels = sched
-        self.tokenizer_labels = tok
-        sn = list(sched)
-        tn = list(tok)
+        self.tokenizer_labels = {"model_name": model_name, "engine_type": engine_type(mode)}
+        self._scheduler_basics()
+        self._disaggregation()
+        self._poise_extensions()
+        self._tokenizer()
 
-        def gauge(name: str, doc: str) -> Any:
-            return Gauge(name, doc, sn, registry=r, multiprocess_mode="mostrecent").labels(**sched)
+    # -- scheduler families: one child each, with the scheduler's labels ---------------------------------
+    def _gauge(self, name: str, doc: str) -> Any:
+        sched = self.scheduler_labels
+        return Gauge(name, doc, list(sched), registry=self.registry, multiprocess_mode="mostrecent").labels(**sched)
 
-        # -- scheduler: basics and KV -----------------------------------------------------------------
+    def _counter(self, name: str, doc: str) -> Any:
+        sched = self.scheduler_labels
+        return Counter(name, doc, list(sched), registry=self.registry).labels(**sched)
+
+    def _histogram(self, name: str, doc: str, buckets: Sequence[float]) -> Any:
+        sched = self.scheduler_labels
+        return Histogram(name, doc, list(sched), registry=self.registry, buckets=buckets).labels(**sched)
+
+    def _scheduler_basics(self) -> None:
+        gauge = self._gauge
         self.num_running_reqs = gauge("sglang:num_running_reqs", "The number of running requests.")
         self.num_queue_reqs = gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.")
         self.num_grammar_queue_reqs = gauge("sglang:num_grammar_queue_reqs", "The number of requests in the grammar waiting queue.")
@@ -134,12 +148,13 @@ class EngineMetrics:
         self.utilization = gauge("sglang:utilization", "Share of recent time the engine was computing.")
         self.num_retracted_reqs = gauge("sglang:num_retracted_reqs", "The number of retracted requests.")
         self.num_paused_reqs = gauge("sglang:num_paused_reqs", "The number of paused requests by async weight sync.")
-        self.num_retracted_requests_total = Counter(
-            "sglang:num_retracted_requests_total", "Total retracted requests.", sn, registry=r).labels(**sched)
-        self.queue_time = Histogram(
-            "sglang:queue_time_seconds", "Histogram of queueing time in seconds.", sn, registry=r,
-            buckets=QUEUE_TIME_BUCKETS).labels(**sched)
-        # -- scheduler: PD disaggregation ---------------------------------------------------------------
+        self.num_retracted_requests_total = self._counter("sglang:num_retracted_requests_total",
+                                                          "Total retracted requests.")
+        self.queue_time = self._histogram("sglang:queue_time_seconds", "Histogram of queueing time in seconds.",
+                                          QUEUE_TIME_BUCKETS)
+
+    def _disaggregation(self) -> None:
+        gauge = self._gauge
         self.num_prefill_bootstrap_queue_reqs = gauge(
             "sglang:num_prefill_bootstrap_queue_reqs", "The number of requests in the prefill bootstrap queue.")
         self.num_prefill_inflight_queue_reqs = gauge(
@@ -148,36 +163,34 @@ class EngineMetrics:
             "sglang:num_decode_prealloc_queue_reqs", "The number of requests in the decode prealloc queue.")
         self.num_decode_transfer_queue_reqs = gauge(
             "sglang:num_decode_transfer_queue_reqs", "The number of requests in the decode transfer queue.")
-        self.kv_transfer_speed_gb_s = Histogram(
-            "sglang:kv_transfer_speed_gb_s", "Histogram of KV cache transfer speed in GB/s.", sn, registry=r,
-            buckets=KV_SPEED_BUCKETS).labels(**sched)
-        self.kv_transfer_latency_ms = Histogram(
-            "sglang:kv_transfer_latency_ms", "Histogram of KV cache transfer latency in ms.", sn, registry=r,
-            buckets=KV_LATENCY_MS_BUCKETS).labels(**sched)
-        self.kv_transfer_bootstrap_ms = Histogram(
-            "sglang:kv_transfer_bootstrap_ms", "Histogram of KV transfer bootstrap time in ms.", sn, registry=r,
-            buckets=KV_BOOTSTRAP_MS_BUCKETS).labels(**sched)
-        self.num_bootstrap_failed_reqs = Counter(
-            "sglang:num_bootstrap_failed_reqs_total", "The number of bootstrap failed requests.", sn,
-            registry=r).labels(**sched)
-        self.num_transfer_failed_reqs = Counter(
-            "sglang:num_transfer_failed_reqs_total", "The number of transfer failed requests.", sn,
-            registry=r).labels(**sched)
-        # -- scheduler: Poise extensions ----------------------------------------------------------------
-        self.prefill_preemptions = Counter(
+        self.kv_transfer_speed_gb_s = self._histogram(
+            "sglang:kv_transfer_speed_gb_s", "Histogram of KV cache transfer speed in GB/s.", KV_SPEED_BUCKETS)
+        self.kv_transfer_latency_ms = self._histogram(
+            "sglang:kv_transfer_latency_ms", "Histogram of KV cache transfer latency in ms.", KV_LATENCY_MS_BUCKETS)
+        self.kv_transfer_bootstrap_ms = self._histogram(
+            "sglang:kv_transfer_bootstrap_ms", "Histogram of KV transfer bootstrap time in ms.", KV_BOOTSTRAP_MS_BUCKETS)
+        self.num_bootstrap_failed_reqs = self._counter(
+            "sglang:num_bootstrap_failed_reqs_total", "The number of bootstrap failed requests.")
+        self.num_transfer_failed_reqs = self._counter(
+            "sglang:num_transfer_failed_reqs_total", "The number of transfer failed requests.")
+
+    def _poise_extensions(self) -> None:
+        self.prefill_preemptions = self._counter(
             "poise:prefill_preemptions_total",
-            "Prefill forward passes cut at an operator boundary for a more urgent prompt (preemption=operator).",
-            sn, registry=r).labels(**sched)
-        self.prefill_preemption_blocking = Histogram(
+            "Prefill forward passes cut at an operator boundary for a more urgent prompt (preemption=operator).")
+        self.prefill_preemption_blocking = self._histogram(
             "poise:prefill_preemption_blocking_seconds",
             "Time from the arrival that preempted a prefill pass to the operator boundary where the pass stopped.",
-            sn, registry=r, buckets=PREEMPTION_BLOCKING_BUCKETS).labels(**sched)
-        self.behind_model_seconds = Counter(
+            PREEMPTION_BLOCKING_BUCKETS)
+        self.behind_model_seconds = self._counter(
             "poise:engine_sim_behind_model_seconds",
             "Time steps started later than the latency model's schedule and could not catch up: the host was too "
-            "busy to run this stand-in on time (a GPU engine has no such term).",
-            sn, registry=r).labels(**sched)
-        # -- tokenizer ----------------------------------------------------------------------------------
+            "busy to run this stand-in on time (a GPU engine has no such term).")
+
+    # -- tokenizer families: by is_streaming, bound once per value -------------------------------------
+    def _tokenizer(self) -> None:
+        r, tok = self.registry, self.tokenizer_labels
+        tn = list(tok)
         stream_names = [*tn, "is_streaming"]
         self._prompt_tokens = Counter("sglang:prompt_tokens_total", "Number of prefill tokens processed.",
                                       stream_names, registry=r)
