@@ -47,6 +47,7 @@ from shared.engine import prompt_blocks
 from shared.http1 import Http1Pool
 from shared.policies import DispatchPolicy, Placement, RequestView
 from shared.policies.length import counted_down
+from shared.protocol import InstanceInfo
 from shared.protocol.length_prediction import PREDICTION_FIELD
 from shared.protocol.refusal import retry_after_header
 from shared.protocol.request_slo import RequestSlo
@@ -397,11 +398,10 @@ class RequestFlow:
             exclude.add(result.target_id)
         return False
 
-    async def _move(self, target_id: str | None, mechanism: str, *, exclude: set[str] | None = None) -> MoveResult:
-        """Start the request on ``target_id`` (or a placed pair) from the tokens the client has; swap on success.
-
-        The source is left alone until the target produced its first token, so a failed move costs the
-        client only the wait."""
+    def _move_target(self, target_id: str | None, mechanism: str,
+                     exclude: set[str] | None) -> MoveResult | tuple[InstanceInfo, InstanceInfo | None, str]:
+        """Where a move goes: (decode target, prefill engine for a recompute's prompt or None, the mechanism
+        it can use), or the failed :class:`MoveResult` saying why it cannot go anywhere."""
         source = self.attempt
         assert source is not None
         rescue = exclude is not None
@@ -414,25 +414,39 @@ class RequestFlow:
         if mechanism == "kv-transfer" and (rescue or source.decode.engine_kind != "sim"
                                            or (target is not None and target.engine_kind != "sim")):
             mechanism = "recompute"  # only engine_sim models a decode-to-decode KV copy
+        if mechanism != "recompute":
+            assert target is not None
+            return target, None, mechanism
+        decodes = {i for i, info in instances.items() if info.role != "prefill"}
+        excluded = set(exclude or ()) | ({source.decode.instance_id} if not rescue else set())
+        if target is not None:
+            excluded |= decodes - {target.instance_id}
         n = self.delivered_tokens
-        remaining = self.parsed.remaining_tokens(n)
-        prefill = None
-        if mechanism == "recompute":
-            decodes = {i for i, info in instances.items() if info.role != "prefill"}
-            excluded = set(exclude or ()) | ({source.decode.instance_id} if not rescue else set())
-            if target is not None:
-                excluded |= decodes - {target.instance_id}
-            request = RequestView(rid=self.client_id, input_tokens=self.parsed.input_tokens + n,
-                                  max_output_tokens=remaining, priority=self.parsed.priority)
-            decision = self.policy.place(request, self.cluster.engines(self.parsed.model), time.monotonic(),
-                                         frozenset(excluded))
-            if not isinstance(decision, Placement):
-                return MoveResult(False, f"no pair to resume on: {decision.reason}", mechanism, target_id=target_id)
-            target = instances.get(decision.decode_id)
-            prefill = instances.get(decision.prefill_id) if decision.prefill_id else None
-            if target is None or (decision.prefill_id and prefill is None):
-                return MoveResult(False, "the placed engines deregistered", mechanism, target_id=decision.decode_id)
-        assert target is not None
+        request = RequestView(rid=self.client_id, input_tokens=self.parsed.input_tokens + n,
+                              max_output_tokens=self.parsed.remaining_tokens(n), priority=self.parsed.priority)
+        decision = self.policy.place(request, self.cluster.engines(self.parsed.model), time.monotonic(),
+                                     frozenset(excluded))
+        if not isinstance(decision, Placement):
+            return MoveResult(False, f"no pair to resume on: {decision.reason}", mechanism, target_id=target_id)
+        target = instances.get(decision.decode_id)
+        prefill = instances.get(decision.prefill_id) if decision.prefill_id else None
+        if target is None or (decision.prefill_id and prefill is None):
+            return MoveResult(False, "the placed engines deregistered", mechanism, target_id=decision.decode_id)
+        return target, prefill, mechanism
+
+    async def _move(self, target_id: str | None, mechanism: str, *, exclude: set[str] | None = None) -> MoveResult:
+        """Start the request on ``target_id`` (or a placed pair) from the tokens the client has; swap on success.
+
+        The source is left alone until the target produced its first token, so a failed move costs the
+        client only the wait."""
+        source = self.attempt
+        assert source is not None
+        rescue = exclude is not None
+        where = self._move_target(target_id, mechanism, exclude)
+        if isinstance(where, MoveResult):
+            return where
+        target, prefill, mechanism = where
+        n = self.delivered_tokens
         kv_source = (source.decode.url, source.rid) if mechanism == "kv-transfer" else None
         try:
             body = resume_body(self.parsed, target, generated_tokens=n, generated_text="".join(self._text),
