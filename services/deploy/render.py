@@ -162,21 +162,24 @@ def build_plan(inv: Inventory, source: str = "inventory") -> Plan:
     services would refuse (unknown policy, bad extra flags, ...)."""
     problems: list[str] = []
     ctrl = inv.control_node
-    nats_url = f"nats://{ctrl.address}:{inv.ports.nats}"
-    etcd_url = f"http://{ctrl.address}:{inv.ports.etcd_client}"
-    common = {"namespace": inv.namespace, "nats_url": nats_url, "etcd_url": etcd_url}
-    worker_ids = [i for i, _ in zip(engine_ids(inv), engine_slots(inv), strict=False)]
+    common = {"namespace": inv.namespace, "nats_url": f"nats://{ctrl.address}:{inv.ports.nats}",
+              "etcd_url": f"http://{ctrl.address}:{inv.ports.etcd_client}"}
+    control = _control_containers(inv, common, problems)
+    engines = _engine_containers(inv, common, problems)
+    if problems:
+        raise InventoryError(f"{source} (as the services read it)", problems)
+    nodes = [NodePlan(node=ctrl, containers=tuple(control + engines[ctrl.name]), control_plane=True)]
+    nodes += [NodePlan(node=n, containers=tuple(engines[n.name]), control_plane=False)
+              for n in inv.nodes if n.name != ctrl.name]
+    return Plan(inventory=inv, nodes=tuple(nodes))
 
-    def checked(what: str, cls: type[BaseSettings], argv: list[str]) -> BaseSettings | None:
-        try:
-            return parse_flags(cls, argv)
-        except ValueError as exc:
-            problems.append(f"{what}: {exc}")
-            return None
 
+def _poise_services(inv: Inventory, common: dict[str, str]
+                    ) -> dict[str, tuple[type[BaseSettings], list[str], tuple[tuple[str, int], ...]]]:
+    """Each Poise service container's settings class, command-line flags and published ports."""
     cp = inv.control_plane
     plan_fields = {"profile": inv.model.profile, "slo_ttft_s": cp.slo_ttft_s, "slo_tpot_s": cp.slo_tpot_s}
-    poise_service: dict[str, tuple[type[BaseSettings], list[str], tuple[tuple[str, int], ...]]] = {
+    services: dict[str, tuple[type[BaseSettings], list[str], tuple[tuple[str, int], ...]]] = {
         "monitor": (MonitorSettings, flags({**common, "http_host": "0.0.0.0", "http_port": inv.ports.monitor}),
                     (("metrics", inv.ports.monitor),)),
         "planner": (PlannerSettings, flags({**common, **plan_fields, "policy": cp.planner_policy}) + cp.planner_args, ()),
@@ -186,21 +189,31 @@ def build_plan(inv: Inventory, source: str = "inventory") -> Plan:
     for name, port in gateway_ports(inv).items():
         # Behind nginx a replica listens on the loopback only: clients meet nginx's header and body timeouts.
         host = "0.0.0.0" if cp.gateway_replicas == 1 else "127.0.0.1"
-        poise_service[name] = (GatewaySettings, flags({**common, **plan_fields, "dispatch_policy": cp.dispatch_policy,
-                                                       "host": host, "port": port,
-                                                       # as poise up: a migrator may move non-streaming requests too,
-                                                       # and the poise planner brings early rejection and late
-                                                       # binding in FlowPrefill's order
-                                                       "move_non_streaming": cp.migration_policy != "none" or None,
-                                                       # the replicas share each engine's late-binding depth
-                                                       "late_binding_depth": (replica_depth(POISE_MIX.late_binding_depth,
-                                                                                            cp.gateway_replicas)
-                                                                              if cp.gateway_replicas > 1 else None),
-                                                       **(POISE_MIX.gateway_rules() if cp.planner_policy == "poise" else {})})
-                               + cp.gateway_args, (("HTTP API + metrics", port),))
-    control: list[Container] = [_nats(inv, worker_ids), _etcd(inv, ctrl), _etcd_auth(inv, worker_ids)]
-    for name, (cls, argv, ports) in poise_service.items():
-        checked(f"control_plane ({name})", cls, argv)
+        services[name] = (GatewaySettings, flags({**common, **plan_fields, "dispatch_policy": cp.dispatch_policy,
+                                                  "host": host, "port": port,
+                                                  # as poise up: a migrator may move non-streaming requests too,
+                                                  # and the poise planner brings early rejection and late
+                                                  # binding in FlowPrefill's order
+                                                  "move_non_streaming": cp.migration_policy != "none" or None,
+                                                  # the replicas share each engine's late-binding depth
+                                                  "late_binding_depth": (replica_depth(POISE_MIX.late_binding_depth,
+                                                                                       cp.gateway_replicas)
+                                                                         if cp.gateway_replicas > 1 else None),
+                                                  **(POISE_MIX.gateway_rules() if cp.planner_policy == "poise" else {})})
+                          + cp.gateway_args, (("HTTP API + metrics", port),))
+    return services
+
+
+def _control_containers(inv: Inventory, common: dict[str, str], problems: list[str]) -> list[Container]:
+    """NATS, etcd and the Poise services (and nginx, monitoring), on the control node; every service's flags
+    are parsed as it would parse them, and what it would refuse goes to ``problems``."""
+    worker_ids = [i for i, _ in zip(engine_ids(inv), engine_slots(inv), strict=False)]
+    control: list[Container] = [_nats(inv, worker_ids), _etcd(inv, inv.control_node), _etcd_auth(inv, worker_ids)]
+    for name, (cls, argv, ports) in _poise_services(inv, common).items():
+        try:
+            parse_flags(cls, argv)
+        except ValueError as exc:
+            problems.append(f"control_plane ({name}): {exc}")
         service = "gateway" if name.startswith("gateway") else name
         env = {"PYTHONUNBUFFERED": "1", **secrets.service_env(f"POISE_{service.upper()}_", service)}
         if service == "gateway":
@@ -208,13 +221,17 @@ def build_plan(inv: Inventory, source: str = "inventory") -> Plan:
         control.append(Container(
             name=name, image=inv.images.poise, command=(POISE_PYTHON, "-m", f"services.{service}", *argv), ports=ports,
             env=tuple(env.items()), depends_on=("nats-server", "etcd", "etcd-auth")))
-    if cp.gateway_replicas > 1:
+    if inv.control_plane.gateway_replicas > 1:
         control.append(_gateway_lb(inv))
-    if cp.monitoring:
+    if inv.control_plane.monitoring:
         control += _monitoring(inv)
+    return control
 
+
+def _engine_containers(inv: Inventory, common: dict[str, str], problems: list[str]) -> dict[str, list[Container]]:
+    """One worker container per engine, by node; the same mistake on every engine is one problem line."""
     engines: dict[str, list[Container]] = {n.name: [] for n in inv.nodes}
-    worker_problems: dict[str, list[str]] = {}  # message -> engines (one line for the same mistake everywhere)
+    worker_problems: dict[str, list[str]] = {}  # message -> engines
     for instance_id, (node, gpus) in zip(engine_ids(inv), engine_slots(inv), strict=False):
         role = "prefill" if instance_id.startswith("p") else "decode"
         k = len(engines[node.name])
@@ -240,13 +257,7 @@ def build_plan(inv: Inventory, source: str = "inventory") -> Plan:
             env=(("PYTHONUNBUFFERED", "1"), ("HF_TOKEN", "${HF_TOKEN:-}"), *secrets.worker_env(instance_id).items()),
             volumes=(f"{inv.model.cache_dir}:{HF_CACHE}", f"{LOG_DIR}/{inv.name}:{LOG_DIR}")))
     problems += [f"engines {', '.join(ids)} (worker settings): {msg}" for msg, ids in worker_problems.items()]
-    if problems:
-        raise InventoryError(f"{source} (as the services read it)", problems)
-
-    nodes = [NodePlan(node=ctrl, containers=tuple(control + engines[ctrl.name]), control_plane=True)]
-    nodes += [NodePlan(node=n, containers=tuple(engines[n.name]), control_plane=False)
-              for n in inv.nodes if n.name != ctrl.name]
-    return Plan(inventory=inv, nodes=tuple(nodes))
+    return engines
 
 
 def gateway_ports(inv: Inventory) -> dict[str, int]:
