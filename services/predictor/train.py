@@ -174,20 +174,13 @@ class TrainOutcome:
     summary: dict[str, Any]
 
 
-def train(data: LengthData, cfg: FitConfig | None = None, *, measure_overhead: bool = True,
-          progress: Callable[[str], None] = print) -> TrainOutcome:
-    """Split ``data`` by request, fit the ARES MLP and the baselines, score them all on the test requests."""
-    cfg = cfg or FitConfig()
-    split = split_by_request(data.requests, seed=cfg.seed)
-    tr, va, te = split.masks(data.rid)
+def _fit_methods(data: LengthData, split: Split, cfg: FitConfig, progress: Callable[[str], None]
+                 ) -> tuple[dict[str, FitResult], dict[str, np.ndarray]]:
+    """Fit ARES and every baseline on the training requests (early stopping on the validation ones); each
+    method's fit and its predictions of the remaining length on every sample."""
+    tr, va, _ = split.masks(data.rid)
     y = data.remaining.astype(np.float64)
     pos = data.position.astype(np.float64)
-    k = int(data.meta.get("k", 20))
-    cap = int(data.meta.get("max_new_tokens", int(data.output_len.max())))
-    progress(f"{data.requests} requests, {len(y)} samples, hidden size {data.hidden_size}; split by request "
-             f"{len(split.train)}/{len(split.val)}/{len(split.test)} ({int(tr.sum())}/{int(va.sum())}/{int(te.sum())} "
-             "samples)")
-
     fits: dict[str, FitResult] = {}
     preds: dict[str, np.ndarray] = {}
     # ARES: the current hidden state alone.
@@ -217,6 +210,42 @@ def train(data: LengthData, cfg: FitConfig | None = None, *, measure_overhead: b
     xh = np.hstack([prefill_state[data.rid], g])
     fits[PREFILL_G] = fit(xh[tr], y[tr], xh[va], y[va], cfg, progress, PREFILL_G)
     preds[PREFILL_G] = fits[PREFILL_G].model.predict_tokens(xh)
+    return fits, preds
+
+
+def _overhead(model: LengthMLP, data: LengthData, k: int, progress: Callable[[str], None]) -> dict[str, Any]:
+    """The predictor's own time at batch 1 and 10, against the decode step the collection timed."""
+    overhead: dict[str, Any] = {}
+    step_ms = {int(b): float(v) for b, v in data.meta.get("decode_step_ms", {}).items()}
+    for b in (1, 10):
+        t_pred = time_predictor(model, b) * 1000
+        row: dict[str, Any] = {"predictor_ms": t_pred, "threads": torch.get_num_threads()}
+        if b in step_ms:
+            row["decode_step_ms"] = step_ms[b]
+            row["share_of_step"] = t_pred / step_ms[b]
+            row["overhead_at_k"] = t_pred / (k * step_ms[b])
+        overhead[str(b)] = row
+        progress(f"predictor batch {b}: {t_pred:.3f} ms" + (
+            f" = {row['share_of_step']:.2%} of a decode step ({step_ms[b]:.1f} ms), "
+            f"{row['overhead_at_k']:.4%} at k = {k}" if b in step_ms else ""))
+    return overhead
+
+
+def train(data: LengthData, cfg: FitConfig | None = None, *, measure_overhead: bool = True,
+          progress: Callable[[str], None] = print) -> TrainOutcome:
+    """Split ``data`` by request, fit the ARES MLP and the baselines, score them all on the test requests."""
+    cfg = cfg or FitConfig()
+    split = split_by_request(data.requests, seed=cfg.seed)
+    tr, va, te = split.masks(data.rid)
+    y = data.remaining.astype(np.float64)
+    pos = data.position.astype(np.float64)
+    k = int(data.meta.get("k", 20))
+    cap = int(data.meta.get("max_new_tokens", int(data.output_len.max())))
+    progress(f"{data.requests} requests, {len(y)} samples, hidden size {data.hidden_size}; split by request "
+             f"{len(split.train)}/{len(split.val)}/{len(split.test)} ({int(tr.sum())}/{int(va.sum())}/{int(te.sum())} "
+             "samples)")
+
+    fits, preds = _fit_methods(data, split, cfg, progress)
 
     served = {m: clamp_as_served(preds[m], pos, cap) for m in METHODS}
     errors = {m: np.abs(served[m] - y) for m in METHODS}
@@ -241,21 +270,7 @@ def train(data: LengthData, cfg: FitConfig | None = None, *, measure_overhead: b
     progress(f"ARES MLP's MAE vs the best auxiliary-style baseline ({best_aux}): {-reduction_aux:+.1%}; "
              f"vs the best prompt-only one ({best_prompt}): {-reduction:+.1%}")
 
-    overhead: dict[str, Any] = {}
-    if measure_overhead:
-        model = fits[ARES].model
-        step_ms = {int(b): float(v) for b, v in data.meta.get("decode_step_ms", {}).items()}
-        for b in (1, 10):
-            t_pred = time_predictor(model, b) * 1000
-            row: dict[str, Any] = {"predictor_ms": t_pred, "threads": torch.get_num_threads()}
-            if b in step_ms:
-                row["decode_step_ms"] = step_ms[b]
-                row["share_of_step"] = t_pred / step_ms[b]
-                row["overhead_at_k"] = t_pred / (k * step_ms[b])
-            overhead[str(b)] = row
-            progress(f"predictor batch {b}: {t_pred:.3f} ms" + (
-                f" = {row['share_of_step']:.2%} of a decode step ({step_ms[b]:.1f} ms), "
-                f"{row['overhead_at_k']:.4%} at k = {k}" if b in step_ms else ""))
+    overhead = _overhead(fits[ARES].model, data, k, progress) if measure_overhead else {}
 
     ares = fits[ARES]
     meta = PredictorMeta(
