@@ -161,6 +161,29 @@ def _provenance(*, target: EngineTarget, command: str, when: str, plan: ProfileP
     return lines
 
 
+def _plan(target: EngineTarget, settings: ProfileSettings) -> ProfilePlan:
+    """The experiments to run on ``target`` (the settings' lengths and batch sizes, within what it can take)."""
+    try:
+        return plan_profile(
+            target, prefill_lengths=settings.prefill_lengths or None, prefill_repeats=settings.prefill_repeats,
+            max_prefill_tokens=settings.max_prefill_tokens, batch_sizes=settings.batch_sizes or None,
+            max_batch=settings.max_batch, decode_short_prompt=settings.decode_short_prompt,
+            decode_context_tokens=settings.decode_context_tokens, decode_max_prompt=settings.decode_max_prompt,
+            decode_steps=settings.decode_steps, decode_segments=settings.decode_segments)
+    except ValueError as exc:
+        raise PoiseError(str(exc)) from exc
+
+
+def _name_and_path(settings: ProfileSettings, labels: dict[str, tuple[str, str]],
+                   base: LatencyProfile) -> tuple[str, Path]:
+    """The profile's name (given, or model-gpu-profiled) and the JSON file it goes to."""
+    model = labels["model"][0] if "model" in labels else base.model
+    gpu = labels["gpu"][0] if "gpu" in labels else base.gpu
+    name = settings.name or f"{_slug(model)}-{_slug(gpu)}-profiled"
+    out = settings.out or Path(".poise") / "profiles" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    return name, out if out.suffix == ".json" else out.with_suffix(".json")
+
+
 def cmd_profile(argv: list[str]) -> int:
     """The ``poise profile`` subcommand (services/cli/main.py's COMMANDS calls it); raises PoiseError."""
     settings = parse_settings(ProfileSettings, argv, prog="poise profile")
@@ -170,15 +193,7 @@ def cmd_profile(argv: list[str]) -> int:
     target = connect(settings.engine, time_scale_hint=settings.time_scale_hint, timeout_s=settings.timeout_s,
                      api_key=settings.api_key)
     base, base_why = base_profile(target, settings.base_profile)
-    try:
-        plan = plan_profile(
-            target, prefill_lengths=settings.prefill_lengths or None, prefill_repeats=settings.prefill_repeats,
-            max_prefill_tokens=settings.max_prefill_tokens, batch_sizes=settings.batch_sizes or None,
-            max_batch=settings.max_batch, decode_short_prompt=settings.decode_short_prompt,
-            decode_context_tokens=settings.decode_context_tokens, decode_max_prompt=settings.decode_max_prompt,
-            decode_steps=settings.decode_steps, decode_segments=settings.decode_segments)
-    except ValueError as exc:
-        raise PoiseError(str(exc)) from exc
+    plan = _plan(target, settings)
     kind = "engine_sim" if target.is_engine_sim else "SGLang"
     _print(f"profiling {target.url} ({kind}, model {target.model}, KV {target.kv_capacity_tokens} tokens, "
            f"chunk {target.chunked_prefill_size or 'none'}, time scale {target.time_scale:g} from "
@@ -194,12 +209,7 @@ def cmd_profile(argv: list[str]) -> int:
 
     when = datetime.now(UTC).replace(microsecond=0).isoformat()
     labels = _labels(settings, target)
-    model = labels["model"][0] if "model" in labels else base.model
-    gpu = labels["gpu"][0] if "gpu" in labels else base.gpu
-    name = settings.name or f"{_slug(model)}-{_slug(gpu)}-profiled"
-    out = settings.out or Path(".poise") / "profiles" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    if out.suffix != ".json":
-        out = out.with_suffix(".json")
+    name, out = _name_and_path(settings, labels, base)
     provisional, sources = build_profile(base, pf, df, target, name=name, labels=labels, provenance=[])
     provenance = _provenance(target=target, command=command, when=when, plan=plan, clock=clock, pf=pf, df=df,
                              decode=measured.decode, base=base, base_why=base_why, sources=sources)
