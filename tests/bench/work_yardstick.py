@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -61,11 +62,19 @@ def compare(workload: str, yardstick_name: str, policies: tuple[str, ...]) -> di
         named = policy.replace("static-best", f"static-{split}")
         results[policy] = search_goodput(w, mix_builder(named), MODEL, slo, **search)  # type: ignore[arg-type]
     row: dict[str, object] = {"workload": workload, "yardstick": yardstick_name, "describe": y.describe(),
-                              "best_split": split, "wall_s": round(time.monotonic() - t0, 1),
+                              "best_split": split, "wall_s": round(time.monotonic() - t0, 1), "commit": commit(),
                               "goodput": {k: r.goodput_scale for k, r in results.items()}}
     row["at_goodput"] = {k: _work(r) for k, r in results.items()}
     row["curves"] = {k: [asdict(p) for p in r.points] for k, r in results.items()}
     return row
+
+
+def commit() -> str:
+    """The commit the code ran at (``+changes`` when the working tree differs from it)."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "services", "shared", "loadgen", "tests/bench"],
+                           capture_output=True, text=True).stdout.strip()
+    return (head or "unknown") + ("+changes" if dirty else "")
 
 
 def best_split(workload: str) -> str:
@@ -178,6 +187,15 @@ def main() -> None:
             write(rows, commands)
 
 
+def _commits(rows: list[dict[str, object]]) -> str:
+    """Which commit each workload's rows were measured at (rows from before the bench recorded it: '-')."""
+    by_workload: dict[str, set[str]] = {}
+    for r in rows:
+        by_workload.setdefault(str(r["workload"]), set()).add(str(r.get("commit") or "-"))
+    return "Measured at: " + "; ".join(f"{w} {', '.join(sorted(c))}" for w, c in sorted(
+        by_workload.items(), key=lambda kv: ORDER.index(kv[0])))
+
+
 def write(rows: list[dict[str, object]], commands: list[str]) -> None:
     RESULTS.write_text(json.dumps({"commands": commands, "rows": rows}, indent=1))
     md = ["# Goodput on the papers' yardstick and on the work yardstick", "",
@@ -189,7 +207,8 @@ def write(rows: list[dict[str, object]], commands: list[str]) -> None:
           f"give-up: engine_sim extensions); poise-sglang the same control plane on stock SGLang engines; "
           f"'+poise-engines' rows are Poise's engines and gateway without its controller. At each goodput: "
           f"requests and tokens served in time, the refused share of requests and of tokens, the late share and "
-          f"the worst prompt-length quartile.", "", table(rows), "", "![ratios](work_yardstick.png)", ""]
+          f"the worst prompt-length quartile.", "", table(rows), "", _commits(rows), "",
+          "![ratios](work_yardstick.png)", ""]
     (OUT / "work_yardstick.md").write_text("\n".join(md))
     plot(rows, OUT / "work_yardstick.png")
 
