@@ -25,6 +25,7 @@ from services.gateway.openapi import (
     ChatCompletionResponse,
     CompletionRequest,
     CompletionResponse,
+    DeploymentBounds,
     finish_document,
     inference_route,
 )
@@ -128,7 +129,11 @@ def create_app(service: GatewayService) -> GatewayApp:
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = finish_document(get_openapi(title=app.title, version=app.version, routes=app.routes))
+            bounds = DeploymentBounds(max_tokens_limit=service.settings.max_tokens_limit,
+                                      min_ttft_s=service.slo_table.min_ttft_s,
+                                      slo_classes=tuple(sorted(service.slo_table.classes)))
+            app.openapi_schema = finish_document(get_openapi(title=app.title, version=app.version, routes=app.routes),
+                                                 bounds)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -47,6 +47,30 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+# The largest integer JSON carries exactly everywhere (RFC 7493's I-JSON; a JSON Schema bound is a float):
+# integer fields are held to it, so a value the document allows is one every parser reads the same.
+MAX_JSON_INT = 2**53 - 1
+
+
+def _is_json_int(v: Any) -> bool:
+    return _is_int(v) and -MAX_JSON_INT <= v <= MAX_JSON_INT
+
+
+def _whole(v: Any) -> Any:
+    """``v`` as an int when it is a whole-number float that fits 64 bits (JSON Schema's integer, and SGLang's
+    pydantic, take 10.0 as 10), else unchanged."""
+    # Within 64 bits only: the body is re-encoded for the engines, and JSON encoders stop there.
+    return int(v) if isinstance(v, float) and v.is_integer() and abs(v) < 2.0**63 else v
+
+
+def _integer_field(body: dict[str, Any], name: str, default: Any = None) -> Any:
+    """The field's value, a whole-number float turned into the int the engines get."""
+    v = _whole(body.get(name, default))
+    if name in body:
+        body[name] = v
+    return v
+
+
 def _number(body: dict[str, Any], name: str, lo: float, hi: float) -> None:
     v = body.get(name)
     if v is None:
@@ -64,10 +88,14 @@ def _prompt(body: dict[str, Any]) -> str | list[int]:
             raise bad_request("'prompt' must not be empty", param="prompt")
         return prompt
     if isinstance(prompt, list) and prompt:
+        if any(isinstance(t, float) for t in prompt):
+            prompt = body["prompt"] = [_whole(t) for t in prompt]
         if all(_is_int(t) for t in prompt):
-            if any(t < 0 for t in prompt):
-                raise bad_request("token ids in 'prompt' must be non-negative", param="prompt")
+            if any(not 0 <= t <= MAX_JSON_INT for t in prompt):
+                raise bad_request(f"token ids in 'prompt' must be integers from 0 to {MAX_JSON_INT}", param="prompt")
             return prompt
+        if all(isinstance(t, int | float) and not isinstance(t, bool) for t in prompt):
+            raise bad_request("token ids in 'prompt' must be integers", param="prompt")
         if len(prompt) == 1 and isinstance(prompt[0], str | list):
             body["prompt"] = prompt[0]
             return _prompt(body)
@@ -197,9 +225,7 @@ def _output_limit(body: dict[str, Any], endpoint: Endpoint, default_max_tokens: 
         # As OpenAI and SGLang: a chat answer without a limit runs to its end (or the context's); the gateway
         # plans with default_max_tokens for it.
         max_tokens, limited = default_max_tokens, False
-    elif isinstance(max_tokens, float) and max_tokens.is_integer() and max_tokens >= 1:
-        max_tokens = int(max_tokens)  # JSON Schema's integer, and SGLang, take 10.0 as 10
-    elif not _is_int(max_tokens) or max_tokens < 1:
+    elif not _is_int(max_tokens := _whole(max_tokens)) or max_tokens < 1:
         raise bad_request(f"'{max_name}' must be a positive integer, got {max_tokens!r}", param=max_name)
     if max_tokens > max_tokens_limit:
         raise bad_request(f"'{max_name}' is {max_tokens}, above this deployment's limit of {max_tokens_limit}",
@@ -236,7 +262,7 @@ def _sampling(body: dict[str, Any], endpoint: Endpoint) -> None:
         stops = [stop] if isinstance(stop, str) else stop
         if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
             raise bad_request("'stop' must be a non-empty string or a list of up to 4 non-empty strings", param="stop")
-    n = body.get("n", 1)
+    n = _integer_field(body, "n", 1)
     if not _is_int(n) or n < 1:
         raise bad_request(f"'n' must be a positive integer, got {n!r}", param="n")
     if n != 1:
@@ -246,15 +272,15 @@ def _sampling(body: dict[str, Any], endpoint: Endpoint) -> None:
             raise bad_request(f"'{flag}' must be a boolean", param=flag)
     # The OpenAI API's bounds: completions take up to 5 log-probabilities a token, chat up to 20.
     name, most = ("logprobs", 5) if endpoint == "completions" else ("top_logprobs", 20)
-    count = body.get(name)
+    count = _integer_field(body, name)
     if count is not None and (not _is_int(count) or not 0 <= count <= most):
         raise bad_request(f"'{name}' must be an integer from 0 to {most}, got {count!r}", param=name)
     if endpoint == "chat" and body.get("top_logprobs") and body.get("logprobs") is not True:
         raise bad_request("'top_logprobs' needs 'logprobs' set to true", param="top_logprobs")
     # Checked here, so a bad value is a 400 naming it rather than an engine's error naming an engine.
-    seed = body.get("seed")
-    if seed is not None and not _is_int(seed):
-        raise bad_request(f"'seed' must be an integer, got {seed!r}", param="seed")
+    seed = _integer_field(body, "seed")
+    if seed is not None and not _is_json_int(seed):
+        raise bad_request(f"'seed' must be an integer of at most {MAX_JSON_INT} in size, got {seed!r}", param="seed")
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise bad_request(f"'user' must be a string, got {type(user).__name__}", param="user")
@@ -281,9 +307,9 @@ def parse_request(raw: bytes, endpoint: Endpoint, *, counter: TokenCounter, defa
     _response_format(body.get("response_format"))
     if endpoint == "chat":
         _tools(body.get("tools"), body.get("tool_choice"))
-    priority = body.get("priority")
-    if priority is not None and not _is_int(priority):
-        raise bad_request("'priority' must be an integer", param="priority")
+    priority = _integer_field(body, "priority")
+    if priority is not None and not _is_json_int(priority):
+        raise bad_request(f"'priority' must be an integer of at most {MAX_JSON_INT} in size", param="priority")
     slo = (slo_table or _EMPTY_TABLE).resolve(body, model=model, endpoint=endpoint, priority=priority)
     return ParsedRequest(endpoint=endpoint, body=body, model=model, stream=stream, include_usage=include_usage,
                          max_tokens=max_tokens, input_tokens=input_tokens, priority=priority, slo=slo, limited=limited)
