@@ -96,7 +96,9 @@ def run(concurrency: int, requests: int, tokenizer: Path, input_tokens: int, out
             stack.stop()
     bench = doc["benchmarks"][0]
     metrics = bench.get("metrics", {})
-    totals = bench.get("request_totals") or {}
+    totals = metrics.get("request_totals") or bench.get("request_totals") or {}
+    if not totals:
+        raise SystemExit(f"no request totals in GuideLLM's report (keys: {sorted(bench)}, {sorted(metrics)})")
     poise = {k: v - before.get(k, 0.0) for k, v in after.items()}
     return {
         "guidellm": GUIDELLM, "concurrency": concurrency, "requests": requests, "input_tokens": input_tokens,

@@ -87,6 +87,18 @@ def summary_counts(stdout: str) -> dict[str, int]:
     return counts
 
 
+def failures(stdout: str) -> list[dict[str, str]]:
+    """Each failure schemathesis printed: its operation, check, and the status and body the gateway answered."""
+    section = stdout[stdout.find("FAILURES"):stdout.find("SUMMARY")] if "FAILURES" in stdout else ""
+    out = []
+    for block in re.split(r"\n_{5,} (?=[A-Z]+ /)", section)[1:]:
+        operation = block.split(" _", 1)[0].strip()
+        for m in re.finditer(r"- (ST\d+ [^\n]+)\n.*?\[(\d{3})\][^\n]*\n\n\s+`([^`]*)`", block, re.DOTALL):
+            out.append({"operation": operation, "check": m.group(1).strip(), "status": m.group(2),
+                        "answer": m.group(3)[:400]})
+    return out
+
+
 def run(max_examples: int, seed: int, workers: int) -> dict[str, Any]:
     exe = st_bin()
     with tempfile.TemporaryDirectory(prefix="poise-schemathesis-") as tmp:
@@ -122,6 +134,7 @@ def run(max_examples: int, seed: int, workers: int) -> dict[str, Any]:
     return {
         "schemathesis": SCHEMATHESIS, "max_examples": max_examples, "seed": seed, "workers": workers,
         "wall_s": round(wall, 1), "exit_code": proc.returncode, "counts": summary_counts(proc.stdout),
+        "failures": failures(proc.stdout),
         "operations": cases, "gateway_outcomes": {k: v for k, v in sorted(outcomes.items()) if v},
         "operations_with_5xx": server_errors,
         "health_after": health, "chat_after": served, "stdout_tail": proc.stdout[-6000:],
@@ -146,6 +159,8 @@ def write(result: dict[str, Any], command: str) -> None:
     for op in r["operations"]:
         problems = "; ".join(p.splitlines()[0][:160] for p in op["problems"] if p) or "none"
         lines.append(f"| `{op['operation']}` | {problems} |")
+    lines += ["", "Failures, with the gateway's answer:", ""]
+    lines += [f"- `{f['operation']}` {f['check']}: {f['status']} `{f['answer']}`" for f in r["failures"]] or ["- none"]
     lines.append("")
     (OUT / "schemathesis.md").write_text("\n".join(lines))
     print("\n".join(lines))
