@@ -72,7 +72,8 @@ def compare(workload: str, yardstick_name: str, policies: tuple[str, ...]) -> di
 def commit() -> str:
     """The commit the code ran at (``+changes`` when the working tree differs from it)."""
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", "services", "shared", "loadgen", "tests/bench"],
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "services", "shared", "loadgen", "tests/bench",
+                            ":(exclude)tests/bench/results"],
                            capture_output=True, text=True).stdout.strip()
     return (head or "unknown") + ("+changes" if dirty else "")
 
