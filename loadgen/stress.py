@@ -213,26 +213,26 @@ def _directory(traces_dir: TracesDir) -> str:
     return os.fspath(Path(traces_dir) if traces_dir is not None else default_traces_dir())
 
 
-def _conv_pairs(traces_dir: TracesDir) -> tuple[Pair, ...]:
+def conv_pairs(traces_dir: TracesDir) -> tuple[Pair, ...]:
     return _pairs("azure-conv", _directory(traces_dir))
 
 
-def _short_conv_pairs(traces_dir: TracesDir) -> tuple[Pair, ...]:
-    return tuple(p for p in _conv_pairs(traces_dir) if p[0] <= SHORT_PROMPT_MAX_TOKENS)
+def short_conv_pairs(traces_dir: TracesDir) -> tuple[Pair, ...]:
+    return tuple(p for p in conv_pairs(traces_dir) if p[0] <= SHORT_PROMPT_MAX_TOKENS)
 
 
-def _code_pairs(traces_dir: TracesDir) -> tuple[Pair, ...]:
+def code_pairs(traces_dir: TracesDir) -> tuple[Pair, ...]:
     return _pairs("azure-code", _directory(traces_dir))
 
 
 # --- Arrivals --------------------------------------------------------------------------------------------------
 
 
-def _rng(name: str, stream: str, seed: int) -> random.Random:
+def rng_stream(name: str, stream: str, seed: int) -> random.Random:
     return random.Random(f"{name}/{stream}/{seed}")
 
 
-def _poisson(rate_rps: float, horizon_s: float, rng: random.Random) -> list[float]:
+def poisson_times(rate_rps: float, horizon_s: float, rng: random.Random) -> list[float]:
     """A homogeneous Poisson process at ``rate_rps`` on ``[0, horizon_s)``."""
     times: list[float] = []
     t = rng.expovariate(rate_rps)
@@ -245,11 +245,11 @@ def _poisson(rate_rps: float, horizon_s: float, rng: random.Random) -> list[floa
 def _thinned(shape: RateShape, rng: random.Random) -> list[float]:
     """Arrivals at ``BASE_RATE_RPS * shape.multiplier(t)`` by thinning (Lewis and Shedler): candidates at the
     peak rate, each kept with probability ``multiplier / peak``. Exact for any curve, steps and bursts included."""
-    candidates = _poisson(BASE_RATE_RPS * shape.peak, shape.duration_s, rng)
+    candidates = poisson_times(BASE_RATE_RPS * shape.peak, shape.duration_s, rng)
     return [t for t in candidates if rng.random() * shape.peak < shape.multiplier(t)]
 
 
-def _workload(name: str, times: list[float], pairs: list[Pair]) -> Workload:
+def build_workload(name: str, times: list[float], pairs: list[Pair]) -> Workload:
     requests = [TraceRequest(index=i, arrival_s=round(t, _ARRIVAL_DIGITS), input_tokens=inp, output_tokens=out)
                 for i, (t, (inp, out)) in enumerate(zip(times, pairs, strict=True))]
     return Workload(name=name, requests=requests)
@@ -259,42 +259,42 @@ def _workload(name: str, times: list[float], pairs: list[Pair]) -> Workload:
 
 
 def _shaped(name: str, shape: RateShape, pool: tuple[Pair, ...]) -> Workload:
-    times = _thinned(shape, _rng(name, "arrivals", shape.seed))
-    lengths = _rng(name, "lengths", shape.seed)
-    return _workload(name, times, [lengths.choice(pool) for _ in times])
+    times = _thinned(shape, rng_stream(name, "arrivals", shape.seed))
+    lengths = rng_stream(name, "lengths", shape.seed)
+    return build_workload(name, times, [lengths.choice(pool) for _ in times])
 
 
 def stress_step(traces_dir: TracesDir = None) -> Workload:
-    return _shaped("stress-step", STEP, _conv_pairs(traces_dir))
+    return _shaped("stress-step", STEP, conv_pairs(traces_dir))
 
 
 def stress_ramp(traces_dir: TracesDir = None) -> Workload:
-    return _shaped("stress-ramp", RAMP, _conv_pairs(traces_dir))
+    return _shaped("stress-ramp", RAMP, conv_pairs(traces_dir))
 
 
 def stress_bursts(traces_dir: TracesDir = None) -> Workload:
-    return _shaped("stress-bursts", BURSTS, _conv_pairs(traces_dir))
+    return _shaped("stress-bursts", BURSTS, conv_pairs(traces_dir))
 
 
 def stress_mix_shift(traces_dir: TracesDir = None) -> Workload:
     name, shape = "stress-mix-shift", MIX_SHIFT
-    short, long = _short_conv_pairs(traces_dir), _code_pairs(traces_dir)
-    times = _thinned(shape, _rng(name, "arrivals", shape.seed))
-    lengths = _rng(name, "lengths", shape.seed)
+    short, long = short_conv_pairs(traces_dir), code_pairs(traces_dir)
+    times = _thinned(shape, rng_stream(name, "arrivals", shape.seed))
+    lengths = rng_stream(name, "lengths", shape.seed)
     pairs = [lengths.choice(long if lengths.random() < shape.long_share(t) else short) for t in times]
-    return _workload(name, times, pairs)
+    return build_workload(name, times, pairs)
 
 
 def stress_diurnal(traces_dir: TracesDir = None) -> Workload:
     """A base-rate Poisson stream as long as the day's cumulative rate, warped onto the day curve by
     `day_shape` (which is the inverse-cumulative-rate method for this curve)."""
     name, shape = "stress-diurnal", DIURNAL
-    times = _poisson(BASE_RATE_RPS, shape.cumulative(shape.duration_s), _rng(name, "arrivals", shape.seed))
-    lengths = _rng(name, "lengths", shape.seed)
-    pool = _conv_pairs(traces_dir)
-    flat = _workload(name, times, [lengths.choice(pool) for _ in times])
+    times = poisson_times(BASE_RATE_RPS, shape.cumulative(shape.duration_s), rng_stream(name, "arrivals", shape.seed))
+    lengths = rng_stream(name, "lengths", shape.seed)
+    pool = conv_pairs(traces_dir)
+    flat = build_workload(name, times, [lengths.choice(pool) for _ in times])
     warped = day_shape(flat, shape.period_s, low=shape.low, high=shape.high)
-    return _workload(name, [r.arrival_s for r in warped], [(r.input_tokens, r.output_tokens) for r in warped])
+    return build_workload(name, [r.arrival_s for r in warped], [(r.input_tokens, r.output_tokens) for r in warped])
 
 
 class StressBuilder(Protocol):

@@ -186,15 +186,18 @@ def load_trace(path_or_name: str | os.PathLike[str], traces_dir: str | os.PathLi
 
     Short names resolve against ``traces_dir`` (default `default_traces_dir`).
     ``.csv`` files are read as Azure traces, ``.jsonl`` as Mooncake traces.
-    The stress-set names (``stress-step``...) build that `loadgen.stress` workload
-    from the traces in ``traces_dir``.
+    The stress-set names (``stress-step``...) and the held-out names (``heldout-week``...) build that
+    `loadgen.stress` / `loadgen.heldout` workload from the traces in ``traces_dir``.
     """
-    # Imported here: loadgen.stress reads its length pools through this module.
+    # Imported here: loadgen.stress and loadgen.heldout read their length pools through this module.
+    from loadgen.heldout import HELD_OUT_SHAPES, load_held_out
     from loadgen.stress import STRESS_WORKLOADS, load_stress
 
     text = os.fspath(path_or_name)
     if text in STRESS_WORKLOADS:
         return load_stress(text, traces_dir)
+    if text in HELD_OUT_SHAPES:
+        return load_held_out(text, traces_dir)
     if text in TRACE_FILES:
         directory = Path(traces_dir) if traces_dir is not None else default_traces_dir()
         path = directory / TRACE_FILES[text]

@@ -48,11 +48,11 @@ from shared.protocol.messages import Role
 from tests.bench.sustained import (
     COLOCATED_POISE_ENGINES,
     GOAL,
-    HELD_OUT,
     INSTANCES,
     MODEL,
     ON_POISE_ENGINES,
     OUT,
+    REPORTED,
     SEEN,
     SPLITS,
     SUMMARY,
@@ -178,7 +178,7 @@ def _pct(x: float) -> str:
 
 
 def write_report(rows: dict[str, dict[str, Any]], stem: str, data_plane: bool) -> None:
-    order = [w for w in [*TUNE, *HELD_OUT] if w in rows]
+    order = [w for w in [*TUNE, *REPORTED] if w in rows]
     where = ("Poise's data plane (its engines, late binding, early rejection, Arrow's dispatch, DOPD's local "
              "prefill)" if data_plane
              else "Poise's engines (least-load dispatch, as the sustained bench's baselines; the splits with Poise's "
