@@ -21,52 +21,17 @@ Writes ``tests/bench/results/aiperf.{md,json}``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
-
-from services.cli.stack import Stack, StackSettings
+from tests.bench.client_runs import OUT, gateway_metrics, load_client_main, poise_side, served_stack, tool_bin
 
 AIPERF = "aiperf==0.13.0"
 VENV = Path(".venv-aiperf")
-TOKENIZER = Path(".venv-sglang/models/smollm2-135m")
-OUT = Path("tests/bench/results")
-
-
-def aiperf_bin() -> Path:
-    exe = VENV / "bin" / "aiperf"
-    if not exe.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-        subprocess.run([str(VENV / "bin" / "pip"), "install", "--quiet", AIPERF], check=True)
-    return exe
-
-
-def gateway_metrics(url: str) -> dict[str, float]:
-    """The gateway's request counts by status, and its TTFT and TPOT sums and counts."""
-    text = httpx.get(url + "/metrics", timeout=10).text
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == "poise_gateway_requests_total":
-                key = f"requests_{s.labels['status']}"
-                out[key] = out.get(key, 0.0) + s.value
-            elif s.name in ("poise_gateway_ttft_seconds_sum", "poise_gateway_ttft_seconds_count",
-                            "poise_gateway_tpot_seconds_sum", "poise_gateway_tpot_seconds_count"):
-                out[s.name.removeprefix("poise_gateway_")] = s.value
-    return out
-
-
-def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
-    return {k: v - before.get(k, 0.0) for k, v in after.items()}
 
 
 def _metric(records: dict[str, Any], name: str, stat: str) -> float | None:
@@ -75,34 +40,25 @@ def _metric(records: dict[str, Any], name: str, stat: str) -> float | None:
 
 
 def run(concurrency: int, requests: int, tokenizer: Path, input_tokens: int, output_tokens: int) -> dict[str, Any]:
-    exe = aiperf_bin()
-    with tempfile.TemporaryDirectory(prefix="poise-aiperf-") as tmp:
-        state = Path(tmp)
-        stack = Stack(StackSettings(gateway_port=0, monitor_port=0, state_dir=state, run_dir=state / "run"),
-                      progress=print)
-        stack.start()
-        try:
-            before = gateway_metrics(stack.gateway_url)
-            artifacts = state / "aiperf"
-            cmd = [str(exe), "profile", "-m", stack.settings.model, "--url", stack.gateway_url,
-                   "--endpoint-type", "chat", "--streaming", "--tokenizer", str(tokenizer.resolve()),
-                   "--use-server-token-count", "--concurrency", str(concurrency), "--request-count", str(requests),
-                   "--synthetic-input-tokens-mean", str(input_tokens), "--synthetic-input-tokens-stddev", "0",
-                   "--output-tokens-mean", str(output_tokens), "--output-tokens-stddev", "0",
-                   "--extra-inputs", "ignore_eos:true", "--api-key", stack.api_key or "none",
-                   "--artifact-dir", str(artifacts), "--ui-type", "none"]
-            print("$ " + shlex.join(cmd).replace(stack.api_key or "\0", "<key>"), flush=True)
-            t0 = time.monotonic()
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-            wall = time.monotonic() - t0
-            if proc.returncode != 0:
-                raise SystemExit(f"aiperf failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-            after = gateway_metrics(stack.gateway_url)
-            export = next(artifacts.rglob("profile_export_aiperf.json"))
-            records = json.loads(export.read_text())
-        finally:
-            stack.stop()
-    poise = _delta(after, before)
+    exe = tool_bin(VENV, AIPERF, "aiperf")
+    with served_stack("poise-aiperf-") as (stack, state):
+        before = gateway_metrics(stack.gateway_url)
+        artifacts = state / "aiperf"
+        cmd = [str(exe), "profile", "-m", stack.settings.model, "--url", stack.gateway_url,
+               "--endpoint-type", "chat", "--streaming", "--tokenizer", str(tokenizer.resolve()),
+               "--use-server-token-count", "--concurrency", str(concurrency), "--request-count", str(requests),
+               "--synthetic-input-tokens-mean", str(input_tokens), "--synthetic-input-tokens-stddev", "0",
+               "--output-tokens-mean", str(output_tokens), "--output-tokens-stddev", "0",
+               "--extra-inputs", "ignore_eos:true", "--api-key", stack.api_key or "none",
+               "--artifact-dir", str(artifacts), "--ui-type", "none"]
+        print("$ " + shlex.join(cmd).replace(stack.api_key or "\0", "<key>"), flush=True)
+        t0 = time.monotonic()
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        wall = time.monotonic() - t0
+        if proc.returncode != 0:
+            raise SystemExit(f"aiperf failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        after = gateway_metrics(stack.gateway_url)
+        records = json.loads(next(artifacts.rglob("profile_export_aiperf.json")).read_text())
     return {
         "aiperf": AIPERF, "concurrency": concurrency, "requests": requests, "input_tokens": input_tokens,
         "output_tokens": output_tokens, "wall_s": round(wall, 1),
@@ -112,12 +68,7 @@ def run(concurrency: int, requests: int, tokenizer: Path, input_tokens: int, out
         "aiperf_itl_ms": {s: _metric(records, "inter_token_latency", s) for s in ("avg", "p50", "p99")},
         "aiperf_output_tokens_per_request": _metric(records, "output_sequence_length", "avg"),
         "aiperf_request_throughput": _metric(records, "request_throughput", "avg"),
-        "poise_requests_ok": poise.get("requests_ok", 0.0),
-        "poise_requests_other": sum(v for k, v in poise.items() if k.startswith("requests_") and k != "requests_ok"),
-        "poise_ttft_ms_mean": 1000 * poise["ttft_seconds_sum"] / poise["ttft_seconds_count"]
-        if poise.get("ttft_seconds_count") else None,
-        "poise_tpot_ms_mean": 1000 * poise["tpot_seconds_sum"] / poise["tpot_seconds_count"]
-        if poise.get("tpot_seconds_count") else None,
+        **poise_side(before, after),
     }
 
 
@@ -147,17 +98,7 @@ def write(result: dict[str, Any], command: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--requests", type=int, default=200)
-    parser.add_argument("--input-tokens", type=int, default=256)
-    parser.add_argument("--output-tokens", type=int, default=64)
-    parser.add_argument("--tokenizer", type=Path, default=TOKENIZER, help="a Hugging Face tokenizer directory")
-    args = parser.parse_args()
-    if not (args.tokenizer / "tokenizer.json").exists():
-        raise SystemExit(f"no tokenizer at {args.tokenizer}: run `make sglang-setup` or pass --tokenizer DIR")
-    result = run(args.concurrency, args.requests, args.tokenizer, args.input_tokens, args.output_tokens)
-    write(result, shlex.join(["python", "-m", "tests.bench.aiperf_run", *sys.argv[1:]]))
+    load_client_main(__doc__ or "", "tests.bench.aiperf_run", run, write)
 
 
 if __name__ == "__main__":

@@ -23,30 +23,17 @@ Writes ``tests/bench/results/guidellm.{md,json}``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from services.cli.stack import Stack, StackSettings
-from tests.bench.aiperf_run import TOKENIZER, gateway_metrics
+from tests.bench.client_runs import OUT, gateway_metrics, load_client_main, poise_side, served_stack, tool_bin
 
 GUIDELLM = "guidellm==0.8.1"
 VENV = Path(".venv-guidellm")
-OUT = Path("tests/bench/results")
-
-
-def guidellm_bin() -> Path:
-    exe = VENV / "bin" / "guidellm"
-    if not exe.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-        subprocess.run([str(VENV / "bin" / "pip"), "install", "--quiet", GUIDELLM], check=True)
-    return exe
 
 
 def _stat(metrics: dict[str, Any], name: str, field: str) -> float | None:
@@ -66,40 +53,32 @@ def _stat(metrics: dict[str, Any], name: str, field: str) -> float | None:
 
 
 def run(concurrency: int, requests: int, tokenizer: Path, input_tokens: int, output_tokens: int) -> dict[str, Any]:
-    exe = guidellm_bin()
-    with tempfile.TemporaryDirectory(prefix="poise-guidellm-") as tmp:
-        state = Path(tmp)
-        stack = Stack(StackSettings(gateway_port=0, monitor_port=0, state_dir=state, run_dir=state / "run"),
-                      progress=print)
-        stack.start()
-        try:
-            key = stack.api_key or "none"
-            before = gateway_metrics(stack.gateway_url)
-            report = state / "guidellm.json"
-            cmd = [str(exe), "run",
-                   "--backend", f"kind=openai_http,target={stack.gateway_url},model={stack.settings.model},"
-                                f"api_key={key},extras.body.ignore_eos=true",
-                   "--tokenizer", f"kind=huggingface_auto,model={tokenizer.resolve()}",
-                   "--data", f"kind=synthetic_text,prompt_tokens={input_tokens},output_tokens={output_tokens}",
-                   "--profile", f"kind=concurrent,streams={concurrency}",
-                   "--constraint", f"kind=max_requests,count={requests}",
-                   "--output", f"kind=json,path={report}", "--disable-console-interactive"]
-            print("$ " + shlex.join(cmd).replace(key, "<key>"), flush=True)
-            t0 = time.monotonic()
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-            wall = time.monotonic() - t0
-            if proc.returncode != 0 or not report.exists():
-                raise SystemExit(f"guidellm failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-            after = gateway_metrics(stack.gateway_url)
-            doc = json.loads(report.read_text())
-        finally:
-            stack.stop()
+    exe = tool_bin(VENV, GUIDELLM, "guidellm")
+    with served_stack("poise-guidellm-") as (stack, state):
+        key = stack.api_key or "none"
+        before = gateway_metrics(stack.gateway_url)
+        report = state / "guidellm.json"
+        cmd = [str(exe), "run",
+               "--backend", f"kind=openai_http,target={stack.gateway_url},model={stack.settings.model},"
+                            f"api_key={key},extras.body.ignore_eos=true",
+               "--tokenizer", f"kind=huggingface_auto,model={tokenizer.resolve()}",
+               "--data", f"kind=synthetic_text,prompt_tokens={input_tokens},output_tokens={output_tokens}",
+               "--profile", f"kind=concurrent,streams={concurrency}",
+               "--constraint", f"kind=max_requests,count={requests}",
+               "--output", f"kind=json,path={report}", "--disable-console-interactive"]
+        print("$ " + shlex.join(cmd).replace(key, "<key>"), flush=True)
+        t0 = time.monotonic()
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        wall = time.monotonic() - t0
+        if proc.returncode != 0 or not report.exists():
+            raise SystemExit(f"guidellm failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        after = gateway_metrics(stack.gateway_url)
+        doc = json.loads(report.read_text())
     bench = doc["benchmarks"][0]
     metrics = bench.get("metrics", {})
     totals = metrics.get("request_totals") or bench.get("request_totals") or {}
     if not totals:
         raise SystemExit(f"no request totals in GuideLLM's report (keys: {sorted(bench)}, {sorted(metrics)})")
-    poise = {k: v - before.get(k, 0.0) for k, v in after.items()}
     return {
         "guidellm": GUIDELLM, "concurrency": concurrency, "requests": requests, "input_tokens": input_tokens,
         "output_tokens": output_tokens, "wall_s": round(wall, 1),
@@ -107,12 +86,7 @@ def run(concurrency: int, requests: int, tokenizer: Path, input_tokens: int, out
         "guidellm_ttft_ms": {s: _stat(metrics, "time_to_first_token_ms", s) for s in ("mean", "median", "p99")},
         "guidellm_itl_ms": {s: _stat(metrics, "inter_token_latency_ms", s) for s in ("mean", "median", "p99")},
         "guidellm_output_tokens_per_request": _stat(metrics, "output_token_count", "mean"),
-        "poise_requests_ok": poise.get("requests_ok", 0.0),
-        "poise_requests_other": sum(v for k, v in poise.items() if k.startswith("requests_") and k != "requests_ok"),
-        "poise_ttft_ms_mean": 1000 * poise["ttft_seconds_sum"] / poise["ttft_seconds_count"]
-        if poise.get("ttft_seconds_count") else None,
-        "poise_tpot_ms_mean": 1000 * poise["tpot_seconds_sum"] / poise["tpot_seconds_count"]
-        if poise.get("tpot_seconds_count") else None,
+        **poise_side(before, after),
     }
 
 
@@ -144,17 +118,7 @@ def write(result: dict[str, Any], command: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--requests", type=int, default=200)
-    parser.add_argument("--input-tokens", type=int, default=256)
-    parser.add_argument("--output-tokens", type=int, default=64)
-    parser.add_argument("--tokenizer", type=Path, default=TOKENIZER, help="a Hugging Face tokenizer directory")
-    args = parser.parse_args()
-    if not (args.tokenizer / "tokenizer.json").exists():
-        raise SystemExit(f"no tokenizer at {args.tokenizer}: run `make sglang-setup` or pass --tokenizer DIR")
-    result = run(args.concurrency, args.requests, args.tokenizer, args.input_tokens, args.output_tokens)
-    write(result, shlex.join(["python", "-m", "tests.bench.guidellm_run", *sys.argv[1:]]))
+    load_client_main(__doc__ or "", "tests.bench.guidellm_run", run, write)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ import re
 import shlex
 import subprocess
 import sys
-import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -33,19 +32,10 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.cli.stack import Stack, StackSettings
+from tests.bench.client_runs import OUT, served_stack, tool_bin
 
 SCHEMATHESIS = "schemathesis==4.32.5"
 VENV = Path(".venv-schemathesis")
-OUT = Path("tests/bench/results")
-
-
-def st_bin() -> Path:
-    exe = VENV / "bin" / "st"
-    if not exe.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-        subprocess.run([str(VENV / "bin" / "pip"), "install", "--quiet", SCHEMATHESIS], check=True)
-    return exe
 
 
 def gateway_outcomes(url: str) -> dict[str, float]:
@@ -100,35 +90,28 @@ def failures(stdout: str) -> list[dict[str, str]]:
 
 
 def run(max_examples: int, seed: int, workers: int) -> dict[str, Any]:
-    exe = st_bin()
-    with tempfile.TemporaryDirectory(prefix="poise-schemathesis-") as tmp:
-        state = Path(tmp)
-        stack = Stack(StackSettings(gateway_port=0, monitor_port=0, state_dir=state, run_dir=state / "run"),
-                      progress=print)
-        stack.start()
-        try:
-            key = stack.api_key or "none"
-            before = gateway_outcomes(stack.gateway_url)
-            report = state / "report"
-            cmd = [str(exe), "run", stack.gateway_url + "/openapi.json", "--checks", "all",
-                   "--header", f"Authorization: Bearer {key}", "--max-examples", str(max_examples),
-                   "--seed", str(seed), "--workers", str(workers), "--request-timeout", "120",
-                   "--report", "junit", "--report-dir", str(report), "--no-color", "--continue-on-failure",
-                   "--generation-database", "none"]
-            print("$ " + shlex.join(cmd).replace(key, "<key>"), flush=True)
-            t0 = time.monotonic()
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
-            wall = time.monotonic() - t0
-            after = gateway_outcomes(stack.gateway_url)
-            health = httpx.get(stack.gateway_url + "/health", timeout=10).status_code
-            served = httpx.post(stack.gateway_url + "/v1/chat/completions", timeout=60,
-                                headers={"Authorization": f"Bearer {key}"},
-                                json={"model": stack.settings.model, "max_tokens": 8,
-                                      "messages": [{"role": "user", "content": "after the fuzzing"}]}).status_code
-            junit = next(report.rglob("*.xml"), None)
-            cases = junit_cases(junit) if junit is not None else []
-        finally:
-            stack.stop()
+    exe = tool_bin(VENV, SCHEMATHESIS, "st")
+    with served_stack("poise-schemathesis-") as (stack, state):
+        key = stack.api_key or "none"
+        before = gateway_outcomes(stack.gateway_url)
+        report = state / "report"
+        cmd = [str(exe), "run", stack.gateway_url + "/openapi.json", "--checks", "all",
+               "--header", f"Authorization: Bearer {key}", "--max-examples", str(max_examples),
+               "--seed", str(seed), "--workers", str(workers), "--request-timeout", "120",
+               "--report", "junit", "--report-dir", str(report), "--no-color", "--continue-on-failure",
+               "--generation-database", "none"]
+        print("$ " + shlex.join(cmd).replace(key, "<key>"), flush=True)
+        t0 = time.monotonic()
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+        wall = time.monotonic() - t0
+        after = gateway_outcomes(stack.gateway_url)
+        health = httpx.get(stack.gateway_url + "/health", timeout=10).status_code
+        served = httpx.post(stack.gateway_url + "/v1/chat/completions", timeout=60,
+                            headers={"Authorization": f"Bearer {key}"},
+                            json={"model": stack.settings.model, "max_tokens": 8,
+                                  "messages": [{"role": "user", "content": "after the fuzzing"}]}).status_code
+        junit = next(report.rglob("*.xml"), None)
+        cases = junit_cases(junit) if junit is not None else []
     outcomes = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
     server_errors = [op["operation"] for op in cases if any("server error" in p.lower() for p in op["problems"])]
     return {
