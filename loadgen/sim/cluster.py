@@ -108,6 +108,8 @@ class SimCluster:
         self.held: list[SimRequest] = []  # late binding: arrived, not yet sent to a prefill instance
         self.given_up = 0  # late binding: held requests refused past their TTFT target (LateBinding.guard_decode)
         self._release_at: float | None = None
+        self._pumping = False  # inside _release (see there)
+        self._pump_again = False
         self.costs = costs or SimCosts()
         self.max_instances = max_instances if max_instances is not None else len(roles)
         self.finished: list[SimRequest] = []
@@ -136,7 +138,22 @@ class SimCluster:
         self._place(req, [i.view() for i in self.live])
 
     def _release(self) -> None:
-        """Late binding: the held queue's pump (the gateway's), on exact views of the instances."""
+        """Late binding: the held queue's pump (the gateway's), on exact views of the instances. Not
+        re-entrant: a placement that fails at once can bring a client's retry back into the queue, and that
+        arrival pumps again once this pump is done (the gateway's pump runs once per loop turn the same way)."""
+        if self._pumping:
+            self._pump_again = True
+            return
+        self._pumping = True
+        try:
+            self._pump_again = True
+            while self._pump_again:
+                self._pump_again = False
+                self._pump_once()
+        finally:
+            self._pumping = False
+
+    def _pump_once(self) -> None:
         lb = self.late_binding
         if lb is None or not self.held:
             return

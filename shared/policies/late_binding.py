@@ -143,6 +143,8 @@ class LateBinding:
             if not released:
                 break
             for item in released:
+                if not any(h is item for h in held):
+                    continue  # gone while an earlier one was placed (a caller's re-entrant pump took it)
                 held.remove(item)
                 taken = place(item, frozenset(i for i, n in free.items() if n <= 0))
                 if taken is not None and taken in free:

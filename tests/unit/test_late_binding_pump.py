@@ -112,3 +112,20 @@ def test_a_policy_that_waits_is_woken_when_it_asked() -> None:
     assert place.placed == [] and 0.0 < out.wake_at_s < 10.0
     LateBinding(policy).pump(held, {"p0": 0}, [], out.wake_at_s, place)
     assert [rid for rid, _, _ in place.placed] == ["a"]
+
+
+def test_a_prompt_taken_while_an_earlier_one_was_placed_is_skipped() -> None:
+    """A placement may hand control back to its caller, which pumps again (the simulator: a refusal retried at
+    once): a prompt that pump took is not placed a second time, and the pump does not fail on it."""
+    held = [Held("a", 0.0, 1.0), Held("b", 0.0, 2.0), Held("c", 0.0, 3.0)]
+    placed: list[str] = []
+
+    def place(item: Held, full: frozenset[str]) -> str | None:
+        placed.append(item.rid)
+        if item.rid == "a":
+            held.remove(next(h for h in held if h.rid == "b"))  # taken by the inner pump
+            placed.append("b")
+        return None
+
+    binding(depth=3).pump(held, {"p0": 0}, [], 0.0, place)
+    assert placed == ["a", "b", "c"] and held == []
