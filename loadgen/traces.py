@@ -181,6 +181,12 @@ def read_mooncake_jsonl(path: str | os.PathLike[str], name: str | None = None) -
     return _ordered(name or _name_for(path), requests)
 
 
+def traces_present(*names: str, traces_dir: str | os.PathLike[str] | None = None) -> bool:
+    """Whether the files of the traces called ``names`` are in ``traces_dir`` (default `default_traces_dir`)."""
+    directory = Path(traces_dir) if traces_dir is not None else default_traces_dir()
+    return all((directory / TRACE_FILES[name]).is_file() for name in names)
+
+
 def load_trace(path_or_name: str | os.PathLike[str], traces_dir: str | os.PathLike[str] | None = None) -> Workload:
     """Load a trace by short name (``azure-conv``...) or by path, dispatching on suffix.
 

@@ -11,14 +11,12 @@ import pytest
 from loadgen.heldout import API_PROMPT_MAX_TOKENS, BATCH_WAVES, HELD_OUT_SHAPES, MULTI_TENANT, WEEK, load_held_out
 from loadgen.slo import slo_for
 from loadgen.stress import BASE_RATE_RPS, STRESS_SHAPES, code_pairs, conv_pairs
-from loadgen.traces import TRACE_FILES, default_traces_dir, load_trace
+from loadgen.traces import default_traces_dir, load_trace, traces_present
 from loadgen.workload import Workload
 
 TRACES = default_traces_dir()
-pytestmark = pytest.mark.skipif(
-    not all((TRACES / TRACE_FILES[name]).is_file() for name in ("azure-conv", "azure-code")),
-    reason=f"Azure traces not found in {TRACES}",
-)
+pytestmark = pytest.mark.skipif(not traces_present("azure-conv", "azure-code"),
+                                reason=f"Azure traces not found in {TRACES}")
 MINUTE = 60.0
 
 

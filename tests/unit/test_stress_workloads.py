@@ -16,14 +16,12 @@ from loadgen.stress import (
     STRESS_WORKLOADS,
     load_stress,
 )
-from loadgen.traces import TRACE_FILES, default_traces_dir, load_trace
+from loadgen.traces import default_traces_dir, load_trace, traces_present
 from loadgen.workload import Workload
 
 TRACES = default_traces_dir()
-pytestmark = pytest.mark.skipif(
-    not all((TRACES / TRACE_FILES[name]).is_file() for name in ("azure-conv", "azure-code")),
-    reason=f"Azure traces not found in {TRACES}",
-)
+pytestmark = pytest.mark.skipif(not traces_present("azure-conv", "azure-code"),
+                                reason=f"Azure traces not found in {TRACES}")
 
 MINUTE = 60.0
 
