@@ -41,6 +41,7 @@ from loadgen.sim.prediction import PredictionCadence
 from shared.latency import LatencyModel
 from shared.policies import DispatchPolicy, EngineView, MigrationDecision, Placement, RequestView
 from shared.policies.evacuation import EVACUATE_AFTER_S, EVACUATE_EVERY_S, evacuation_done, evacuation_moves
+from shared.policies.inflight import InflightLedger
 from shared.policies.late_binding import LateBinding
 from shared.policies.migration_cost import KvTransfer, MigrationMechanism
 from shared.policies.scaling import pick_retiree
@@ -105,6 +106,8 @@ class SimCluster:
         self.handshake_s = handshake_s
         self.engine = engine or EngineSpec()
         self.late_binding = late_binding
+        # The dispatcher's in-flight ledger, as the live gateway keeps it (shared.policies.inflight).
+        self.ledger = InflightLedger()
         self.held: list[SimRequest] = []  # late binding: arrived, not yet sent to a prefill instance
         self.given_up = 0  # late binding: held requests refused past their TTFT target (LateBinding.guard_decode)
         self._release_at: float | None = None
@@ -158,7 +161,8 @@ class SimCluster:
         if lb is None or not self.held:
             return
         now = self.queue.now_s
-        prefill = {i.instance_id: i.assigned for i in self.live if i.role == "prefill" and i.status == "ready"}
+        prefill = {i.instance_id: self.ledger.engine(i.instance_id).reqs for i in self.live
+                   if i.role == "prefill" and i.status == "ready"}
 
         def place(req: SimRequest, full: frozenset[str]) -> str | None:
             return self._place(req, [i.view() for i in self.live if i.instance_id not in full])
@@ -197,27 +201,23 @@ class SimCluster:
             self._fail(req, f"400: request needs {req.kv_tokens} KV tokens, above the engine's {decode.kv_capacity}")
             return None
         self.requests[req.rid] = req
+        self.ledger.dispatched(req.ledger_key, decision.decode_id, decision.prefill_id, req.prompt_tokens,
+                               req.output_tokens)
         req.decode = decode
         decode.assigned += 1
         if decision.prefill_id is None:  # colocated, or DOPD's local prefill on a decode instance
-            if decode.role == "decode":
-                decode.pending_tokens += req.kv_tokens  # as a reservation would, until its admission
-                decode.pending_prompt_tokens += req.input_tokens
             decode.enqueue_prefill(req)
             return None
         prefill = self.instances[decision.prefill_id]
         req.prefill = prefill
         prefill.assigned += 1
         prefill.bootstrapping += 1
-        prefill.pending_tokens += req.input_tokens
-        prefill.pending_sq += req.input_tokens * req.input_tokens
-        decode.pending_tokens += req.kv_tokens
-        decode.pending_prompt_tokens += req.input_tokens
         decode.enqueue_reserve(req)
         return prefill.instance_id
 
     def _finished(self, req: SimRequest) -> None:
         self.requests.pop(req.rid, None)
+        self.ledger.release(req.ledger_key)
         retry = req.attempts <= self.client_retries and req.http_status in REFUSAL_STATUSES
         if not retry:
             self.finished.append(req)
@@ -266,7 +266,7 @@ class SimCluster:
         inst = SimInstance(f"{_ID_PREFIX[role]}{number}", role, self.model, self.queue, self._finished,
                            self.first_token_delay, engine=self.engine, on_prefill_done=self._prefill_done,
                            on_drained=self._drained, status="ready" if status == "ready" else "starting",
-                           handshake_s=self.handshake_s, migration_s=self.mechanism.seconds)
+                           handshake_s=self.handshake_s, migration_s=self.mechanism.seconds, ledger=self.ledger)
         inst.on_prefill_step = self._prefill_hook
         self.instances[inst.instance_id] = inst
         self.live.append(inst)

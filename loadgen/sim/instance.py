@@ -16,7 +16,8 @@ cluster needs around it:
 - **migration** (decode → decode, ``migrate_out``): the request stalls for the migration mechanism's time
   (``shared.policies.migration_cost``: a KV copy or a recompute) while the other requests of both instances
   keep decoding;
-- **what the dispatcher sees** (:meth:`SimInstance.view`).
+- **what the dispatcher sees** (:meth:`SimInstance.view`): the engine's state, and the dispatcher's in-flight
+  ledger (``shared.policies.inflight``, the cluster's, fed the events the live gateway sees).
 
 Decode KV, two models (``EngineSpec.decode_kv``, the engine model's ``decode_kv``):
 
@@ -54,6 +55,7 @@ from shared.engine.prefix_cache import PrefixCache
 from shared.event_rate import EventRate
 from shared.latency import LatencyModel
 from shared.policies import DecodeBatchPolicy, EngineView, Preemption, PrefillPolicy
+from shared.policies.inflight import InflightLedger
 from shared.protocol.messages import Role
 
 SimStatus = Literal["starting", "ready", "draining", "switching", "stopped"]
@@ -136,6 +138,11 @@ class SimRequest(EngineRequest):
         return int(code) if code.isdigit() else None
 
     @property
+    def ledger_key(self) -> str:
+        """The request's key in the dispatcher's ledger: one per attempt (a client's retry is a new request)."""
+        return f"{self.rid}/{self.attempts}"
+
+    @property
     def kv_tokens(self) -> int:
         """KV a decode or colocated instance reserves for the request (prompt + whole output)."""
         return self.input_tokens + self.output_tokens
@@ -148,7 +155,8 @@ class SimInstance:
                  on_finish: Callable[[SimRequest], None], first_token_delay: Callable[[int], float] = lambda i: 0.0,
                  *, engine: EngineSpec | None = None, on_prefill_done: Callable[[SimInstance], None] | None = None,
                  on_drained: Callable[[SimInstance], None] | None = None, status: SimStatus = "ready",
-                 handshake_s: float = 0.0, migration_s: Callable[[int], float] | None = None) -> None:
+                 handshake_s: float = 0.0, migration_s: Callable[[int], float] | None = None,
+                 ledger: InflightLedger | None = None) -> None:
         self.instance_id = instance_id
         self.status: SimStatus = status
         self.model = model
@@ -161,6 +169,7 @@ class SimInstance:
         # A migrating request's stall for its context tokens (the migration mechanism; default: a KV copy).
         self.migration_s = migration_s or model.kv_transfer_time_s
         self.engine = engine or EngineSpec()
+        self.ledger = ledger if ledger is not None else InflightLedger()  # the cluster's dispatcher's
         self.core = self.engine.model(role, model)
         self.preemptions = PreemptionStats()
         self.given_up = 0  # colocated prompts refused for waiting past their TTFT target (EngineSpec.give_up_late)
@@ -168,9 +177,6 @@ class SimInstance:
         self.incoming: list[SimRequest] = []  # decode: migrating here (KV reserved), not yet in the batch
         self._moving = 0  # requests here with a move decided, waiting for the current step to end
         self.assigned = 0  # requests dispatched (or migrated) here and not done here
-        self.pending_tokens = 0  # prefill: prompt tokens not computed yet; decode: KV not reserved yet
-        self.pending_sq = 0  # prefill: sum of squared prompt lengths of prompts not done yet
-        self.pending_prompt_tokens = 0  # decode: the prompt part of pending_tokens
         self.bootstrapping = 0  # prefill: requests dispatched here whose decode side has not claimed them yet
         self.sending = 0  # prefill: prompts computed, their KV not at the decode side yet (SGLang's inflight queue)
         self.unwritten_kv = 0  # decode: reserved KV of output tokens not generated yet (used_kv - current use)
@@ -292,6 +298,7 @@ class SimInstance:
         if cache is not None:
             used += cache.locked_tokens
         running = core.running
+        sent = self.ledger.engine(self.instance_id)
         return EngineView(
             instance_id=self.instance_id, role=role, status="ready" if self.status == "ready" else "draining",
             kv_capacity_tokens=core.kv_capacity, max_running_requests=core.max_running,
@@ -299,9 +306,8 @@ class SimInstance:
             waiting_reqs=(len(core.waiting) + self.bootstrapping + len(core.prealloc) + len(core.ready)
                           + len(core.retracted)),  # waiting_reqs
             used_tokens=used,
-            load_age_s=0.0, inflight_reqs=self.assigned,
-            inflight_tokens=self.pending_prompt_tokens if current else self.pending_tokens,
-            inflight_tokens_sq=self.pending_sq, token_interval_s=self.step_ewma_s if running else None,
+            load_age_s=0.0, inflight_reqs=sent.reqs, inflight_tokens=sent.tokens, inflight_tokens_sq=sent.tokens_sq,
+            token_interval_s=self.step_ewma_s if running else None,
             finish_rate_rps=self.finishes.rate(self.queue.now_s) if role != "prefill" else None,
             kv_waiting_reqs=len(core.prealloc) + len(core.retracted),
             local_prefill=role == "decode",
@@ -348,8 +354,7 @@ class SimInstance:
             return
         step = self._step
         assert step is not None
-        done = self.core.cut(step, self.queue.now_s - self._step_start_s)
-        self.pending_tokens -= done
+        self.core.cut(step, self.queue.now_s - self._step_start_s)
         self._step = None
         self._cut_at = None
         self._step_id += 1
@@ -371,8 +376,6 @@ class SimInstance:
         for req in admitted:
             assert isinstance(req, SimRequest) and req.prefill is not None
             self.unwritten_kv += req.output_tokens
-            self.pending_tokens -= req.kv_tokens
-            self.pending_prompt_tokens -= req.input_tokens
             claimed.setdefault(req.prefill, []).append(req)
         for prefill, reqs in claimed.items():
             if self.handshake_s > 0:
@@ -419,6 +422,7 @@ class SimInstance:
             return False
         req.kv_incoming = need
         target.assigned += 1
+        self.ledger.hold(req.ledger_key, target.instance_id, req.prompt_tokens + req.output_tokens)
         target.incoming.append(req)
         req.migrate_to = target
         req.migrate_from = self
@@ -436,6 +440,7 @@ class SimInstance:
         source._moving -= 1
         req.migrate_to = req.migrate_from = None
         target.assigned -= 1
+        self.ledger.release(req.ledger_key, target.instance_id)
         target.incoming.remove(req)
         target.core.cancel_move_in(req.kv_incoming)
         target._freed()
@@ -455,11 +460,14 @@ class SimInstance:
         unwritten = req.output_tokens - req.generated  # no tokens come while it moves
         target.unwritten_kv += unwritten
         held, req.kv_held, req.kv_incoming = req.kv_held, req.kv_incoming, 0
+        key = req.ledger_key
 
         def copied() -> None:
             target.incoming.remove(req)
             req.migrate_from = None
             self.unwritten_kv -= unwritten
+            self.ledger.release(key, self.instance_id)
+            self.ledger.first_token(key, target.instance_id)
             self.release(held)
             target.transfer_done(req)
 
@@ -505,12 +513,8 @@ class SimInstance:
             if req.migrate_to is not None:  # type: ignore[attr-defined]
                 self._cancel_move(req)  # type: ignore[arg-type]
         for req in step.prompts_admitted:
-            if role == "decode":  # a local prompt: its KV was pending, its output not yet written
-                self.unwritten_kv += req.output_tokens
-                self.pending_tokens -= req.kv_tokens  # type: ignore[attr-defined]
-                self.pending_prompt_tokens -= req.input_tokens
-            elif role == "prefill":  # its cached prefix needs no computing
-                self.pending_tokens -= req.cached
+            if role == "decode":  # a local prompt: its output not yet written
+                self.unwritten_kv += req.output_tokens  # type: ignore[attr-defined]
         if self.core.retry_at is not None:
             self._retry(self.core.retry_at)
         return None if step.idle else step
@@ -555,9 +559,11 @@ class SimInstance:
                     self._finish(req)  # type: ignore[arg-type]
         if step.prefill:  # prefill, colocated, or decode with local prompts
             if core.role == "prefill":
-                self.pending_tokens -= sum(n for _, n in step.prefill)
                 for req in applied.prompts_done:
                     self._handoff(req)  # type: ignore[arg-type]
+            else:  # its first token is due here: the dispatcher's ledger rule
+                for req in applied.prompts_done:
+                    self.ledger.first_token(req.ledger_key, self.instance_id)  # type: ignore[attr-defined]
             if core.replan and core.role == "prefill" and self.on_prefill_done is not None:
                 self.on_prefill_done(self)  # may send this instance more prompts: after the step's own effects
         self.kick()
@@ -566,16 +572,19 @@ class SimInstance:
         """Prefill: a computed prompt's KV goes to the decode instance; this instance keeps it until the copy
         is done."""
         self.assigned -= 1
-        self.pending_sq -= req.input_tokens * req.input_tokens
         self.sending += 1
         decode = req.decode
         assert decode is not None
+        key = req.ledger_key
 
-        def arrived() -> None:
+        def arrived() -> None:  # the first token at the decode side (the dispatcher's ledger rule)
             self.sending -= 1
+            self.ledger.first_token(key, decode.instance_id, self.instance_id)
             self.core.release_prompt(req, self.queue.now_s)
             self._freed()
             decode.transfer_done(req)
+            if self.on_prefill_done is not None:
+                self.on_prefill_done(self)  # the dispatcher's hold on this instance is over: room for a held prompt
 
         # The KV copy, plus the serving path's own handoff delay (see loadgen/sim/overhead.py).
         delay = self.model.kv_transfer_time_s(req.input_tokens) + self.first_token_delay(req.index)

@@ -1,7 +1,8 @@
 """The gateway's live view of the cluster: registrations (etcd), load reports (NATS), its own in-flight work.
 
-It turns them into the :class:`EngineView` snapshots that dispatch policies read. In-flight counters are
-updated synchronously at dispatch and completion, so back-to-back requests see each other even though
+It turns them into the :class:`EngineView` snapshots that dispatch policies read. The in-flight work is the
+dispatcher's ledger (:class:`shared.policies.inflight.InflightLedger`, the simulator's too), updated
+synchronously at dispatch, first token and completion, so back-to-back requests see each other even though
 load reports arrive only every ~250 ms.
 """
 
@@ -9,25 +10,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from shared.event_rate import EventRate
 from shared.policies import EngineView
+from shared.policies.inflight import InflightLedger
 from shared.protocol import InstanceInfo, LoadReport
-
-
-@dataclass
-class _Inflight:
-    reqs: int = 0
-    tokens: int = 0
-    tokens_sq: int = 0  # sum of squared token counts: a quadratic prefill-time model sums exactly over it
 
 
 class ClusterView:
     def __init__(self) -> None:
         self.instances: dict[str, InstanceInfo] = {}
         self._loads: dict[str, tuple[LoadReport, float]] = {}
-        self._inflight: dict[str, _Inflight] = {}
+        self.ledger = InflightLedger()
         # Requests served to their end on each engine: a decode engine's service rate, which early rejection
         # divides its queue by (shared/policies/admission.py).
         self._departures: dict[str, EventRate] = {}
@@ -44,22 +38,18 @@ class ClusterView:
     async def on_load(self, report: LoadReport, subject: str) -> None:
         self._loads[report.instance_id] = (report, time.monotonic())
 
-    def acquire(self, instance_id: str, tokens: int) -> None:
-        slot = self._inflight.setdefault(instance_id, _Inflight())
-        slot.reqs += 1
-        slot.tokens += tokens
-        slot.tokens_sq += tokens * tokens
+    def release(self, rid: str, instance_id: str | None = None, *, finished_on: str | None = None) -> None:
+        """Give back ``rid``'s hold on ``instance_id`` (None: on every engine); ``finished_on``: the engine
+        that served it to its end (what that engine's finish rate counts)."""
+        released = self.ledger.release(rid, instance_id)
+        if finished_on is not None:
+            self._departures.setdefault(finished_on, EventRate()).record(time.monotonic())
+        if released and self.on_release is not None:
+            self.on_release()
 
-    def release(self, instance_id: str, tokens: int, *, finished: bool = False) -> None:
-        """Give back a request's slot on an engine; ``finished``: the request was served there to its end
-        (what the engine's finish rate counts)."""
-        slot = self._inflight.get(instance_id)
-        if slot is not None:
-            slot.reqs = max(0, slot.reqs - 1)
-            slot.tokens = max(0, slot.tokens - tokens)
-            slot.tokens_sq = max(0, slot.tokens_sq - tokens * tokens)
-        if finished:
-            self._departures.setdefault(instance_id, EventRate()).record(time.monotonic())
+    def first_token(self, rid: str, decode_id: str, prefill_id: str | None) -> None:
+        """``rid``'s first token came from ``decode_id``: the ledger's rule (shared/policies/inflight.py)."""
+        self.ledger.first_token(rid, decode_id, prefill_id)
         if self.on_release is not None:
             self.on_release()
 
@@ -78,7 +68,7 @@ class ClusterView:
             if model is not None and info.model != model:
                 continue
             load_entry = self._loads.get(info.instance_id)
-            slot = self._inflight.get(info.instance_id, _Inflight())
+            slot = self.ledger.engine(info.instance_id)
             if load_entry is None:
                 views.append(EngineView(
                     instance_id=info.instance_id, role=info.role, status=info.status,
@@ -118,7 +108,8 @@ class ClusterView:
         return sorted(m for m, roles in ready.items() if "null" in roles or {"prefill", "decode"} <= roles)
 
     def inflight_total(self) -> int:
-        return sum(s.reqs for s in self._inflight.values())
+        """Requests dispatched and not ended (those holding an engine)."""
+        return self.ledger.requests()
 
 
 def _prefills_locally(info: InstanceInfo) -> bool:

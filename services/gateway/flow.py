@@ -132,7 +132,6 @@ class RequestFlow:
         self.outcome = Outcome()
         self.attempt: Attempt | None = None
         self._placement: Placement | None = None
-        self._held: list[tuple[str, int]] = []
         self.max_rescues = max_rescues
         self.delivered_tokens = 0  # tokens the client has (where a moved request resumes)
         self._text: list[str] = []  # ...and their text (what a stock-SGLang resume re-prefills)
@@ -192,34 +191,21 @@ class RequestFlow:
 
     def _hold(self, placement: Placement) -> None:
         p = self.parsed
-        if placement.prefill_id is not None:
-            self._held.append((placement.prefill_id, p.input_tokens))
-        self._held.append((placement.decode_id, p.input_tokens + p.max_tokens))
-        for instance_id, tokens in self._held:
-            self.cluster.acquire(instance_id, tokens)
+        self.cluster.ledger.dispatched(self.client_id, placement.decode_id, placement.prefill_id, p.input_tokens,
+                                       p.max_tokens)
 
     def _release(self, finished_on: str | None = None) -> None:
-        for instance_id, tokens in self._held:
-            self.cluster.release(instance_id, tokens, finished=instance_id == finished_on)
-        self._held.clear()
+        self.cluster.release(self.client_id, finished_on=finished_on)
 
     def _past_ttft_target(self) -> bool:
         slo = self.parsed.slo
         return slo is not None and slo.ttft_s is not None and time.monotonic() - self.arrived > slo.ttft_s
 
-    def _prefill_done(self, placement: Placement) -> None:
-        """The first token reached the decode side: the prefill engine's part is over (its queue is shorter)."""
-        if placement.prefill_id is None:
-            return
-        entry = (placement.prefill_id, self.parsed.input_tokens)
-        if entry in self._held:
-            self._held.remove(entry)
-            self.cluster.release(*entry)
-
     def _prefill_leg_done(self, placement: Placement, task: asyncio.Task[None]) -> None:
+        """The prefill leg answered: the prefill engine's part is over (its queue is shorter)."""
         if not task.cancelled() and task.exception() is None and self.attempt is not None \
-                and self.attempt.prefill_task is task:
-            self._prefill_done(placement)
+                and self.attempt.prefill_task is task and placement.prefill_id is not None:
+            self.cluster.release(self.client_id, placement.prefill_id)
 
     async def start(self) -> None:
         """Dispatch and wait for the first token, retrying on another pair; raises :class:`APIError`."""
@@ -260,7 +246,7 @@ class RequestFlow:
                 # An answer that arrives whole gets the request's deadline (enforced around start() by the
                 # caller), not the first-token one.
                 await attempt.wait_first_token(self.first_token_timeout_s if self.leg_stream else float("inf"))
-                self._prefill_done(placement)
+                self.cluster.first_token(self.client_id, placement.decode_id, placement.prefill_id)
                 return
             except LegFailed as exc:
                 last_error = exc
@@ -457,30 +443,25 @@ class RequestFlow:
         attempt = Attempt(rid=f"{self.client_id}-m{moves}", endpoint=self.parsed.endpoint, prefill=prefill,
                           decode=target, http=self.http, stream=True, slo=self.request_slo, base_tokens=n,
                           predict_length=self.predict_length)
-        held = [(target.instance_id, self.parsed.input_tokens + self.parsed.max_tokens)]
-        if prefill is not None:
-            held.append((prefill.instance_id, self.parsed.input_tokens + n))
-        for instance_id, tokens in held:
-            self.cluster.acquire(instance_id, tokens)
+        # The move holds its engines under its own id until it has taken over the request.
+        self.cluster.ledger.dispatched(attempt.rid, target.instance_id, prefill.instance_id if prefill else None,
+                                       self.parsed.input_tokens + n, self.parsed.max_tokens - n)
         started = time.monotonic()
         try:
             await attempt.start(body)
             await attempt.wait_first_token(self.first_token_timeout_s)
         except (LegFailed, asyncio.CancelledError) as exc:
-            for instance_id, tokens in held:
-                self.cluster.release(instance_id, tokens)
+            self.cluster.release(attempt.rid)
             _retire(attempt)
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return MoveResult(False, f"the target failed, the request stays where it was: {exc}", mechanism,
                               source_id=source.decode.instance_id, target_id=target.instance_id)
-        if prefill is not None:
-            held.pop()
-            self.cluster.release(prefill.instance_id, self.parsed.input_tokens + n)
+        self.cluster.first_token(attempt.rid, target.instance_id, prefill.instance_id if prefill else None)
         if not rescue:
             _retire(source)
         self._release()
-        self._held = held
+        self.cluster.ledger.rename(attempt.rid, self.client_id)
         self.attempt = attempt
         self.outcome.prefill_id = prefill.instance_id if prefill is not None else self.outcome.prefill_id
         self.outcome.decode_id = target.instance_id

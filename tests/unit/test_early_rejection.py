@@ -191,11 +191,13 @@ def test_past_the_decode_side_s_capacity_the_simulated_cluster_keeps_serving_in_
 
 
 def test_colocated_engines_that_give_up_late_prompts_serve_the_rest_in_time() -> None:
-    """Two colocated engines with Poise's prefill order, a little past their prefill capacity: left queued,
-    prompts that waited out their target are served late in the slack of ones that still had time, and the
-    queue of them grows; given up (``give_up_late``), each is refused with a retryable 429 and the rest meet
-    their target. Within capacity nothing is given up."""
-    model, slo = LatencyModel(load_profile()), SLO(ttft_s=2.0, tpot_s=0.2)
+    """Two colocated engines with Poise's prefill order, past their prefill capacity: left queued, prompts that
+    waited out their target are served late in the slack of ones that still had time, some of them tens of
+    seconds late; given up (``give_up_late``), each is refused with a retryable 429 at its target instead,
+    the rest meet their target and no fewer requests are in time. Within capacity nothing is given up. (The
+    TPOT target is loose: unchunked prompts stall the decode steps between them, and give-up is about the
+    wait for the first token.)"""
+    model, slo = LatencyModel(load_profile()), SLO(ttft_s=2.0, tpot_s=0.5)
 
     def load(gap_s: float) -> Workload:
         return Workload(name="test", requests=[
@@ -207,11 +209,12 @@ def test_colocated_engines_that_give_up_late_prompts_serve_the_rest_in_time() ->
                        give_up_late=give_up)
         return simulate(load(gap_s), mix, model, slo, first_token_delay=NO_DELAY)
 
-    kept, given_up = run(0.1, False), run(0.1, True)
-    assert kept.summary.slo_attainment < 0.5 and kept.config["early_rejections"] == 0
+    kept, given_up = run(0.085, False), run(0.085, True)
+    assert kept.config["early_rejections"] == 0 and kept.summary.ttft_p99_s > 10 * slo.ttft_s
     refused = [r for r in given_up.records if not r.ok]
     assert refused and all((r.error or "").startswith("429: early rejection: waited") for r in refused)
     assert given_up.config["early_rejections"] == len(refused)
-    assert given_up.summary.slo_attainment > 0.75 and given_up.summary.ttft_p99_s < 2.5
+    assert given_up.summary.ttft_p99_s < 1.25 * slo.ttft_s
+    assert given_up.summary.slo_attainment >= kept.summary.slo_attainment - 0.01
     within = run(0.2, True)
     assert within.config["early_rejections"] == 0 and within.summary.slo_attainment == 1.0

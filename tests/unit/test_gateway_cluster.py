@@ -25,9 +25,9 @@ def _finish_rate(cluster: ClusterView) -> float | None:
 
 def test_refused_failed_or_moved_requests_are_not_finishes() -> None:
     cluster = _view()
-    for _ in range(20):  # an engine giving every prompt up (429) serves none of them
-        cluster.acquire("c0", 100)
-        cluster.release("c0", 100)
+    for i in range(20):  # an engine giving every prompt up (429) serves none of them
+        cluster.ledger.dispatched(f"r{i}", "c0", None, 100, 0)
+        cluster.release(f"r{i}")
     assert _finish_rate(cluster) is None
     (view,) = cluster.engines("m")
     assert view.inflight_reqs == 0 and view.inflight_tokens == 0  # the slots are back all the same
@@ -35,8 +35,8 @@ def test_refused_failed_or_moved_requests_are_not_finishes() -> None:
 
 def test_requests_served_to_their_end_are() -> None:
     cluster = _view()
-    for _ in range(20):
-        cluster.acquire("c0", 100)
-        cluster.release("c0", 100, finished=True)
+    for i in range(20):
+        cluster.ledger.dispatched(f"r{i}", "c0", None, 100, 0)
+        cluster.release(f"r{i}", finished_on="c0")
     rate = _finish_rate(cluster)
     assert rate is not None and rate > 0

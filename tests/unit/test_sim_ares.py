@@ -167,7 +167,7 @@ def test_current_kv_reports_prompt_and_generated_tokens_only() -> None:
     used, reported, generated = seen[0]
     assert used == 1500 and reported == 1000 + generated and 0 < generated < 500
     for inst in c.instances.values():
-        assert inst.used_kv == 0 and inst.unwritten_kv == 0 and inst.pending_prompt_tokens == 0
+        assert inst.used_kv == 0 and inst.unwritten_kv == 0 and inst.view().inflight_tokens == 0
 
 
 def test_mix_options_for_migration() -> None:
