@@ -166,19 +166,24 @@ def main() -> None:
     parser.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
                         help=f"comma-separated: {', '.join(DEFAULT_POLICIES)}, {COLOCATED_POISE_ENGINES}, "
                              f"{BEST_ON_POISE_ENGINES}")
+    parser.add_argument("--yardsticks", default=",".join(YARDSTICKS),
+                        help=f"comma-separated: {', '.join(YARDSTICKS)} (the rows of the others are kept)")
     parser.add_argument("--jobs", type=int, default=1, help="simulations at once")
     args = parser.parse_args()
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    yardsticks = [y.strip() for y in args.yardsticks.split(",") if y.strip()]
+    if set(yardsticks) - set(YARDSTICKS):
+        sys.exit(f"unknown yardsticks {sorted(set(yardsticks) - set(YARDSTICKS))}; known: {list(YARDSTICKS)}")
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
     unknown = sorted(set(workloads) - set(ORDER))
     if unknown:
         sys.exit(f"unknown workloads {unknown}; known: {ORDER}")
     command = shlex.join(["python", "-m", "tests.bench.work_yardstick", *sys.argv[1:]])
     old = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"rows": []}
-    rows = [r for r in old["rows"] if r["workload"] not in workloads]
+    rows = [r for r in old["rows"] if r["workload"] not in workloads or r["yardstick"] not in yardsticks]
     commands = sorted(set(old.get("commands", [])) | {command}) if rows else [command]
     with ProcessPoolExecutor(args.jobs) as pool:
-        futures = {pool.submit(compare, w, y, policies): (w, y) for w in workloads for y in YARDSTICKS}
+        futures = {pool.submit(compare, w, y, policies): (w, y) for w in workloads for y in yardsticks}
         for future in as_completed(futures):
             row = future.result()
             rows.append(row)
