@@ -27,7 +27,7 @@ class TraceSliceSettings(ServiceSettings):
     """Which slice of which trace, at what rate, and where the report goes: what a live replay and the
     simulator share."""
 
-    trace: str = Field("azure-conv", description="Trace: azure-code, azure-conv, mooncake-conv, mooncake-synthetic, a stress-set workload (stress-step, stress-ramp, stress-bursts, stress-mix-shift, stress-diurnal; held out for evaluation, see loadgen/stress.py), or a path to an Azure CSV / Mooncake JSONL file.")
+    trace: str = Field("azure-conv", description="Trace: azure-code, azure-conv, mooncake-conv, mooncake-synthetic, a stress-set workload (stress-step, stress-ramp, stress-bursts, stress-mix-shift, stress-diurnal: loadgen/stress.py), a held-out workload (heldout-batch-waves, heldout-multi-tenant, heldout-week: loadgen/heldout.py, never tuned on), or a path to an Azure CSV / Mooncake JSONL file.")
     start_s: float = Field(0.0, ge=0.0, description="Where the slice starts in the trace, in seconds.")
     duration_s: float | None = Field(180.0, gt=0.0, description="Length of the slice in trace seconds (unset = to the end).")
     max_requests: int | None = Field(None, ge=1, description="Stop the slice after this many requests.")
