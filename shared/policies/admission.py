@@ -27,11 +27,11 @@ KV copy come after it).
 the inner policy places the request; when its decode (or colocated) engine's wait is past the target, another
 open engine of the same role that can start it in time takes it, and when none can, the request is refused.
 Colocated engines are judged like decode ones: past their capacity a colocated cluster otherwise queues
-every request behind the whole backlog, as a split's decode side does (docs/evaluation.md, "What the
+every request behind the whole backlog, as a split's decode side does (tests/bench/results/provenance.md, "What the
 gateway's rules changed about the modes"). Not where they give up late prompts themselves
 (``EarlyRejectionParams.colocated``; Poise's engines): their fewest-late order keeps the prompts that can make
 their targets, and the queue's length over the finish rate then overstates the wait of a prompt it keeps
-(docs/evaluation.md, "Early rejection and colocated engines that give up late prompts").
+(tests/bench/results/provenance.md, "Early rejection and colocated engines that give up late prompts").
 """
 
 from __future__ import annotations

@@ -94,7 +94,7 @@ def edf_key(item: PrefillItem, now_s: float) -> SortKey:
 #: batch (colocated ones): there a prompt's prefill waits on the decode work of every step, and the arrivals
 #: behind it keep coming, so it ends later than its work alone says. A prefill engine's steps are its own;
 #: counted cautiously there too, the Mooncake synthetic trace lost a goodput step. The factor was
-#: tried at 1.5, 2.5, 4 and 8 on stress-bursts' first burst, 2.5 held the most (docs/evaluation.md).
+#: tried at 1.5, 2.5, 4 and 8 on stress-bursts' first burst, 2.5 held the most (tests/bench/results/provenance.md).
 CAUTIOUS_LATE_COST = 2.5
 
 

@@ -124,10 +124,10 @@ class PoiseParams(msgspec.Struct, frozen=True, kw_only=True):
     max_drain_s: float = 45.0  # no flip of an instance that would take longer to drain (the drain deadline is 60 s)
     colocated: bool = True  # colocated serving is a mode the controller may choose (restarts the engines)
     colocated_step_share: float = 0.6  # colocated only while a typical prompt's step fits this share of the TPOT
-    #                                    SLO (chosen: azure-conv's is 0.41, azure-code's 1.04; docs/evaluation.md)
+    #                                    SLO (chosen: azure-conv's is 0.41, azure-code's 1.04; tests/bench/results/provenance.md)
     mode_dwell_s: float = 900.0  # after a mode change, the next waits this long (a move restarts every engine)
     mode_gain: float = 0.1  # a mode change wants the other mode to score this much lower (the dwell, not a wide
-    #                         hysteresis, keeps modes stable; chosen on azure-conv: docs/evaluation.md)
+    #                         hysteresis, keeps modes stable; chosen on azure-conv: tests/bench/results/provenance.md)
     tpot_exit_share: float = 0.8  # colocated serving is left when its measured TPOT p90 reaches this share of the SLO
     tpot_window_s: float = 60.0  # ... the median of the monitor's per-interval TPOT p90 over this window
     kv_sd: float = KV_SD  # decode KV kept free, in standard deviations of the tokens in use (split_capacity;
