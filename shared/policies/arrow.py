@@ -62,7 +62,7 @@ class ArrowParams(msgspec.Struct, frozen=True, kw_only=True):
     interval_s: float = 0.5  # how often the planner evaluates the flip triggers
     # D→P when the best predicted TTFT exceeds this x TTFT SLO. Arrow's rule is 1.0 (flip once the SLO would
     # be missed), which assumes a free flip; a SGLang flip drains first, so we flip at half (measured in the
-    # simulator on Azure code: see docs/adaptive-pd.md).
+    # simulator on Azure code: see tests/bench/results/adaptive_pd.md).
     d2p_ttft_frac: float = 0.5
     # D→P also needs the monitor's latest observed TTFT P90 over this x TTFT SLO (ours; None: off, as in Arrow
     # alone). The predicted TTFT is a FCFS queue model: engines that prefill by deadline (FlowPrefill) meet

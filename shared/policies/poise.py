@@ -17,13 +17,13 @@ instance towards the best split when
   bar on the excess over capacity flipped between two overloaded splits on the noise of their scores. The
   decode KV bound prices a pool of whole requests with a standard deviation of headroom
   (``kv_sd``, by default ``split_capacity.KV_SD``); on the mean alone the overload rule flips Mooncake
-  conversation into a 6P2D whose two decode pools stay full (docs/adaptive-pd.md); and
+  conversation into a 6P2D whose two decode pools stay full (tests/bench/results/adaptive_pd.md); and
 - the same direction came out ``confirm`` evaluations in a row (one interval's mix can be an outlier), or,
   when neither split carries the load, for as long as the window the mix is measured over (``window_s``).
   Past capacity the scores follow the queues, and a burst shorter than the window lifts them for a few
   evaluations; a flip made on it holds the instance for ``min_dwell_s`` and the way back needs the
   ``min_gain`` bar again, which the split it left, past capacity too, need not clear although it serves
-  more once the burst is over (a decode burst on Mooncake conversation: docs/adaptive-pd.md).
+  more once the burst is over (a decode burst on Mooncake conversation: tests/bench/results/adaptive_pd.md).
 
 What keeps it stable, and why each rule is there:
 

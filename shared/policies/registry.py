@@ -99,7 +99,7 @@ PREFILL_POLICIES: dict[str, Callable[[LatencyModel], PrefillPolicy]] = {
 #: ``CAUTIOUS_LATE_COST`` times its work alone where decode shares the engine's steps. Fewest-late held more
 #: attainment than plain FlowPrefill at and below each tune-set trace's goodput and gained a goodput step on
 #: stress-bursts and stress-mix-shift; the cautious count's factor comes from stress-bursts, and it keeps the
-#: tune set level (docs/adaptive-pd.md, tests/bench/results/provenance.md).
+#: tune set level (tests/bench/results/adaptive_pd.md, tests/bench/results/provenance.md).
 POISE_PREFILL_POLICY = "flowprefill-fewest-late-cautious"
 
 #: The order in which Poise's gateway releases held prompts (late binding): the engines' rule, each prompt

@@ -50,7 +50,7 @@ from shared.latency import LatencyModel
 #: Standard deviations of KV use a decode side keeps free (module doc). At one, its pool is full about a sixth
 #: of the time (a normal tail), when new requests queue a little and catch up. Chosen on Mooncake
 #: conversation, where without it the controller flips to a 6P2D whose two decode pools stay full
-#: (docs/adaptive-pd.md).
+#: (tests/bench/results/adaptive_pd.md).
 KV_SD = 1.0
 
 

@@ -65,7 +65,7 @@ TUNE = ["azure-code", "azure-conv"]
 # and that a colocated mode failing where its load does not explain it (the step rule calls it infeasible, or
 # its load fits) is left under an overload too, half the cluster a round, stress-bursts the rule that a mode
 # change restarts as many instances at once as the load can spare, Mooncake synthetic the rejection of flips
-# in rounds (docs/adaptive-pd.md).
+# in rounds (tests/bench/results/adaptive_pd.md).
 # stress-step and stress-diurnal: commit 6a43287 chose the cautious count by them.
 SEEN = ["mooncake-conv", "stress-step", "stress-ramp", "stress-bursts", "stress-mix-shift", "stress-diurnal",
         "mooncake-synthetic"]
