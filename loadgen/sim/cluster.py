@@ -50,7 +50,6 @@ from shared.protocol.messages import (
     DecodeRequestInfo,
     InstanceInfo,
     InstanceLoad,
-    LoadReport,
     Role,
 )
 from shared.protocol.refusal import REFUSAL_STATUSES, client_wait_s, retry_after_s
@@ -448,7 +447,6 @@ class SimCluster:
 
     # -- what the monitor would see ------------------------------------------------------------------
     def instance_loads(self, profile_name: str) -> list[InstanceLoad]:
-        now = self.queue.now_s
         out = []
         for inst in self.live:
             status = "ready" if inst.status == "ready" else inst.status
@@ -457,23 +455,10 @@ class SimCluster:
                                 bootstrap_port=None, model="sim", profile=profile_name,
                                 kv_capacity_tokens=inst.kv_capacity, max_running_requests=inst.max_running,
                                 sidecar="sim", registered_at_unix_s=self._started_at.get(inst.instance_id, 0.0))
-            load = LoadReport(
-                instance_id=inst.instance_id, role=inst.role, status=status,  # type: ignore[arg-type]
-                ts_unix_s=now, num_running_reqs=len(inst.running) + len(inst.prefilling),
-                num_waiting_reqs=inst.waiting_reqs,
-                num_waiting_uncached_tokens=inst.core.uncached_prompt_tokens if inst.role == "prefill" else 0,
-                num_used_tokens=inst.reported_kv, max_total_num_tokens=inst.kv_capacity,
-                num_running_tokens=inst.running_context,
-                token_usage=inst.reported_kv / inst.kv_capacity,
-                gen_throughput_tps=len(inst.running) / inst.step_ewma_s if inst.running and inst.step_ewma_s else 0.0,
-                prefill_queue_reqs=inst.bootstrapping + inst.sending if inst.role == "prefill" else 0,
-                prefill_bootstrap_reqs=inst.bootstrapping if inst.role == "prefill" else 0,
-                decode_queue_reqs=len(inst.reserve_queue) + len(inst.ready) + len(inst.retracted) if inst.role == "decode" else 0,
-            )
             if inst.status == "starting":  # live, an engine reports no load before it is up
                 out.append(InstanceLoad(info=info, load=None, load_age_s=None))
             else:
-                out.append(InstanceLoad(info=info, load=load, load_age_s=0.0))
+                out.append(InstanceLoad(info=info, load=inst.load_report(), load_age_s=0.0))
         return out
 
     def decode_requests(self, cadence: PredictionCadence | None) -> list[DecodeRequestInfo]:

@@ -16,21 +16,24 @@ cluster needs around it:
 - **migration** (decode → decode, ``migrate_out``): the request stalls for the migration mechanism's time
   (``shared.policies.migration_cost``: a KV copy or a recompute) while the other requests of both instances
   keep decoding;
-- **what the dispatcher sees** (:meth:`SimInstance.view`): the engine's state, and the dispatcher's in-flight
-  ledger (``shared.policies.inflight``, the cluster's, fed the events the live gateway sees).
+- **what the dispatcher sees** (:meth:`SimInstance.view`): the engine's load by engine_sim's function
+  (``shared.engine.load``), reported and viewed by the sidecar's and the gateway's functions
+  (``shared.load_view``), with the dispatcher's in-flight ledger (``shared.policies.inflight``, the cluster's,
+  fed the events the live gateway sees).
 
 Decode KV, two models (``EngineSpec.decode_kv``, the engine model's ``decode_kv``):
 
 - ``grow`` (default; SGLang's and engine_sim's): admission reserves prompt + min(remaining output,
   ``reserved_decode_tokens``), a request outgrowing that takes free KV a token per step, and when a step's
   growth does not fit, running requests are retracted in SGLang's order and resumed (before any new
-  admission) once they fit again. This is where imbalanced decode instances lose (ARES' OOMs). The engine
-  reports the KV it holds.
+  admission) once they fit again. This is where imbalanced decode instances lose (ARES' OOMs).
 - ``whole``: KV for prompt + whole output is reserved at admission, so no request ever runs out of memory: an
-  oracle no engine has (it knows the output length), which queues requests instead of retracting them. What a
-  decode engine *reports* as its KV use is that reservation by default, so a KV-balancing dispatcher sees
-  every request's final size; with ``EngineSpec.kv_report = "current"`` it reports the tokens its requests
-  hold so far (prompt + generated), as SGLang does and as ARES' baseline balances on.
+  oracle no engine has (it knows the output length), which queues requests instead of retracting them.
+
+An engine reports the KV its requests have written (prompt + generated, and the prefix-tree blocks they lock),
+as SGLang's allocator counts it and as ARES' baseline balances on; ``EngineSpec.kv_report = "reserved"``
+reports each request's whole reservation instead (under ``whole``, its final size): an oracle no engine
+reports.
 
 Colocated instances follow the same model: with ``grow`` a colocated engine retracts as SGLang does, the request
 going back to the waiting queue to be prefilled again with its output (engine_sim's colocated engines too).
@@ -50,12 +53,15 @@ from typing import Literal
 
 from loadgen.sim.events import PRIORITY_STEP_END, PRIORITY_TRANSFER_DONE, EventQueue
 from shared.engine.chunking import role_chunk_tokens
+from shared.engine.load import EngineLoad, engine_load
 from shared.engine.model import EngineModel, EngineRequest, Phase, Step, given_up_reason
 from shared.engine.prefix_cache import PrefixCache
 from shared.event_rate import EventRate
 from shared.latency import LatencyModel
+from shared.load_view import engine_loads, engine_view, load_report
 from shared.policies import DecodeBatchPolicy, EngineView, Preemption, PrefillPolicy
 from shared.policies.inflight import InflightLedger
+from shared.protocol import LoadReport
 from shared.protocol.messages import Role
 
 SimStatus = Literal["starting", "ready", "draining", "switching", "stopped"]
@@ -70,7 +76,7 @@ class EngineSpec:
     decode_policy: str = "continuous"
     preemption: Preemption = "chunk"
     chunk_tokens: int | None = None  # None: the profile's chunked_prefill_size; <= 0: prompts are not chunked
-    kv_report: Literal["reserved", "current"] = "reserved"  # decode KV use as reported (see the module doc)
+    kv_report: Literal["reserved", "current"] = "current"  # KV use as reported: written, or reserved (module doc)
     decode_kv: Literal["whole", "grow"] = "grow"  # decode and colocated KV: grow and retract (SGLang's), or whole outputs
     reserved_decode_tokens: int = 512  # grow: output KV set aside at admission (SGLang's default)
     prefix_cache: bool = False  # prefill and colocated instances reuse cached prompt prefixes (the module doc)
@@ -79,7 +85,7 @@ class EngineSpec:
 
     def describe(self) -> str:
         chunk = "profile" if self.chunk_tokens is None else ("off" if self.chunk_tokens <= 0 else str(self.chunk_tokens))
-        kv = "" if self.kv_report == "reserved" else ", reports current KV"
+        kv = "" if self.kv_report == "current" else ", reports reserved KV (an oracle)"
         if self.decode_kv == "grow":
             kv += f", decode KV grows from prompt + {self.reserved_decode_tokens} and retracts when full"
         cache = ", radix prefix cache" if self.prefix_cache else ""
@@ -178,8 +184,8 @@ class SimInstance:
         self._moving = 0  # requests here with a move decided, waiting for the current step to end
         self.assigned = 0  # requests dispatched (or migrated) here and not done here
         self.bootstrapping = 0  # prefill: requests dispatched here whose decode side has not claimed them yet
-        self.sending = 0  # prefill: prompts computed, their KV not at the decode side yet (SGLang's inflight queue)
-        self.unwritten_kv = 0  # decode: reserved KV of output tokens not generated yet (used_kv - current use)
+        self.sent: dict[SimRequest, None] = {}  # prefill: prompts computed, their KV not at the decode side yet
+        self.transfers: dict[SimRequest, None] = {}  # decode: KV reserved here, the request's KV on its way
         self.step_ewma_s: float | None = None  # decode/null: recent decode step time (the token interval)
         self.finishes = EventRate()  # decode/null: requests that finished here, as the dispatcher counts them
         self.on_prefill_step: Callable[[SimInstance, list[tuple[SimRequest, int]], float], None] | None = None
@@ -269,57 +275,37 @@ class SimInstance:
 
     # -- what the dispatcher sees ------------------------------------------------------------------
     @property
-    def reports_current_kv(self) -> bool:
-        return self.engine.kv_report == "current" and self.role == "decode"
-
-    @property
     def grows_kv(self) -> bool:
         return self.core.grows
-
-    @property
-    def reported_kv(self) -> int:
-        """KV use as the engine reports it (see the module doc)."""
-        used = self.core.used_kv
-        return used - self.unwritten_kv if self.reports_current_kv and not self.core.grows else used
 
     def admission_kv(self, req: SimRequest) -> int:
         """KV the request needs to be admitted (or resumed, or migrated in) here: see the module doc."""
         return self.core.admission_kv(req)
 
-    def view(self) -> EngineView:
-        # Built for every live instance at every dispatch: the properties above, read once each.
-        core = self.core
-        role = core.role
-        current = role == "decode" and self.engine.kv_report == "current"  # reports_current_kv
-        used = core.used_kv
-        if current and not core.grows:  # reported_kv
-            used -= self.unwritten_kv
-        cache = core.cache
-        if cache is not None:
-            used += cache.locked_tokens
-        running = core.running
-        sent = self.ledger.engine(self.instance_id)
-        return EngineView(
-            instance_id=self.instance_id, role=role, status="ready" if self.status == "ready" else "draining",
-            kv_capacity_tokens=core.kv_capacity, max_running_requests=core.max_running,
-            running_reqs=len(running) + len(core.prefilling),
-            waiting_reqs=(len(core.waiting) + self.bootstrapping + len(core.prealloc) + len(core.ready)
-                          + len(core.retracted)),  # waiting_reqs
-            used_tokens=used,
-            load_age_s=0.0, inflight_reqs=sent.reqs, inflight_tokens=sent.tokens, inflight_tokens_sq=sent.tokens_sq,
-            token_interval_s=self.step_ewma_s if running else None,
-            finish_rate_rps=self.finishes.rate(self.queue.now_s) if role != "prefill" else None,
-            kv_waiting_reqs=len(core.prealloc) + len(core.retracted),
-            local_prefill=role == "decode",
-        )
+    def load(self) -> EngineLoad:
+        """The engine's load numbers, by engine_sim's function (shared.engine.load)."""
+        return engine_load(self.core, bootstrap=self.bootstrapping, sent=self.sent, transfer=self.transfers,
+                           reserved=self.engine.kv_report == "reserved")
 
-    @property
-    def waiting_reqs(self) -> int:
-        """SGLang's ``num_waiting_reqs``: the waiting queue, and a prefill engine's bootstrap queue or a decode
-        engine's prealloc, transfer and retracted queues."""
-        core = self.core
-        return (len(core.waiting) + self.bootstrapping + len(core.prealloc) + len(core.ready)
-                + len(core.retracted))
+    def load_report(self) -> LoadReport:
+        """What this engine's sidecar would publish now (shared.load_view: the sidecar's own function)."""
+        running = len(self.core.running)
+        tps = running / self.step_ewma_s if running and self.step_ewma_s else 0.0
+        loads = engine_loads(self.load(), mode=self.role, kv_capacity_tokens=self.core.kv_capacity,
+                             max_running_requests=self.core.max_running, gen_throughput_tps=tps)
+        status = "ready" if self.status == "ready" else self.status
+        return load_report(self.instance_id, self.role, status, loads, self.queue.now_s)  # type: ignore[arg-type]
+
+    def view(self) -> EngineView:
+        """What the dispatcher sees (shared.load_view: the gateway's own function), reading a report as fresh as
+        the event that asked."""
+        role = self.core.role
+        return engine_view(
+            self.instance_id, role, "ready" if self.status == "ready" else "draining",
+            kv_capacity_tokens=self.core.kv_capacity, max_running_requests=self.core.max_running,
+            load=self.load_report(), load_age_s=0.0, held=self.ledger.engine(self.instance_id),
+            finish_rate_rps=self.finishes.rate(self.queue.now_s) if role != "prefill" else None,
+            local_prefill=role == "decode")
 
     @property
     def empty(self) -> bool:
@@ -375,7 +361,7 @@ class SimInstance:
         claimed: dict[SimInstance, list[SimRequest]] = {}
         for req in admitted:
             assert isinstance(req, SimRequest) and req.prefill is not None
-            self.unwritten_kv += req.output_tokens
+            self.transfers[req] = None
             claimed.setdefault(req.prefill, []).append(req)
         for prefill, reqs in claimed.items():
             if self.handshake_s > 0:
@@ -390,6 +376,7 @@ class SimInstance:
         self.enqueue_prefills(reqs)
 
     def transfer_done(self, req: SimRequest) -> None:
+        del self.transfers[req]
         self.core.transfer_done(req)
         self.kick()
 
@@ -457,15 +444,13 @@ class SimInstance:
         req.migrations += 1
         req.decode = target
 
-        unwritten = req.output_tokens - req.generated  # no tokens come while it moves
-        target.unwritten_kv += unwritten
+        target.transfers[req] = None
         held, req.kv_held, req.kv_incoming = req.kv_held, req.kv_incoming, 0
         key = req.ledger_key
 
         def copied() -> None:
             target.incoming.remove(req)
             req.migrate_from = None
-            self.unwritten_kv -= unwritten
             self.ledger.release(key, self.instance_id)
             self.ledger.first_token(key, target.instance_id)
             self.release(held)
@@ -501,10 +486,7 @@ class SimInstance:
         if self.status in ("starting", "switching", "stopped"):
             return None
         step = self.core.plan(self.queue.now_s)
-        role = self.core.role
         self._claim(step.admitted)
-        if step.joined and role == "decode":
-            self.unwritten_kv -= sum(1 for r in step.joined if r.generated)
         for req in step.finished:
             self._finish(req)  # type: ignore[arg-type]
         for req in step.given_up:
@@ -512,9 +494,6 @@ class SimInstance:
         for req in step.retracted:
             if req.migrate_to is not None:  # type: ignore[attr-defined]
                 self._cancel_move(req)  # type: ignore[arg-type]
-        for req in step.prompts_admitted:
-            if role == "decode":  # a local prompt: its output not yet written
-                self.unwritten_kv += req.output_tokens  # type: ignore[attr-defined]
         if self.core.retry_at is not None:
             self._retry(self.core.retry_at)
         return None if step.idle else step
@@ -544,8 +523,6 @@ class SimInstance:
         core = self.core
         applied = core.apply(step, self.queue.now_s)
         if step.decode:
-            if core.role == "decode":
-                self.unwritten_kv -= len(step.decode)
             if self._moving:  # moves wait for this step's end: in batch order, with the finishes
                 for req in step.decode:
                     if req.phase is Phase.FINISHED:
@@ -572,13 +549,13 @@ class SimInstance:
         """Prefill: a computed prompt's KV goes to the decode instance; this instance keeps it until the copy
         is done."""
         self.assigned -= 1
-        self.sending += 1
+        self.sent[req] = None
         decode = req.decode
         assert decode is not None
         key = req.ledger_key
 
         def arrived() -> None:  # the first token at the decode side (the dispatcher's ledger rule)
-            self.sending -= 1
+            del self.sent[req]
             self.ledger.first_token(key, decode.instance_id, self.instance_id)
             self.core.release_prompt(req, self.queue.now_s)
             self._freed()

@@ -573,12 +573,6 @@ class SimEngine:
 
     # ------------------------------------------------------------------------------------------------
     # load and info (reports.py)
-    def num_running_reqs(self) -> int:
-        return reports.num_running_reqs(self)
-
-    def num_queue_reqs(self) -> int:
-        return reports.num_queue_reqs(self)
-
     def load_snapshot(self) -> dict[str, Any]:
         return reports.load_snapshot(self)
 

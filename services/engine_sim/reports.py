@@ -12,16 +12,11 @@ from typing import Any
 
 from services.engine_sim import clock
 from services.engine_sim.engine_state import EngineState
-from services.engine_sim.requests import SimRequest
+from shared.engine.load import EngineLoad, engine_load
 from shared.policies.prefill_order import MAX_PREFILL_TOKENS
 
 ENGINE_NAME = "poise-engine-sim"
 SGLANG_API_VERSION = "0.5.23"  # the SGLang release whose HTTP API this emulates
-
-
-def num_running_reqs(eng: EngineState) -> int:
-    # A prefill engine has no decode batch; its running requests are the ones being prefilled.
-    return len(eng.queues.prefilling) if eng.mode == "prefill" else len(eng.queues.running)
 
 
 def num_queue_reqs(eng: EngineState) -> int:
@@ -30,31 +25,26 @@ def num_queue_reqs(eng: EngineState) -> int:
     return len(q.intake) + len(q.waiting) + len(q.ready)
 
 
+def load(eng: EngineState) -> EngineLoad:
+    """The engine's load numbers (shared.engine.load: the function the simulator's engines report by too)."""
+    q = eng.queues
+    return engine_load(eng.core, intake=q.intake, bootstrap=len(q.bootstrap), sent=q.inflight.values(),
+                       transfer=q.transfer.values())
+
+
 def load_snapshot(eng: EngineState) -> dict[str, Any]:
     """One LoadSnapshot (sglang/srt/managers/load_snapshot.py) as LoadSnapshot.to_dict() renders it."""
     now = clock.monotonic()
-    mode = eng.mode
     q = eng.queues
-    pending = [*q.intake, *q.waiting]
-    # SGLang counts a prefill engine's bootstrap queue as waiting requests, but not its tokens as uncached ones
-    # (they wait for their decode side, not for this engine's compute: load_inquirer.py).
-    uncached = sum(r.input_tokens for r in q.intake) + eng.core.uncached_prompt_tokens
-    if mode == "prefill":
-        pending += list(q.bootstrap.values())
-        num_waiting = len(pending)
-    elif mode == "decode":
-        num_waiting = len(q.intake) + len(q.ready) + len(q.prealloc) + len(q.transfer) + len(q.retracted)
-    else:
-        num_waiting = len(pending)
-    if mode == "decode":
+    current = load(eng)
+    if eng.mode == "decode":
         pending_tokens = sum(r.prompt_tokens for r in q.intake) + sum(
             r.context_tokens for r in (*q.prealloc, *q.retracted))
         awaiting_kv = sum(r.prompt_tokens for r in (*q.prealloc, *q.transfer.values()))
-        uncached = 0
     else:
-        pending_tokens = sum(r.input_tokens for r in pending)
+        pending_tokens = sum(r.input_tokens for r in (*q.intake, *q.waiting, *q.bootstrap.values()))
         awaiting_kv = 0
-    in_use = kv_in_use(eng)
+    in_use = current.used_tokens
     total_tokens = in_use + pending_tokens
     tps, util = eng.window.rates(now)
     moments = list(eng.decode_moments) if eng.decode_moments[0] > 0 else None
@@ -62,9 +52,9 @@ def load_snapshot(eng: EngineState) -> dict[str, Any]:
     return {
         "timestamp": eng.snapshot_unix_s(),
         "dp_rank": 0,
-        "num_running_reqs": num_running_reqs(eng),
-        "num_waiting_reqs": num_waiting,
-        "num_waiting_uncached_tokens": uncached,
+        "num_running_reqs": current.running_reqs,
+        "num_waiting_reqs": current.waiting_reqs,
+        "num_waiting_uncached_tokens": current.uncached_tokens,
         "num_used_tokens": in_use,
         "num_total_tokens": total_tokens,
         "num_active_tokens": max(0, total_tokens - awaiting_kv),
@@ -81,40 +71,22 @@ def load_snapshot(eng: EngineState) -> dict[str, Any]:
         "memory": {"weight_gb": 0.0, "kv_cache_gb": round(kv_gb, 3), "graph_gb": 0.0,
                    "token_capacity": eng.capacity},
         "disaggregation": {
-            "mode": mode,
-            "prefill_bootstrap_queue_reqs": len(q.bootstrap),
-            "prefill_inflight_queue_reqs": len(q.inflight),
-            "decode_prealloc_queue_reqs": len(q.prealloc),
-            "decode_transfer_queue_reqs": len(q.transfer),
-            "decode_retracted_queue_reqs": len(q.retracted),
+            "mode": eng.mode,
+            "prefill_bootstrap_queue_reqs": current.bootstrap_reqs,
+            "prefill_inflight_queue_reqs": current.inflight_reqs,
+            "decode_prealloc_queue_reqs": current.prealloc_reqs,
+            "decode_transfer_queue_reqs": current.transfer_reqs,
+            "decode_retracted_queue_reqs": current.retracted_reqs,
             "kv_transfer_speed_gb_s": round(eng.last_kv_transfer_gb_s, 3),
             "kv_transfer_latency_ms": round(eng.last_kv_transfer_ms, 3),
         },
         "queues": {"waiting": num_queue_reqs(eng), "grammar": 0, "paused": 0,
-                   "retracted": len(q.retracted), "prealloc_ready": 0},
+                   "retracted": current.retracted_reqs, "prealloc_ready": 0},
         # Poise extensions (not in SGLang): recent prompts prefilled alone, [seq, tokens, seconds]; and the
         # context tokens of the running batch (Arrow's decode load, which KV in use overstates).
         "poise_prefill_samples": [list(sample) for sample in eng.prefill_samples],
-        "poise_running_tokens": sum(r.context_tokens for r in q.running),
+        "poise_running_tokens": current.running_tokens,
     }
-
-
-def kv_in_use(eng: EngineState) -> int:
-    """SGLang's num_used_tokens: KV written, i.e. the requests' own (a prefill's whole prompt from admission;
-    on decode and colocated engines their contexts, not the room reserved for output still to come) and the
-    tree blocks they lock (SGLang counts evictable cache as available)."""
-    q = eng.queues
-    if eng.mode == "prefill":
-        own = sum(r.prompt_kv for r in (*q.prefilling, *q.inflight.values()))
-    else:
-        own = sum(_written(r) for r in (*q.prefilling, *q.transfer.values(), *q.ready, *q.running))
-    cache = eng.core.cache
-    return own + (cache.locked_tokens if cache is not None else 0)
-
-
-def _written(req: SimRequest) -> int:
-    in_tree = req.hold.tree_tokens if req.hold is not None else 0  # its matched prefix; after the insert, its prompt
-    return max(0, min(req.kv_held, req.context_tokens - in_tree))
 
 
 def cache_hit_rate(eng: EngineState) -> float:
@@ -125,11 +97,11 @@ def cache_hit_rate(eng: EngineState) -> float:
 
 def gauges(eng: EngineState) -> dict[str, float]:
     """Values for the scheduler-side gauges, refreshed at each /metrics scrape."""
-    q = eng.queues
+    current = load(eng)
     tps, util = eng.window.rates(clock.monotonic())
-    in_use = kv_in_use(eng)
+    in_use = current.used_tokens
     return {
-        "num_running_reqs": num_running_reqs(eng),
+        "num_running_reqs": current.running_reqs,
         "num_queue_reqs": num_queue_reqs(eng),
         "num_grammar_queue_reqs": 0,
         "gen_throughput": tps,
@@ -140,12 +112,12 @@ def gauges(eng: EngineState) -> dict[str, float]:
         "kv_available_tokens": eng.capacity - in_use,
         "max_total_num_tokens": eng.capacity,
         "utilization": util,
-        "num_retracted_reqs": len(q.retracted),
+        "num_retracted_reqs": current.retracted_reqs,
         "num_paused_reqs": 0,
-        "num_prefill_bootstrap_queue_reqs": len(q.bootstrap),
-        "num_prefill_inflight_queue_reqs": len(q.inflight),
-        "num_decode_prealloc_queue_reqs": len(q.prealloc),
-        "num_decode_transfer_queue_reqs": len(q.transfer),
+        "num_prefill_bootstrap_queue_reqs": current.bootstrap_reqs,
+        "num_prefill_inflight_queue_reqs": current.inflight_reqs,
+        "num_decode_prealloc_queue_reqs": current.prealloc_reqs,
+        "num_decode_transfer_queue_reqs": current.transfer_reqs,
     }
 
 

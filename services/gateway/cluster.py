@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 
 from shared.event_rate import EventRate
+from shared.load_view import engine_view
 from shared.policies import EngineView
 from shared.policies.inflight import InflightLedger
 from shared.protocol import InstanceInfo, LoadReport
@@ -67,27 +68,13 @@ class ClusterView:
         for info in self.instances.values():
             if model is not None and info.model != model:
                 continue
-            load_entry = self._loads.get(info.instance_id)
-            slot = self.ledger.engine(info.instance_id)
-            if load_entry is None:
-                views.append(EngineView(
-                    instance_id=info.instance_id, role=info.role, status=info.status,
-                    kv_capacity_tokens=info.kv_capacity_tokens, max_running_requests=info.max_running_requests,
-                    inflight_reqs=slot.reqs, inflight_tokens=slot.tokens, inflight_tokens_sq=slot.tokens_sq,
-                    local_prefill=_prefills_locally(info),
-                ))
-                continue
-            load, received = load_entry
-            views.append(EngineView(
-                instance_id=info.instance_id, role=info.role, status=info.status, healthy=load.healthy,
-                kv_capacity_tokens=info.kv_capacity_tokens, max_running_requests=info.max_running_requests,
-                running_reqs=load.num_running_reqs, waiting_reqs=load.num_waiting_reqs, used_tokens=load.num_used_tokens,
-                queue_reqs=load.prefill_queue_reqs + load.decode_queue_reqs, load_age_s=now - received,
-                kv_waiting_reqs=load.decode_kv_waiting_reqs,
-                inflight_reqs=slot.reqs, inflight_tokens=slot.tokens, inflight_tokens_sq=slot.tokens_sq,
-                token_interval_s=_token_interval(load), finish_rate_rps=self._finish_rate(info, now),
-                local_prefill=_prefills_locally(info),
-            ))
+            load, received = self._loads.get(info.instance_id, (None, None))
+            views.append(engine_view(
+                info.instance_id, info.role, info.status, kv_capacity_tokens=info.kv_capacity_tokens,
+                max_running_requests=info.max_running_requests, load=load,
+                load_age_s=None if received is None else now - received, held=self.ledger.engine(info.instance_id),
+                finish_rate_rps=self._finish_rate(info, now) if load is not None else None,
+                local_prefill=_prefills_locally(info)))
         return views
 
     def _finish_rate(self, info: InstanceInfo, now: float) -> float | None:
@@ -117,9 +104,3 @@ def _prefills_locally(info: InstanceInfo) -> bool:
     decode mode cannot."""
     return info.role == "decode" and info.engine_kind == "sim"
 
-
-def _token_interval(load: LoadReport) -> float | None:
-    """Recent time between tokens of a decode engine: its running requests over its generation throughput."""
-    if load.num_running_reqs <= 0 or load.gen_throughput_tps <= 0:
-        return None
-    return load.num_running_reqs / load.gen_throughput_tps

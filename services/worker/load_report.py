@@ -1,27 +1,12 @@
-"""What the sidecar publishes from one ``/v1/loads`` reading, and how it tells a hung engine from a busy one."""
+"""What the sidecar publishes from each ``/v1/loads`` reading (``shared.load_view.load_report``, each prefill sample
+once), and how it tells a hung engine from a busy one."""
 
 from __future__ import annotations
 
 from shared.engine_client import EngineLoads
+from shared.load_view import load_report
 from shared.protocol import LoadReport
 from shared.protocol.messages import InstanceStatus, Role
-
-
-def load_report(instance_id: str, role: Role, status: InstanceStatus, loads: EngineLoads, ts_unix_s: float,
-                after_seq: int = 0) -> LoadReport:
-    """A :class:`LoadReport` from one ``/v1/loads`` reading, with the prefill samples newer than ``after_seq``."""
-    return LoadReport(
-        instance_id=instance_id, role=role, status=status, ts_unix_s=ts_unix_s, healthy=True,
-        num_running_reqs=loads.num_running_reqs, num_waiting_reqs=loads.num_waiting_reqs,
-        num_waiting_uncached_tokens=loads.num_waiting_uncached_tokens, num_used_tokens=loads.num_used_tokens,
-        num_running_tokens=loads.running_tokens,
-        max_total_num_tokens=loads.max_total_num_tokens, token_usage=loads.token_usage,
-        gen_throughput_tps=loads.gen_throughput_tps, prefill_queue_reqs=loads.prefill_queue_reqs,
-        prefill_bootstrap_reqs=loads.prefill_bootstrap_queue_reqs,
-        decode_queue_reqs=loads.decode_queue_reqs,
-        decode_kv_waiting_reqs=loads.decode_prealloc_queue_reqs + loads.decode_retracted_queue_reqs,
-        prefill_samples=[(tokens, seconds) for seq, tokens, seconds in loads.prefill_samples if seq > after_seq],
-    )
 
 
 class SampleCursor:

@@ -16,9 +16,9 @@ from starlette.routing import Route
 
 from services.gateway.legs import _error_message
 from services.worker.instance_record import live_mode
-from services.worker.load_report import load_report
 from shared.engine_client import EngineClient, parse_loads, parse_server_info
 from shared.errors import EngineError
+from shared.load_view import load_report
 from shared.runtime import EmbeddedHttpServer
 from tests.contract.shapes import assert_shape, fixture
 

@@ -13,16 +13,17 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import msgspec
 import pytest
 
 from services.engine_sim import clock
 from services.engine_sim.config import EngineSimSettings
 from services.engine_sim.engine import SimEngine
-from services.engine_sim.reports import kv_in_use, load_snapshot
+from services.engine_sim.reports import load, load_snapshot
 from services.engine_sim.requests import Phase, SimRequest
 from services.engine_sim.tokens import EOS_TOKEN_ID, TokenSource, draw_output_length
-from services.worker.load_report import load_report
 from shared.engine_client import parse_loads
+from shared.load_view import engine_loads, load_report
 from tests.bench.router_compare import metric_total
 
 # Virtual time: looptime's loop, and engine_sim's clock driven by it (tests/unit/conftest.py).
@@ -75,7 +76,7 @@ async def test_ignore_eos_generates_exactly_max_tokens() -> None:
             assert len(req.output_ids) == 37
             assert req.finish == {"type": "length", "length": 37}
             assert EOS_TOKEN_ID not in req.output_ids
-        assert engine.core.used_kv == 0 and kv_in_use(engine) == 0
+        assert engine.core.used_kv == 0 and load(engine).used_tokens == 0
         assert engine.is_idle()
 
 
@@ -140,9 +141,9 @@ async def test_kv_never_exceeds_capacity_and_retracts_instead() -> None:
 
     def checked_apply(step: Any) -> None:
         apply(step)
-        peak["used"] = max(peak["used"], kv_in_use(engine))
+        peak["used"] = max(peak["used"], load(engine).used_tokens)
         peak["reserved"] = max(peak["reserved"], engine.core.used_kv)
-        assert kv_in_use(engine) <= engine.core.used_kv <= engine.capacity
+        assert load(engine).used_tokens <= engine.core.used_kv <= engine.capacity
 
     engine._apply = checked_apply  # type: ignore[method-assign]
     async with running(engine):
@@ -152,7 +153,7 @@ async def test_kv_never_exceeds_capacity_and_retracts_instead() -> None:
             assert len(req.output_ids) == 200
         assert engine.num_retracted_total > 0
         assert any(r.num_retractions for r in reqs)
-        assert engine.core.used_kv == 0 and kv_in_use(engine) == 0
+        assert engine.core.used_kv == 0 and load(engine).used_tokens == 0
     assert peak["reserved"] <= 2000 and peak["used"] > 1500
 
 
@@ -244,7 +245,7 @@ async def test_abort_frees_kv_and_ends_the_stream() -> None:
 
         reader = asyncio.create_task(read())
         await until(lambda: len(req.output_ids) >= 3)
-        assert kv_in_use(engine) > 2000
+        assert load(engine).used_tokens > 2000
         assert engine.abort("victim") == 1
         fin = await asyncio.wait_for(reader, 2)
         assert fin == {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
@@ -605,3 +606,34 @@ async def test_a_decode_engine_prefills_locally_alongside_its_decode_batch() -> 
         assert decode.core.used_kv == 0 and decode.is_idle()
         with pytest.raises(Exception, match="poise_local_prefill needs a decode"):
             prefill.submit(prompt_tokens=10, max_new_tokens=2, rid="wrong", local_prefill=True)
+
+
+@pytest.mark.asyncio
+@REAL_TIME
+async def test_what_engine_sim_reports_is_what_the_simulators_engines_report() -> None:
+    """engine_sim's /v1/loads, as the sidecar parses it, carries exactly the numbers the simulator's engines hand
+    the dispatcher (shared.load_view.engine_loads over shared.engine.load): one formula for every field."""
+    prefill = make_engine(mode="prefill", bootstrap_port=0)
+    decode = make_engine(mode="decode", kv_capacity_tokens=2000, num_reserved_decode_tokens=8)
+    seen: dict[str, int] = {}
+    async with running(prefill, decode):
+        pairs = []
+        for i in range(10):
+            room = dict(bootstrap_host="127.0.0.1", bootstrap_port=prefill.bootstrap_port, bootstrap_room=900 + i)
+            kw = dict(prompt_tokens=100, max_new_tokens=200, ignore_eos=True, rid=f"lr{i}", **room)
+            pairs.append((prefill.submit(**kw), decode.submit(**kw)))
+        deadline = time.monotonic() + 60
+        while not all(d.phase is Phase.FINISHED for _, d in pairs):
+            assert time.monotonic() < deadline, "the pairs did not finish"
+            for engine in (prefill, decode):
+                parsed = parse_loads({"loads": [load_snapshot(engine)]})
+                direct = engine_loads(load(engine), mode=engine.mode, kv_capacity_tokens=engine.capacity,
+                                      max_running_requests=engine.max_running,
+                                      gen_throughput_tps=parsed.gen_throughput_tps,
+                                      snapshot_unix_s=parsed.snapshot_unix_s)
+                assert msgspec.structs.replace(parsed, prefill_samples=(), busy_snapshot_unix_s=None) == direct
+                for field in ("num_waiting_reqs", "num_used_tokens", "decode_transfer_queue_reqs",
+                              "decode_retracted_queue_reqs", "prefill_inflight_queue_reqs"):
+                    seen[field] = max(seen.get(field, 0), getattr(parsed, field))
+            await asyncio.sleep(0.002)
+    assert all(seen.get(f, 0) > 0 for f in ("num_waiting_reqs", "num_used_tokens", "decode_retracted_queue_reqs")), seen

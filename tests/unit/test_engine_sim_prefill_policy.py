@@ -16,7 +16,7 @@ from services.engine_sim import batching, clock
 from services.engine_sim import protocol as P
 from services.engine_sim.config import EngineSimSettings
 from services.engine_sim.engine import SimEngine
-from services.engine_sim.reports import kv_in_use
+from services.engine_sim.reports import load
 from services.engine_sim.requests import Phase, SimRequest
 from shared.latency import LatencyModel
 from shared.policies import DECODE_BATCH_POLICIES, PREFILL_POLICIES
@@ -156,7 +156,7 @@ def test_fcfs_fills_the_chunk_in_arrival_order() -> None:
     queue(engine, 3000, 4000, 5000)
     assert parts(batching.plan(engine)) == [("q0", 3000), ("q1", 4000), ("q2", 1192)]
     assert [r.rid for r in engine.queues.prefilling] == ["q0", "q1", "q2"]
-    assert kv_in_use(engine) == 12000  # the whole prompts' KV, at admission ...
+    assert load(engine).used_tokens == 12000  # the whole prompts' KV, at admission ...
     assert engine.core.used_kv == 12000 + 3 * 4  # ... and room for their first output tokens (SGLang's reserve)
 
 
@@ -278,8 +278,8 @@ async def pd_pair_run(preemption: str, policy: str, *, time_scale: float = 0.2) 
 
     def checked(step: Any, *args: Any) -> None:
         (cut if args else apply)(step, *args)
-        kv_used.append(kv_in_use(prefill))
-        assert kv_in_use(prefill) <= prefill.core.used_kv <= prefill.capacity
+        kv_used.append(load(prefill).used_tokens)
+        assert load(prefill).used_tokens <= prefill.core.used_kv <= prefill.capacity
 
     prefill._apply = checked  # type: ignore[method-assign]
     prefill._cut = checked  # type: ignore[method-assign,assignment]

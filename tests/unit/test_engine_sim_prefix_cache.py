@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from services.engine_sim.engine import SimEngine
-from services.engine_sim.reports import kv_in_use
+from services.engine_sim.reports import load
 from shared.engine import token_blocks
 from tests.unit.test_engine_sim_core import VIRTUAL_TIME, finish, make_engine, running
 
@@ -35,7 +35,7 @@ async def test_a_colocated_engine_reuses_a_shared_prefix_and_gets_all_its_own_kv
         assert await serve(engine, "c", blocks(1, 2, 3, 4), 2048) == 2047
         cache = engine.core.cache
         assert cache is not None and cache.tokens == 5 * 512 and cache.locked_tokens == 0
-        assert engine.core.used_kv == 0 and kv_in_use(engine) == 0
+        assert engine.core.used_kv == 0 and load(engine).used_tokens == 0
         assert cache.hit_rate == pytest.approx((1536 + 2047) / (3 * 2048))
 
 

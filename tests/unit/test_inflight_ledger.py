@@ -75,7 +75,7 @@ def test_the_simulator_holds_by_the_events_the_gateway_sees() -> None:
         # After every event until the end, note whether the prompt is computed and the first token is out.
         if req.finished_s is not None:
             return
-        if req.generated == 0 and c.instances["p0"].sending:
+        if req.generated == 0 and c.instances["p0"].sent:
             look("sending")
         elif req.generated > 0:
             look("decoding")

@@ -173,3 +173,30 @@ def test_the_gateway_and_the_simulator_keep_the_one_inflight_ledger() -> None:
                     node.target.attr in ("tokens_sq", "pending_sq", "pending_tokens") or "inflight" in node.target.attr):
                 twins.append(f"{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(node)}")
     assert not twins, f"in-flight work counted outside the ledger: {twins}"
+
+
+def _calls(rel: str) -> set[str]:
+    tree = ast.parse((REPO / rel).read_text())
+    return {n.func.id if isinstance(n.func, ast.Name) else n.func.attr
+            for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name | ast.Attribute)}
+
+
+def test_the_engines_report_and_the_dispatchers_view_their_load_by_one_function_each() -> None:
+    """An engine's load numbers come from ``shared.engine.load.engine_load`` (engine_sim's reports and the
+    simulator's engines), its load report from ``shared.load_view.load_report`` (the sidecar and the simulator)
+    and the dispatcher's view of it from ``shared.load_view.engine_view`` (the gateway and the simulator); no
+    other module builds an ``EngineView``."""
+    for rel, needed in (("services/engine_sim/reports.py", {"engine_load"}),
+                        ("loadgen/sim/instance.py", {"engine_load", "load_report", "engine_view"}),
+                        ("services/worker/load_report.py", {"load_report"}),
+                        ("services/gateway/cluster.py", {"engine_view"})):
+        assert needed <= _calls(rel), f"{rel} does not call {sorted(needed - _calls(rel))}"
+    twins = []
+    for path in SOURCES:
+        rel = path.relative_to(REPO)
+        if "tests" in rel.parts or rel.as_posix() in ("shared/load_view.py", "shared/policies/views.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "EngineView":
+                twins.append(f"{rel}:{node.lineno}: EngineView(...)")
+    assert not twins, f"an engine view built outside shared/load_view.py: {twins}"

@@ -92,7 +92,7 @@ def run(m: LatencyModel, mechanism: object, move_at_s: float | None) -> dict[str
         q.at(move_at_s, 2, move)
     q.run()
     for inst in c.instances.values():
-        assert inst.used_kv == 0 and inst.unwritten_kv == 0 and not inst.incoming and not inst.running
+        assert inst.used_kv == 0 and inst.view().used_tokens == 0 and not inst.incoming and not inst.running
     assert all(r.generated == 300 and r.finished_s is not None for r in reqs.values())
     return reqs
 
@@ -149,11 +149,15 @@ def test_a_move_the_target_has_no_room_for_is_refused_and_the_request_stays() ->
     assert c.lifecycle.migrations_refused == 1 and c.lifecycle.migrations == 0
 
 
-def test_current_kv_reports_prompt_and_generated_tokens_only() -> None:
-    """Whole-output reservations, reported as SGLang would report them (ARES' baseline)."""
+@pytest.mark.parametrize(("report", "decode_kv", "held"), [
+    ("current", "whole", 1800), ("current", "grow", 1000 + 512), ("reserved", "whole", 1800)])
+def test_engines_report_the_kv_written_unless_told_to_report_reservations(report: str, decode_kv: str,
+                                                                          held: int) -> None:
+    """A decode engine reports its requests' prompt + generated tokens, as SGLang's allocator counts them (ARES'
+    baseline), whatever it reserved; ``kv_report="reserved"`` reports the reservation (an oracle)."""
     m = model()
-    c, q = cluster(m, engine=EngineSpec(kv_report="current", decode_kv="whole"))
-    req = SimRequest(index=0, rid="r0", arrival_s=0.0, input_tokens=1000, output_tokens=500)
+    c, q = cluster(m, engine=EngineSpec(kv_report=report, decode_kv=decode_kv))  # type: ignore[arg-type]
+    req = SimRequest(index=0, rid="r0", arrival_s=0.0, input_tokens=1000, output_tokens=800)
     q.at(0.0, 2, lambda: c.submit(req))
     seen: list[tuple[int, int, int]] = []
 
@@ -165,9 +169,10 @@ def test_current_kv_reports_prompt_and_generated_tokens_only() -> None:
     q.at(1.0, 2, look)
     q.run()
     used, reported, generated = seen[0]
-    assert used == 1500 and reported == 1000 + generated and 0 < generated < 500
+    assert used == held and 0 < generated < 512
+    assert reported == (held if report == "reserved" else 1000 + generated)
     for inst in c.instances.values():
-        assert inst.used_kv == 0 and inst.unwritten_kv == 0 and inst.view().inflight_tokens == 0
+        assert inst.used_kv == 0 and inst.view().used_tokens == 0 and inst.view().inflight_tokens == 0
 
 
 def test_mix_options_for_migration() -> None:

@@ -7,9 +7,9 @@ import json
 import httpx
 import pytest
 
-from services.worker.load_report import load_report
 from shared.engine_client import EngineClient, parse_loads, parse_server_info
 from shared.errors import EngineError, EngineTimeout
+from shared.load_view import load_report
 
 
 def _rank(dp_rank: int, running: int, waiting: int, used: int, cap: int, **disagg: int) -> dict[str, object]:
