@@ -58,7 +58,7 @@ def engine_load(core: EngineModel, *, intake: Collection[EngineRequest] = (), bo
         if reserved:
             own = sum(r.kv_held for r in (*core.prefilling, *transfer, *core.ready, *core.running))
         else:
-            own = sum(_written(r) for r in (*core.prefilling, *transfer, *core.ready, *core.running))
+            own = sum(_written(r) for r in (*core.prefilling, *transfer, *core.ready)) + running_written(core)
     if role == "decode":
         uncached = 0  # SGLang's decode engines compute no prompts
     cache = core.cache
@@ -69,6 +69,16 @@ def engine_load(core: EngineModel, *, intake: Collection[EngineRequest] = (), bo
         used_tokens=own + (cache.locked_tokens if cache is not None else 0),
         running_tokens=core.running_context, bootstrap_reqs=bootstrap, inflight_reqs=len(sent),
         prealloc_reqs=len(core.prealloc), transfer_reqs=len(transfer), retracted_reqs=len(core.retracted))
+
+
+def running_written(core: EngineModel) -> int:
+    """KV the running batch has written. Without a prefix tree that is its contexts, which the model keeps
+    summed: a running request holds KV for at least its context (admission reserves it, and growth takes the
+    next token's before each step), so none is capped by its reservation. The simulator asks at every
+    dispatch, over batches of hundreds."""
+    if core.cache is None:
+        return core.running_context
+    return sum(_written(r) for r in core.running)
 
 
 def _written(req: EngineRequest) -> int:
