@@ -27,6 +27,7 @@ colocated; a replica started later gets the next free number of its role.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import math
@@ -109,6 +110,9 @@ class SimCluster:
         self.ledger = InflightLedger()
         self.held: list[SimRequest] = []  # late binding: arrived, not yet sent to a prefill instance
         self.given_up = 0  # late binding: held requests refused past their TTFT target (LateBinding.guard_decode)
+        # What the dispatch decided beyond a plain placement, as the gateway's metrics count it: placement stages
+        # (Placement.stages) and retryable refusals (Rejection.code).
+        self.decisions: collections.Counter[str] = collections.Counter()
         self._release_at: float | None = None
         self._pumping = False  # inside _release (see there)
         self._pump_again = False
@@ -193,8 +197,11 @@ class SimCluster:
                         prefix_blocks=req.blocks if self.engine.prefix_cache else ()),
             views, self.queue.now_s)
         if not isinstance(decision, Placement):
+            if decision.retryable:
+                self.decisions[decision.code] += 1
             self._fail(req, f"{'429' if decision.retryable else '503'}: {decision.reason}")
             return None
+        self.decisions.update(decision.stages)
         decode = self.instances[decision.decode_id]
         if req.kv_tokens > decode.kv_capacity or req.input_tokens > decode.kv_capacity:
             self._fail(req, f"400: request needs {req.kv_tokens} KV tokens, above the engine's {decode.kv_capacity}")

@@ -101,9 +101,9 @@ def simulate(workload: Workload, mix: PolicyMix, model: LatencyModel, slo: SLO, 
         "preemptions": _preemptions(cluster),
         # decode requests parked for lack of KV (EngineSpec.decode_kv "grow"; always 0 with "whole")
         "retractions": sum(i.retractions for i in cluster.instances.values()),
-        "local_prefills": getattr(mix.dispatch, "local", 0),
+        "local_prefills": cluster.decisions["local-prefill"],
         # refused at dispatch, held in the gateway past the target, or waiting on a colocated engine past it
-        "early_rejections": (getattr(mix.dispatch, "rejected", 0) + cluster.given_up
+        "early_rejections": (cluster.decisions["slo_unreachable"] + cluster.given_up
                              + sum(i.given_up for i in cluster.instances.values())),
         "prefix_cache": _cache_summary(requests) if mix.engine.prefix_cache else None,
         "first_token_delay_ms": {"median": first_token_delay.median_s * 1e3, "p90": first_token_delay.p90_s * 1e3,

@@ -163,6 +163,8 @@ class RequestFlow:
                               slo_tpot_s=slo.tpot_s if slo else None, prefix_blocks=self._prefix_blocks())
         decision = self.policy.place(request, self.cluster.engines(p.model), time.monotonic(), exclude)
         if isinstance(decision, Placement):
+            for stage in decision.stages:
+                self.metrics.placement_stages.labels(stage).inc()
             return decision
         self.metrics.rejections.labels(decision.code if decision.retryable else "no_capacity").inc()
         if decision.retryable:

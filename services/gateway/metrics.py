@@ -42,6 +42,10 @@ class GatewayMetrics:
         ttft_buckets, tpot_buckets = with_bound(LATENCY_BUCKETS, slo_ttft_s), with_bound(TPOT_BUCKETS, slo_tpot_s)
         self.requests = Counter("poise_gateway_requests", "Finished requests by outcome", ["endpoint", "status"], registry=r)
         self.rejections = Counter("poise_gateway_rejections", "Requests refused before dispatch", ["reason"], registry=r)
+        self.placement_stages = Counter("poise_gateway_placement_stages",
+                                        "Placements a wrapping dispatch policy changed, by stage (local-prefill: kept on "
+                                        "its decode engine; redirected: moved to a decode engine that starts it in time)",
+                                        ["stage"], registry=r)
         self.retries = Counter("poise_gateway_retries", "Attempts retried on another pair", registry=r)
         self.ttft = Histogram("poise_gateway_ttft_seconds", "Time to first token seen by the client", buckets=ttft_buckets, registry=r)
         self.tpot = Histogram("poise_gateway_tpot_seconds", "Mean time per output token after the first", buckets=tpot_buckets, registry=r)

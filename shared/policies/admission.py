@@ -108,13 +108,11 @@ class EarlyRejection:
         self.ttft_slo_s = ttft_slo_s  # the target of requests that carry none of their own
         self.params = params or EarlyRejectionParams()
         self.name = f"{inner.name}+early-rejection"
-        self.rejected = 0  # for reports
-        self.redirected = 0
         self._queued_at: dict[str, float] = {}  # decode engines with a queue of min_queue or more: since when
         self._rose_at: dict[str, float] = {}  # decode engines whose queue rose past the standing line: since when
 
     def __getattr__(self, name: str) -> object:
-        # The inner policy's extras (Arrow's observe_prefill, local prefill's count) stay reachable.
+        # The inner policy's extras (Arrow's observe_prefill, its predictors) stay reachable.
         return getattr(self.inner, name)
 
     def place(self, request: RequestView, engines: Sequence[EngineView], now_s: float,
@@ -141,9 +139,7 @@ class EarlyRejection:
                     and (best is None or (w, e.instance_id) < best)):
                 best = (w, e.instance_id)
         if best is not None:
-            self.redirected += 1
-            return Placement(prefill_id=decision.prefill_id, decode_id=best[1])
-        self.rejected += 1
+            return Placement(prefill_id=decision.prefill_id, decode_id=best[1], stages=(*decision.stages, "redirected"))
         assert decode.finish_rate_rps is not None  # a judged wait has a rate
         kind, waits_for = _JUDGED[decode.role]
         return Rejection(

@@ -26,6 +26,10 @@ class Placement(msgspec.Struct, frozen=True, kw_only=True):
 
     prefill_id: str | None
     decode_id: str
+    # What a wrapping policy changed, in order, as the gateway's metrics and the simulator's report count it:
+    # "local-prefill" (kept on its decode engine: local_prefill.py), "redirected" (moved to a decode engine that
+    # starts it in time: admission.py).
+    stages: tuple[str, ...] = ()
 
 
 class Rejection(msgspec.Struct, frozen=True, kw_only=True):

@@ -52,7 +52,6 @@ class LocalPrefill:
         self.inner = inner
         self.params = params or LocalPrefillParams()
         self.name = f"{inner.name}+local-prefill"
-        self.local = 0  # requests kept local, for reports
 
     def __getattr__(self, name: str) -> object:
         # The inner policy's extras (Arrow's observe_prefill, its predictors) stay reachable through the wrapper.
@@ -69,5 +68,4 @@ class LocalPrefill:
             return decision
         if not stays_local(self.params, request.input_tokens, by_id.get(decision.prefill_id)):
             return decision
-        self.local += 1
-        return Placement(prefill_id=None, decode_id=decision.decode_id)
+        return Placement(prefill_id=None, decode_id=decision.decode_id, stages=(*decision.stages, "local-prefill"))

@@ -38,11 +38,11 @@ def test_the_rule_is_dynamos_conditional_disaggregation() -> None:
 def test_short_requests_go_to_the_decode_choice_alone_where_it_can_prefill() -> None:
     policy = LocalPrefill(LeastLoad())
     engines = [view("p0", "prefill"), view("d0", "decode", local=True)]
-    assert policy.place(req(100), engines, 0.0) == Placement(prefill_id=None, decode_id="d0")
+    assert policy.place(req(100), engines, 0.0) == Placement(prefill_id=None, decode_id="d0", stages=("local-prefill",))
     assert policy.place(req(5000), engines, 0.0) == Placement(prefill_id="p0", decode_id="d0")
     sglang = [view("p0", "prefill"), view("d0", "decode", local=False)]  # SGLang's PD decode cannot prefill
     assert policy.place(req(100), sglang, 0.0) == Placement(prefill_id="p0", decode_id="d0")
-    assert policy.local == 1 and policy.name == "least-load+local-prefill"
+    assert policy.name == "least-load+local-prefill"
 
 
 def test_the_simulated_decode_instance_prefills_short_prompts_itself() -> None:
