@@ -489,17 +489,28 @@ async def test_decode_abort_during_transfer_fails_the_prefill_side() -> None:
         assert prefill.core.used_kv == 0 and prefill.is_idle()
 
 
+def kv_pressed_pair() -> tuple[SimEngine, SimEngine]:
+    """A prefill engine and a decode engine whose KV holds about ten requests' prompts and little more."""
+    return (make_engine(mode="prefill", bootstrap_port=0),
+            make_engine(mode="decode", kv_capacity_tokens=2000, num_reserved_decode_tokens=8))
+
+
+def submit_pairs(prefill: SimEngine, decode: SimEngine, prefix: str, first_room: int) -> list[tuple[SimRequest, SimRequest]]:
+    """Ten requests of 100 + 200 tokens, each sent to both engines with its bootstrap room."""
+    pairs = []
+    for i in range(10):
+        room = dict(bootstrap_host="127.0.0.1", bootstrap_port=prefill.bootstrap_port, bootstrap_room=first_room + i)
+        kw = dict(prompt_tokens=100, max_new_tokens=200, ignore_eos=True, rid=f"{prefix}{i}", **room)
+        pairs.append((prefill.submit(**kw), decode.submit(**kw)))
+    return pairs
+
+
 @pytest.mark.asyncio
 @REAL_TIME
 async def test_decode_engine_retracts_and_resumes_under_kv_pressure() -> None:
-    prefill = make_engine(mode="prefill", bootstrap_port=0)
-    decode = make_engine(mode="decode", kv_capacity_tokens=2000, num_reserved_decode_tokens=8)
+    prefill, decode = kv_pressed_pair()
     async with running(prefill, decode):
-        pairs = []
-        for i in range(10):
-            room = dict(bootstrap_host="127.0.0.1", bootstrap_port=prefill.bootstrap_port, bootstrap_room=500 + i)
-            kw = dict(prompt_tokens=100, max_new_tokens=200, ignore_eos=True, rid=f"dr{i}", **room)
-            pairs.append((prefill.submit(**kw), decode.submit(**kw)))
+        pairs = submit_pairs(prefill, decode, "dr", 500)
         for p, d in pairs:
             await finish(decode, d, 30)
             await finish(prefill, p, 30)
@@ -613,15 +624,10 @@ async def test_a_decode_engine_prefills_locally_alongside_its_decode_batch() -> 
 async def test_what_engine_sim_reports_is_what_the_simulators_engines_report() -> None:
     """engine_sim's /v1/loads, as the sidecar parses it, carries exactly the numbers the simulator's engines hand
     the dispatcher (shared.load_view.engine_loads over shared.engine.load): one formula for every field."""
-    prefill = make_engine(mode="prefill", bootstrap_port=0)
-    decode = make_engine(mode="decode", kv_capacity_tokens=2000, num_reserved_decode_tokens=8)
+    prefill, decode = kv_pressed_pair()
     seen: dict[str, int] = {}
     async with running(prefill, decode):
-        pairs = []
-        for i in range(10):
-            room = dict(bootstrap_host="127.0.0.1", bootstrap_port=prefill.bootstrap_port, bootstrap_room=900 + i)
-            kw = dict(prompt_tokens=100, max_new_tokens=200, ignore_eos=True, rid=f"lr{i}", **room)
-            pairs.append((prefill.submit(**kw), decode.submit(**kw)))
+        pairs = submit_pairs(prefill, decode, "lr", 900)
         deadline = time.monotonic() + 60
         while not all(d.phase is Phase.FINISHED for _, d in pairs):
             assert time.monotonic() < deadline, "the pairs did not finish"
