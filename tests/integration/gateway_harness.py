@@ -136,3 +136,9 @@ async def completion_chunks(client: httpx.AsyncClient, url: str, body: dict[str,
             chunk = orjson.loads(line[5:])
             assert "error" not in chunk, chunk
             yield chunk
+
+
+def counted(service: GatewayService, name: str, **labels: str) -> float:
+    """A gateway counter's value (``name`` as exposed, ``_total`` included), by prometheus_client's public
+    registry lookup; 0 before its first increment."""
+    return service.metrics.registry.get_sample_value(name, labels) or 0.0

@@ -26,7 +26,7 @@ from shared.bus import Bus
 from shared.devservers import EtcdServer, NatsServer, wait_for_port
 from shared.protocol import Keys, LoadReport, Subjects
 from shared.registry import Registry
-from tests.integration.gateway_harness import SimEngine, engine_info, register, run_gateway, streamed_tokens
+from tests.integration.gateway_harness import SimEngine, counted, engine_info, register, run_gateway, streamed_tokens
 from tests.integration.waiting import until
 
 MODEL = "test-model"
@@ -98,7 +98,7 @@ async def test_retries_on_another_pair_when_a_leg_is_dead(cluster, engines, nats
             r = await client.post(url + "/v1/completions", json=BODY)
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] == 16
-        assert service.metrics.retries._value.get() == 1  # type: ignore[attr-defined]
+        assert counted(service, "poise_gateway_retries_total") == 1  # type: ignore[attr-defined]
 
 
 async def test_both_attempts_failing_is_a_502_not_a_hang(cluster, engines, nats_server, etcd_server) -> None:  # type: ignore[no-untyped-def]
@@ -144,7 +144,7 @@ async def test_client_disconnect_aborts_both_legs(cluster, engines, nats_server,
         while service.cluster.inflight_total():  # the gateway released its slots too
             assert time.monotonic() < deadline
             await asyncio.sleep(0.02)
-        assert service.metrics.requests.labels("completions", "aborted")._value.get() == 1  # type: ignore[attr-defined]
+        assert counted(service, "poise_gateway_requests_total", endpoint="completions", status="aborted") == 1
 
 
 async def test_no_engines_is_503_and_unknown_model_is_404(cluster, engines, nats_server, etcd_server) -> None:  # type: ignore[no-untyped-def]
@@ -218,7 +218,7 @@ async def test_a_request_the_backlog_would_make_late_is_refused_early(cluster, e
             error = r.json()["error"]
             assert error["type"] == "rate_limit_error" and error["code"] == "slo_unreachable"
             assert "early rejection" in error["message"] and judged in error["message"]
-            assert service.metrics.rejections.labels("slo_unreachable")._value.get() == 1  # type: ignore[attr-defined]
+            assert counted(service, "poise_gateway_rejections_total", reason="slo_unreachable") == 1
             await report(0)
             assert (await client.post(url + "/v1/completions", json=BODY)).status_code == 200
     finally:
@@ -253,7 +253,7 @@ async def test_non_streaming_client_that_hangs_up_aborts_the_request(cluster, en
                 await asyncio.sleep(0.02)
             loads = (await client.get(engines["decode"].url + "/v1/loads")).json()["loads"][0]
         assert loads["num_running_reqs"] == 0
-        assert service.metrics.requests.labels("completions", "aborted")._value.get() == 1  # type: ignore[attr-defined]
+        assert counted(service, "poise_gateway_requests_total", endpoint="completions", status="aborted") == 1
 
 
 async def test_hanging_up_before_the_first_token_aborts_the_prefill(cluster, engines, nats_server, etcd_server) -> None:  # type: ignore[no-untyped-def]
@@ -275,7 +275,7 @@ async def test_hanging_up_before_the_first_token_aborts_the_prefill(cluster, eng
                     break
                 assert time.monotonic() < deadline, f"prefill engine still busy with the abandoned request: {loads}"
                 await asyncio.sleep(0.05)
-        assert service.metrics.requests.labels("completions", "aborted")._value.get() == 1  # type: ignore[attr-defined]
+        assert counted(service, "poise_gateway_requests_total", endpoint="completions", status="aborted") == 1
 
 
 async def test_a_stalled_decode_engine_has_its_streams_rescued(cluster, engines, nats_server, etcd_server,  # type: ignore[no-untyped-def]
@@ -307,7 +307,7 @@ async def test_a_stalled_decode_engine_has_its_streams_rescued(cluster, engines,
                             usage = orjson.loads(line[6:]).get("usage") or usage
                 elapsed = time.monotonic() - t0
         assert usage is not None and usage["completion_tokens"] == 400
-        assert service.metrics.stalls._value.get() == 1 and service.metrics.rescues._value.get() == 1  # type: ignore[attr-defined]
+        assert counted(service, "poise_gateway_stalled_streams_total") == 1 and counted(service, "poise_gateway_rescues_total") == 1  # type: ignore[attr-defined]
         assert elapsed < 20  # ~1 s of stall detection, not the request deadline
     finally:
         if stopped is not None:
@@ -339,7 +339,7 @@ async def test_a_request_waiting_on_an_engine_that_leaves_the_registry_is_tried_
                 r = await request
                 elapsed = time.monotonic() - t0
         assert r.status_code == 200 and streamed_tokens(r.text) == BODY["max_tokens"]
-        assert service.metrics.retries._value.get() == 1  # type: ignore[attr-defined]
+        assert counted(service, "poise_gateway_retries_total") == 1  # type: ignore[attr-defined]
         assert elapsed < 20  # the registry's change, not the 120-s first-token timeout
     finally:
         os.kill(hung, signal.SIGCONT)
@@ -374,7 +374,7 @@ async def test_a_request_waiting_on_a_hung_engine_that_stays_registered_is_tried
                 r = await request
                 elapsed = time.monotonic() - t0
         assert r.status_code == 200 and streamed_tokens(r.text) == BODY["max_tokens"]
-        assert service.metrics.retries._value.get() == 1  # type: ignore[attr-defined]
+        assert counted(service, "poise_gateway_retries_total") == 1  # type: ignore[attr-defined]
         assert "p0" in service.cluster.instances  # it never left the registry
         assert elapsed < 20  # stall_timeout_s and a probe, not the 120-s first-token timeout
     finally:

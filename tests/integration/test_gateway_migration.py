@@ -43,7 +43,15 @@ from shared.protocol.length_prediction import PREDICTION_FIELD
 from shared.protocol.moves import GatewayRequests, GatewayRequestsQuery, MoveCommand, MoveReply
 from shared.registry import Registry
 from shared.settings import load_settings
-from tests.integration.gateway_harness import SimEngine, engine_info, fresh_registry, register, run_gateway, serving
+from tests.integration.gateway_harness import (
+    SimEngine,
+    counted,
+    engine_info,
+    fresh_registry,
+    register,
+    run_gateway,
+    serving,
+)
 from tests.integration.waiting import until
 
 MODEL = "mig-model"
@@ -203,8 +211,8 @@ async def test_moves_over_nats_keep_every_stream_byte_for_byte(nats_server, etcd
         assert {r.mechanism for r in replies} == {"recompute", "kv-transfer"}
         assert all(r.stall_s is not None and r.stall_s < 5 for r in replies)
         assert_same(got, want)
-        metrics = service.metrics.migrations
-        assert sum(metrics.labels(m)._value.get() for m in ("recompute", "kv-transfer")) == N_REQUESTS  # type: ignore[attr-defined]
+        assert sum(counted(service, "poise_gateway_migrations_total", mechanism=m)
+                   for m in ("recompute", "kv-transfer")) == N_REQUESTS
 
 
 async def test_a_failed_move_leaves_the_request_on_its_source(nats_server, etcd_server, registry, engines) -> None:  # type: ignore[no-untyped-def]
@@ -265,7 +273,7 @@ async def test_a_decode_engine_killed_mid_answer_loses_no_request(nats_server, e
             own_engines["d0"].proc.proc.kill()  # SIGKILL: no goodbye, the streams just break
             await asyncio.gather(*tasks)
         assert_same(got, want)
-        assert service.metrics.rescues._value.get() == on_d0  # type: ignore[attr-defined]
+        assert counted(service, "poise_gateway_rescues_total") == on_d0  # type: ignore[attr-defined]
 
 
 async def test_non_streaming_requests_move_and_survive_a_killed_engine(nats_server, etcd_server, registry,  # type: ignore[no-untyped-def]
@@ -302,7 +310,7 @@ async def test_non_streaming_requests_move_and_survive_a_killed_engine(nats_serv
             own_engines["d0"].proc.proc.kill()
             await asyncio.gather(*tasks)
         assert_same(got, want)
-        assert service.metrics.rescues._value.get() == on_d0  # type: ignore[attr-defined]
+        assert counted(service, "poise_gateway_rescues_total") == on_d0  # type: ignore[attr-defined]
 
 
 def replay_slice() -> list[tuple[float, dict[str, Any]]]:
@@ -344,7 +352,7 @@ async def test_a_decode_engine_killed_during_a_trace_replay_loses_no_request(nat
         own_engines["d0"].proc.proc.kill()
         await task
     assert_same(got, want)
-    assert service.metrics.rescues._value.get() >= 3  # type: ignore[attr-defined]
+    assert counted(service, "poise_gateway_rescues_total") >= 3  # type: ignore[attr-defined]
 
 
 async def test_moves_forced_during_a_trace_replay_change_no_byte(nats_server, etcd_server, registry, engines) -> None:  # type: ignore[no-untyped-def]
