@@ -293,8 +293,7 @@ class SimInstance:
         tps = running / self.step_ewma_s if running and self.step_ewma_s else 0.0
         loads = engine_loads(self.load(), mode=self.role, kv_capacity_tokens=self.core.kv_capacity,
                              max_running_requests=self.core.max_running, gen_throughput_tps=tps)
-        status = "ready" if self.status == "ready" else self.status
-        return load_report(self.instance_id, self.role, status, loads, self.queue.now_s)  # type: ignore[arg-type]
+        return load_report(self.instance_id, self.role, self.status, loads, self.queue.now_s)  # type: ignore[arg-type]
 
     def view(self) -> EngineView:
         """What the dispatcher sees (shared.load_view: the gateway's own function), reading a report as fresh as

@@ -49,7 +49,8 @@ def engine_load(core: EngineModel, *, intake: Collection[EngineRequest] = (), bo
     counts it, though its prompts wait for their decode side: load_inquirer.py), and a decode engine's
     prealloc, transfer, ready and retracted queues (and prompts it prefills locally, a Poise extension)."""
     role = core.role
-    uncached = sum(r.input_tokens for r in intake) + core.uncached_prompt_tokens
+    # SGLang's decode engines compute no prompts (a Poise decode engine's local prompts are not counted either).
+    uncached = 0 if role == "decode" else sum(r.input_tokens for r in intake) + core.uncached_prompt_tokens
     if role == "prefill":
         running = len(core.prefilling)
         own = sum(r.prompt_kv for r in core.prefilling) + sum(r.prompt_kv for r in sent)
@@ -59,8 +60,6 @@ def engine_load(core: EngineModel, *, intake: Collection[EngineRequest] = (), bo
             own = sum(r.kv_held for r in (*core.prefilling, *transfer, *core.ready, *core.running))
         else:
             own = sum(_written(r) for r in (*core.prefilling, *transfer, *core.ready)) + running_written(core)
-    if role == "decode":
-        uncached = 0  # SGLang's decode engines compute no prompts
     cache = core.cache
     waiting = (len(intake) + len(core.waiting) + bootstrap + len(core.prealloc) + len(transfer) + len(core.ready)
                + len(core.retracted))
