@@ -17,9 +17,10 @@ Costs of those operations (see :class:`SimCosts`):
   every ``EVACUATE_EVERY_S`` move its running requests to the other decode instances where their KV fits
   (a request once refused staying put), until it is empty or its drain deadline passes.
 
-With ``late_binding`` the cluster stands in for the gateway's late-binding prefill queue
-(``shared.policies.late_binding``): arrivals are held and released, in the prefill policy's order, to prefill
-instances holding fewer than ``depth`` prompts not yet prefilled.
+Requests are admitted by the gateway model the live gateway runs (``shared.gateway.model``: placement by the
+dispatch policy, the in-flight ledger and, with ``late_binding``, the held queue: arrivals held and released, in
+the prefill policy's order, to prefill instances holding fewer than ``depth`` prompts not yet prefilled); the
+cluster is its event-queue adapter (the model's :class:`Port`).
 
 Instance ids follow ``poise up``'s: ``p0``, ``p1``... for prefill, ``d0``... for decode, ``c0``... for
 colocated; a replica started later gets the next free number of its role.
@@ -31,7 +32,7 @@ import collections
 import dataclasses
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -39,6 +40,7 @@ import msgspec
 from loadgen.sim.events import PRIORITY_ARRIVAL, PRIORITY_STEP_END, EventQueue
 from loadgen.sim.instance import EngineSpec, SimInstance, SimRequest
 from loadgen.sim.prediction import PredictionCadence
+from shared.gateway.model import GatewayModel, Refusal
 from shared.latency import LatencyModel
 from shared.policies import DispatchPolicy, EngineView, MigrationDecision, Placement, RequestView
 from shared.policies.evacuation import EVACUATE_AFTER_S, EVACUATE_EVERY_S, evacuation_done, evacuation_moves
@@ -56,6 +58,7 @@ from shared.protocol.messages import (
 from shared.protocol.refusal import REFUSAL_STATUSES, client_wait_s, retry_after_s
 
 _ID_PREFIX = {"prefill": "p", "decode": "d", "null": "c"}
+_MODEL = "sim"  # the one model every simulated instance serves (the gateway model queues by model)
 
 
 @dataclass(frozen=True)
@@ -101,14 +104,12 @@ class SimCluster:
         self.drain_by_migration = drain_by_migration
         self.mechanism = mechanism or KvTransfer(model)
         self.model = model
-        self.policy = policy
         self.first_token_delay = first_token_delay
         self.handshake_s = handshake_s
         self.engine = engine or EngineSpec()
-        self.late_binding = late_binding
-        # The dispatcher's in-flight ledger, as the live gateway keeps it (shared.policies.inflight).
-        self.ledger = InflightLedger()
-        self.held: list[SimRequest] = []  # late binding: arrived, not yet sent to a prefill instance
+        # The gateway's admission, as the live gateway runs it, with its in-flight ledger.
+        self.gateway: GatewayModel[SimRequest] = GatewayModel(policy, late_binding, ledger=InflightLedger())
+        self.ledger = self.gateway.ledger
         self.given_up = 0  # late binding: held requests refused past their TTFT target (LateBinding.guard_decode)
         # What the dispatch decided beyond a plain placement, as the gateway's metrics count it: placement stages
         # (Placement.stages) and retryable refusals (Rejection.code).
@@ -137,11 +138,11 @@ class SimCluster:
 
     # -- requests ----------------------------------------------------------------------------------
     def submit(self, req: SimRequest) -> None:
-        if self.late_binding is not None:
-            self.held.append(req)
-            self._release()
+        if self.gateway.late_binding is None:
+            self.gateway.admit(req, _MODEL, self.queue.now_s, self)  # placed or refused at once
             return
-        self._place(req, [i.view() for i in self.live])
+        self.gateway.hold(req, _MODEL)
+        self._release()
 
     def _release(self) -> None:
         """Late binding: the held queue's pump (the gateway's), on exact views of the instances. Not
@@ -155,71 +156,61 @@ class SimCluster:
             self._pump_again = True
             while self._pump_again:
                 self._pump_again = False
-                self._pump_once()
+                self._wake(self.gateway.pump(_MODEL, self.queue.now_s, self))
         finally:
             self._pumping = False
 
-    def _pump_once(self) -> None:
-        lb = self.late_binding
-        if lb is None or not self.held:
+    def _wake(self, at_s: float) -> None:
+        """Pump again at ``at_s`` (the model's wake-up: a policy that chose to wait, the next give-up)."""
+        if not self.gateway.held() or math.isinf(at_s) or (self._release_at is not None and at_s >= self._release_at):
             return
-        now = self.queue.now_s
-        prefill = {i.instance_id: self.ledger.engine(i.instance_id).reqs for i in self.live
-                   if i.role == "prefill" and i.status == "ready"}
+        self._release_at = at_s
 
-        def place(req: SimRequest, full: frozenset[str]) -> str | None:
-            return self._place(req, [i.view() for i in self.live if i.instance_id not in full])
-
-        pumped = lb.pump(self.held, prefill, [i.view() for i in self.live if i.role == "decode"], now, place)
-        self.given_up += len(pumped.refused)
-        for req in pumped.refused:
-            self._fail(req, f"429: {lb.give_up_reason(now - req.arrival_s, req.slo_ttft_s)}")
-        if self.held and not math.isinf(pumped.wake_at_s) and (
-                self._release_at is None or pumped.wake_at_s < self._release_at):
-            self._release_at = pumped.wake_at_s
-
-            def wake() -> None:
-                self._release_at = None
-                self._release()
-
-            self.queue.at(max(pumped.wake_at_s, now), PRIORITY_STEP_END, wake)
-
-    def _prefill_done(self, inst: SimInstance) -> None:
-        if self.late_binding is not None and self.held:
+        def wake() -> None:
+            self._release_at = None
             self._release()
 
-    def _place(self, req: SimRequest, views: list[EngineView]) -> str | None:
-        """Dispatch ``req`` among ``views``; returns its prefill instance's id (None: none, or it failed)."""
-        decision = self.policy.place(
-            RequestView(rid=req.rid, input_tokens=req.input_tokens, max_output_tokens=req.output_tokens,
-                        slo_ttft_s=req.slo_ttft_s, slo_tpot_s=req.slo_tpot_s,
-                        # Engines without a prefix cache: no prefix is worth routing by.
-                        prefix_blocks=req.blocks if self.engine.prefix_cache else ()),
-            views, self.queue.now_s)
-        if not isinstance(decision, Placement):
-            if decision.retryable:
-                self.decisions[decision.code] += 1
-            self._fail(req, f"{'429' if decision.retryable else '503'}: {decision.reason}")
-            return None
-        self.decisions.update(decision.stages)
-        decode = self.instances[decision.decode_id]
+        self.queue.at(max(at_s, self.queue.now_s), PRIORITY_STEP_END, wake)
+
+    def _prefill_done(self, inst: SimInstance) -> None:
+        if self.gateway.held():
+            self._release()
+
+    # -- the gateway model's port ----------------------------------------------------------------------
+    def engines(self, model: str) -> Sequence[EngineView]:
+        return [i.view() for i in self.live]
+
+    def request(self, item: SimRequest) -> RequestView:
+        return RequestView(rid=item.ledger_key, input_tokens=item.input_tokens, max_output_tokens=item.output_tokens,
+                           slo_ttft_s=item.slo_ttft_s, slo_tpot_s=item.slo_tpot_s,
+                           # Engines without a prefix cache: no prefix is worth routing by.
+                           prefix_blocks=item.blocks if self.engine.prefix_cache else ())
+
+    def placed(self, req: SimRequest, placement: Placement) -> bool:
+        self.decisions.update(placement.stages)
+        decode = self.instances[placement.decode_id]
         if req.kv_tokens > decode.kv_capacity or req.input_tokens > decode.kv_capacity:
             self._fail(req, f"400: request needs {req.kv_tokens} KV tokens, above the engine's {decode.kv_capacity}")
-            return None
+            return False
         self.requests[req.rid] = req
-        self.ledger.dispatched(req.ledger_key, decision.decode_id, decision.prefill_id, req.prompt_tokens,
-                               req.output_tokens)
         req.decode = decode
         decode.assigned += 1
-        if decision.prefill_id is None:  # colocated, or DOPD's local prefill on a decode instance
+        if placement.prefill_id is None:  # colocated, or DOPD's local prefill on a decode instance
             decode.enqueue_prefill(req)
-            return None
-        prefill = self.instances[decision.prefill_id]
+            return True
+        prefill = self.instances[placement.prefill_id]
         req.prefill = prefill
         prefill.assigned += 1
         prefill.bootstrapping += 1
         decode.enqueue_reserve(req)
-        return prefill.instance_id
+        return True
+
+    def refused(self, item: SimRequest, refusal: Refusal) -> None:
+        if refusal.given_up:
+            self.given_up += 1
+        elif refusal.status == 429:
+            self.decisions[refusal.code] += 1
+        self._fail(item, f"{refusal.status}: {refusal.reason}")
 
     def _finished(self, req: SimRequest) -> None:
         self.requests.pop(req.rid, None)
@@ -231,7 +222,8 @@ class SimCluster:
             self.on_finish(req)  # a refused attempt too: the live monitor sees each attempt as a request
         if retry:
             self._send_again(req)
-        if req.error is None and self.held and self.late_binding is not None and self.late_binding.guard_decode:
+        if req.error is None and self.gateway.held() and self.gateway.late_binding is not None \
+                and self.gateway.late_binding.guard_decode:
             self._release()  # its decode engine has room again
 
     def _send_again(self, req: SimRequest) -> None:

@@ -101,7 +101,7 @@ class StackSettings(ServiceSettings):
     migration_policy: str = Field("none", description="The migrator's policy (shared.policies MIGRATION_POLICIES: none, ares, llumnix-like, ...).")
     migration_mechanism: str = Field("recompute", description="How moves are carried out: recompute (re-prefill; works with stock SGLang) or kv-transfer (engine_sim's decode-to-decode KV copy).")
     length_predictor: str | None = Field(None, description="Remaining-length predictions of the decode engines (engine_sim: oracle or ares-noise; what ARES' policy reads); unset = none, or what the migration policy reads (ares: ares-noise, ares-oracle: oracle).")
-    # -- gateway: late binding and SLO classes (services/gateway/late_binding.py, slo.py) ----------------------
+    # -- gateway: late binding and SLO classes (services/gateway/admission.py, slo.py) ----------------------
     late_binding: bool = Field(False, description="The gateway holds requests and releases them to prefill engines in --late-binding-policy's order, so decode engines reserve KV only for prompts about to be prefilled (and stock engines get the policy's order); on with --planner-policy poise unless --no-late-binding.")
     late_binding_policy: str = Field("edf", description="Late binding: the prefill policy that orders held requests (flowprefill-fewest-late with --planner-policy poise).")
     late_binding_depth: int = Field(2, ge=1, description="Late binding: prompts a prefill engine may hold unprefilled.")

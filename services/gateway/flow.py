@@ -35,9 +35,9 @@ from typing import Any
 
 import orjson
 
+from services.gateway.admission import Admission, Ticket
 from services.gateway.cluster import ClusterView
 from services.gateway.errors import APIError
-from services.gateway.late_binding import HeldRequest, LateBindingQueue
 from services.gateway.legs import Attempt, Event, LegFailed
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.responses import whole_response
@@ -104,9 +104,8 @@ _BACKGROUND: set[asyncio.Task[None]] = set()  # source legs being retired after 
 
 
 class RequestFlow:
-    def __init__(self, parsed: ParsedRequest, *, cluster: ClusterView, policy: DispatchPolicy, http: Http1Pool,
-                 metrics: GatewayMetrics, retries: int, first_token_timeout_s: float,
-                 late_binding: LateBindingQueue | None = None, max_rescues: int = 2,
+    def __init__(self, parsed: ParsedRequest, *, cluster: ClusterView, admission: Admission, http: Http1Pool,
+                 metrics: GatewayMetrics, retries: int, first_token_timeout_s: float, max_rescues: int = 2,
                  predict_length: bool = False, stream_legs: bool = False, refuse_late: bool = False,
                  arrived: float | None = None) -> None:
         self.parsed = parsed
@@ -115,13 +114,13 @@ class RequestFlow:
         # like a stream; otherwise it arrives whole, and a failure restarts it.
         self.leg_stream = parsed.stream or stream_legs
         self.cluster = cluster
-        self.policy = policy
+        self.admission = admission
+        self.policy: DispatchPolicy = admission.model.policy  # a move's target is placed by the same policy
         self.http = http
         self.metrics = metrics
         self.retries = retries
         self.refuse_late = refuse_late  # no retry past the TTFT target (module doc)
         self.first_token_timeout_s = first_token_timeout_s
-        self.late_binding = late_binding
         self.client_id = ("chatcmpl-" if parsed.endpoint == "chat" else "cmpl-") + _next_id()
         self.created = int(time.time())
         # When the request reached the gateway (``arrived``, monotonic: before its body was read), from which
@@ -131,7 +130,6 @@ class RequestFlow:
         self.arrived_unix = time.time() - (now - self.arrived)
         self.outcome = Outcome()
         self.attempt: Attempt | None = None
-        self._placement: Placement | None = None
         self.max_rescues = max_rescues
         self.delivered_tokens = 0  # tokens the client has (where a moved request resumes)
         self._text: list[str] = []  # ...and their text (what a stock-SGLang resume re-prefills)
@@ -155,34 +153,14 @@ class RequestFlow:
         prompt = body.get("messages") if self.parsed.endpoint == "chat" else body.get("prompt")
         return prompt_blocks(prompt) if prompt else ()
 
-    def _place(self, exclude: frozenset[str]) -> Placement:
+    def _ticket(self) -> Ticket:
         p = self.parsed
         slo = p.slo
         request = RequestView(rid=self.client_id, input_tokens=p.input_tokens, max_output_tokens=p.max_tokens,
                               priority=p.priority, slo_ttft_s=slo.ttft_s if slo else None,
                               slo_tpot_s=slo.tpot_s if slo else None, prefix_blocks=self._prefix_blocks())
-        decision = self.policy.place(request, self.cluster.engines(p.model), time.monotonic(), exclude)
-        if isinstance(decision, Placement):
-            for stage in decision.stages:
-                self.metrics.placement_stages.labels(stage).inc()
-            return decision
-        self.metrics.rejections.labels(decision.code if decision.retryable else "no_capacity").inc()
-        if decision.retryable:
-            raise APIError(429, decision.reason, type_="rate_limit_error", code=decision.code, headers=retry_after_header())
-        raise APIError(503, decision.reason, type_="service_unavailable", code="no_capacity")
-
-    def _place_and_hold(self, exclude: frozenset[str]) -> Placement:
-        """Place the request and take its engines' slots, in one synchronous step (the late-binding queue
-        relies on the counts being updated before it decides the next request)."""
-        placement = self._place(exclude)
-        self._hold(placement)
-        return placement
-
-    def _held_request(self) -> HeldRequest:
-        p = self.parsed
-        ttft = p.slo.ttft_s if p.slo is not None and p.slo.ttft_s is not None else float("inf")
-        return HeldRequest(rid=self.client_id, model=p.model, arrival_s=self.arrived, input_tokens=p.input_tokens,
-                           slo_ttft_s=ttft)
+        ttft = slo.ttft_s if slo is not None and slo.ttft_s is not None else float("inf")
+        return Ticket(request=request, model=p.model, arrival_s=self.arrived, slo_ttft_s=ttft)
 
     def request_slo(self) -> RequestSlo:
         """What sim engines get as ``poise_slo``: the resolved SLO, and how long the request has been here."""
@@ -190,11 +168,6 @@ class RequestFlow:
         if self.parsed.slo is None:
             return RequestSlo(waited_s=max(0.0, waited))
         return self.parsed.slo.request_slo(waited)
-
-    def _hold(self, placement: Placement) -> None:
-        p = self.parsed
-        self.cluster.ledger.dispatched(self.client_id, placement.decode_id, placement.prefill_id, p.input_tokens,
-                                       p.max_tokens)
 
     def _release(self, finished_on: str | None = None) -> None:
         self.cluster.release(self.client_id, finished_on=finished_on)
@@ -213,14 +186,15 @@ class RequestFlow:
         """Dispatch and wait for the first token, retrying on another pair; raises :class:`APIError`."""
         exclude: set[str] = set()
         last_error: LegFailed | None = None
+        ticket = self._ticket()
         for attempt_no in range(self.retries + 1):
             try:
-                if attempt_no == 0 and self.late_binding is not None:
-                    # Waits in the gateway until a prefill engine has room and it is this request's turn;
-                    # retries go straight out (the request already waited its turn).
-                    placement = await self.late_binding.admit(self._held_request(), self._place_and_hold)
+                if attempt_no == 0:
+                    # With late binding, waits in the gateway until a prefill engine has room and it is this
+                    # request's turn; retries go straight out (the request already waited its turn).
+                    placement = await self.admission.admit(ticket)
                 else:
-                    placement = self._place_and_hold(frozenset(exclude))
+                    placement = self.admission.place(ticket, frozenset(exclude))
             except APIError:
                 if last_error is None:
                     raise

@@ -14,15 +14,16 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
+from services.gateway.admission import Admission
 from services.gateway.cluster import ClusterView
 from services.gateway.config import GatewaySettings
 from services.gateway.flow import MoveResult, RequestFlow
-from services.gateway.late_binding import LateBindingQueue
 from services.gateway.legs import Attempt
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.slo import SloTable
 from shared.bus import Bus, bus_from_settings
 from shared.engine_client import engine_auth_headers
+from shared.gateway.model import GatewayModel
 from shared.http1 import Http1Pool
 from shared.policies import (
     DispatchParams,
@@ -73,12 +74,11 @@ class GatewayService:
             if settings.early_rejection else None)
         self.counter: TokenCounter = make_counter(settings.tokenizer)
         self.slo_table = SloTable.from_settings(settings)
-        self.late_binding: LateBindingQueue | None = None
-        if settings.late_binding:
-            binding = LateBinding(make_prefill_policy(settings.late_binding_policy, settings.latency_model()),
-                                  depth=settings.late_binding_depth, guard_decode=settings.early_rejection)
-            self.late_binding = LateBindingQueue(binding, self.cluster, self.metrics)
-            self.cluster.on_release = self.late_binding.kick
+        binding = LateBinding(make_prefill_policy(settings.late_binding_policy, settings.latency_model()),
+                              depth=settings.late_binding_depth, guard_decode=settings.early_rejection) \
+            if settings.late_binding else None
+        self.admission = Admission(GatewayModel(self.policy, binding, ledger=self.cluster.ledger), self.cluster,
+                                   self.metrics)
         self.replica_id = replica_id()
         # The subject token naming this replica's move commands (a replica id has ':' and maybe '.').
         self.move_token = re.sub(r"[^A-Za-z0-9_-]", "-", self.replica_id)
@@ -125,7 +125,7 @@ class GatewayService:
             self._stall_watch = asyncio.create_task(self._stall_watch_loop(), name="stalled-stream-watch")
         log.info("gateway ready on %s:%d (policy %s, %d instances, %d SLO classes, late binding %s)", s.host, s.port,
                  self.policy.name, len(self.cluster.instances), len(self.slo_table.classes),
-                 f"{s.late_binding_policy} depth {s.late_binding_depth}" if self.late_binding else "off")
+                 f"{s.late_binding_policy} depth {s.late_binding_depth}" if s.late_binding else "off")
 
     def health(self) -> tuple[dict[str, object], bool]:
         """The gateway's ``/health`` body, and whether it can take requests (a load balancer's question).
@@ -159,8 +159,7 @@ class GatewayService:
             self._flusher.cancel()
         if self._stall_watch is not None:
             self._stall_watch.cancel()
-        if self.late_binding is not None:
-            self.late_binding.close()
+        self.admission.close()
         if self._background:  # let in-flight aborts reach the engines before the client pool closes
             await asyncio.wait(list(self._background), timeout=5)
         await self._flush_events()
@@ -184,8 +183,7 @@ class GatewayService:
         self.metrics.instances.clear()
         for info in instances.values():
             self.metrics.instances.labels(info.role, info.status).inc()
-        if self.late_binding is not None:
-            self.late_binding.kick()  # a prefill engine came or went: held requests may go (or fail) now
+        self.admission.kick()  # a prefill engine came or went: held requests may go (or fail) now
 
     def _probe(self, engine: InstanceInfo, why: str) -> None:
         """Ask ``engine`` whether it still works (at most one question in flight per engine)."""
@@ -229,9 +227,9 @@ class GatewayService:
 
     def new_flow(self, parsed, arrived: float | None = None) -> RequestFlow:  # type: ignore[no-untyped-def]
         assert self.http is not None
-        flow = RequestFlow(parsed, cluster=self.cluster, policy=self.policy, http=self.http, metrics=self.metrics,
-                           retries=self.settings.retries, first_token_timeout_s=self.settings.first_token_timeout_s,
-                           late_binding=self.late_binding, max_rescues=self.settings.max_rescues,
+        flow = RequestFlow(parsed, cluster=self.cluster, admission=self.admission, http=self.http,
+                           metrics=self.metrics, retries=self.settings.retries,
+                           first_token_timeout_s=self.settings.first_token_timeout_s, max_rescues=self.settings.max_rescues,
                            predict_length=self.settings.length_predictions,
                            stream_legs=self.settings.move_non_streaming,
                            refuse_late=self.settings.early_rejection, arrived=arrived)
@@ -391,8 +389,8 @@ class GatewayService:
             uptime_s=time.monotonic() - self._started_at,
             details={"inflight": self.cluster.inflight_total(), "instances": len(self.cluster.instances),
                      "late_binding": (f"{self.settings.late_binding_policy} depth {self.settings.late_binding_depth}"
-                                      if self.late_binding else "off"),
-                     "late_binding_held": self.late_binding.held if self.late_binding else 0,
+                                      if self.settings.late_binding else "off"),
+                     "late_binding_held": self.admission.held,
                      "slo_classes": sorted(self.slo_table.classes),
                      "listen": f"{self.settings.host}:{self.settings.port}", "token_counter": getattr(self.counter, "name", "")},
         )

@@ -93,8 +93,7 @@ async def test_edf_lets_an_urgent_request_overtake_held_ones(registry, engines, 
         long_task = asyncio.create_task(first_token_at(client, url, LONG))
         await until(lambda: service.cluster.inflight_total() > 0, 5)  # the long prompt is on the prefill engine
         relaxed = []
-        lb = service.late_binding
-        assert lb is not None
+        lb = service.admission
         for tag in (1, 2, 3):  # arrive first, loose targets
             relaxed.append(asyncio.create_task(first_token_at(client, url, short(tag, slo={"ttft_s": 30.0}))))
             await until(lambda: lb.held == len(relaxed), 5)
@@ -132,8 +131,8 @@ async def test_held_requests_leave_cleanly(registry, engines, nats_server, etcd_
     async with gateway(nats_server, etcd_server, registry.keys.namespace) as (url, service), \
             httpx.AsyncClient(timeout=30) as client:
         await until(lambda: len(service.cluster.instances) == 2, 5)
-        assert service.late_binding is not None
-        lb = service.late_binding
+        assert service.admission.model.late_binding is not None
+        lb = service.admission
         long_task = asyncio.create_task(first_token_at(client, url, LONG))
         await until(lambda: service.cluster.inflight_total() > 0, 5)
         gone = asyncio.create_task(client.post(url + "/v1/completions", json=short(1)))
@@ -165,8 +164,8 @@ async def test_with_early_rejection_a_request_held_past_its_target_is_refused(re
                            late_binding=True, late_binding_policy="edf", late_binding_depth=1,
                            early_rejection=True) as (url, service), httpx.AsyncClient(timeout=30) as client:
         await until(lambda: len(service.cluster.instances) == 2, 5)
-        lb = service.late_binding
-        assert lb is not None and lb.binding.guard_decode
+        lb = service.admission
+        assert lb.model.late_binding is not None and lb.model.late_binding.guard_decode
         uncached = {**LONG, "prompt": [i % 1000 + 2001 for i in range(16000)]}
         long_task = asyncio.create_task(first_token_at(client, url, uncached))
         await until(lambda: service.cluster.inflight_total() > 0, 5)

@@ -81,8 +81,8 @@ def test_both_engines_run_the_one_scheduler_and_write_none_of_its_rules() -> Non
     assert not twins, f"a second copy of the engine model's scheduling rules: {twins}"
 
 
-def test_the_engine_model_pieces_import_no_io() -> None:
-    code = ("import sys\nimport shared.engine\nimport shared.engine.model\n"
+def test_the_engine_and_gateway_models_import_no_io() -> None:
+    code = ("import sys\nimport shared.engine\nimport shared.engine.model\nimport shared.gateway.model\n"
             "print(','.join(m for m in ('asyncio', 'httpx', 'nats', 'fastapi') if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == ""
@@ -132,26 +132,30 @@ LATE_BINDING = REPO / "shared" / "policies" / "late_binding.py"
 PUMP_PARTS = {"overdue", "decode_room", "free_slots", "release"}
 
 
-def test_the_gateway_and_the_simulator_run_the_one_held_queue_pump() -> None:
-    """The held queue (late binding) is one pure pump, ``LateBinding.pump``: the live gateway and the simulator
-    each call it, and neither calls the rule's parts itself."""
-    for adapter in ("services/gateway/late_binding.py", "loadgen/sim/cluster.py"):
-        tree = ast.parse((REPO / adapter).read_text())
-        called = [n.func for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
-        assert "pump" in {f.attr for f in called}, f"{adapter} does not run LateBinding.pump"
-        # The in-flight ledger has a release of its own (shared/policies/inflight.py).
-        parts = sorted(ast.unparse(f) for f in called if f.attr in PUMP_PARTS and "ledger" not in ast.unparse(f.value))
-        assert not parts, f"{adapter} calls the pump's parts itself: {parts}"
+GATEWAY_MODEL = REPO / "shared" / "gateway" / "model.py"
+
+
+def test_the_gateway_and_the_simulator_admit_through_the_one_gateway_model() -> None:
+    """Admission (placement, the held queue, give-ups) is one pure model, ``shared.gateway.model.GatewayModel``:
+    the live gateway and the simulator each build one and drive it, and only the model runs the held queue's
+    pump (``LateBinding.pump``) or its parts."""
+    for adapter, builder in (("services/gateway/admission.py", "services/gateway/service.py"),
+                             ("loadgen/sim/cluster.py", "loadgen/sim/cluster.py")):
+        assert "GatewayModel" in _calls(builder), f"{builder} does not build the gateway model"
+        assert {"admit", "pump"} & _calls(adapter), f"{adapter} does not drive the gateway model"
     twins = []
     for path in SOURCES:
-        if path == LATE_BINDING or "tests" in path.relative_to(REPO).parts:
+        if path in (LATE_BINDING, GATEWAY_MODEL) or "tests" in path.relative_to(REPO).parts:
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in PUMP_PARTS
-                    and isinstance(node.func.value, ast.Attribute | ast.Name)
-                    and "binding" in ast.unparse(node.func.value).lower().replace("lb", "binding")):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            owner = ast.unparse(node.func.value).lower().replace("lb", "binding")
+            if "ledger" in owner:
+                continue  # the in-flight ledger has a release of its own (shared/policies/inflight.py)
+            if node.func.attr in PUMP_PARTS | {"pump"} and "binding" in owner:
                 twins.append(f"{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(node.func)}")
-    assert not twins, f"the held queue's rule outside LateBinding.pump: {twins}"
+    assert not twins, f"the held queue's rule outside the gateway model: {twins}"
 
 
 INFLIGHT = REPO / "shared" / "policies" / "inflight.py"
@@ -161,9 +165,7 @@ def test_the_gateway_and_the_simulator_keep_the_one_inflight_ledger() -> None:
     """The dispatcher's in-flight counts (``EngineView.inflight_*``) come from ``InflightLedger`` live and
     simulated: both build one, and no other module adds up in-flight tokens itself."""
     for adapter in ("services/gateway/cluster.py", "loadgen/sim/cluster.py"):
-        tree = ast.parse((REPO / adapter).read_text())
-        built = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
-        assert "InflightLedger" in built, f"{adapter} does not keep the in-flight ledger"
+        assert "InflightLedger" in _calls(adapter), f"{adapter} does not keep the in-flight ledger"
     twins = []
     for path in SOURCES:
         if path == INFLIGHT or "tests" in path.relative_to(REPO).parts:
