@@ -27,6 +27,7 @@ import msgspec
 from loadgen.records import RequestRecord
 from loadgen.replay import ReplayResult
 from loadgen.slo import SLO, SLOClasses
+from shared.policies.flip import is_restart
 
 if TYPE_CHECKING:  # the simulator is imported only when a comparison runs
     from loadgen.sim.baselines import PolicyMix
@@ -222,7 +223,7 @@ def live_restart_s(events: Sequence[dict[str, Any]]) -> float | None:
     restarts), from its events; None when there were none."""
     took = sorted(float(e["duration_s"]) for e in events
                   if e.get("kind") == "flip_done" and e.get("duration_s") is not None
-                  and "null" in (e.get("from_role"), e.get("to_role")))
+                  and e.get("from_role") and e.get("to_role") and is_restart(e["from_role"], e["to_role"]))
     return took[len(took) // 2] if took else None
 
 

@@ -43,7 +43,8 @@ from loadgen.sim.prediction import PredictionCadence
 from shared.gateway.model import GatewayModel, Refusal
 from shared.latency import LatencyModel
 from shared.policies import DispatchPolicy, EngineView, MigrationDecision, Placement, RequestView
-from shared.policies.evacuation import EVACUATE_AFTER_S, EVACUATE_EVERY_S, evacuation_done, evacuation_moves
+from shared.policies.evacuation import EVACUATE_AFTER_S, EVACUATE_EVERY_S, Evacuation
+from shared.policies.flip import DRAIN_TIMEOUT_S, drained_by_migration, is_restart
 from shared.policies.inflight import InflightLedger
 from shared.policies.late_binding import LateBinding
 from shared.policies.migration_cost import KvTransfer, MigrationMechanism
@@ -64,10 +65,9 @@ _MODEL = "sim"  # the one model every simulated instance serves (the gateway mod
 @dataclass(frozen=True)
 class SimCosts:
     start_s: float = 30.0  # ours: SGLang with an 8B model starts in tens of seconds (weights, CUDA graphs)
-    # A flip's drain ends by this deadline or is called off, the instance back to work in its old role: the
-    # live sidecar's drain timeout (services/planner/config.py drain_timeout_s). Without it a prefill instance
-    # with a deep queue, or a decode instance with long answers, drains for minutes and is lost to both sides.
-    drain_timeout_s: float = 60.0
+    # A flip's drain ends by this deadline or is called off, the instance back to work in its old role (the
+    # live planner's and sidecar's drain timeout: shared/policies/flip.py).
+    drain_timeout_s: float = DRAIN_TIMEOUT_S
 
 
 @dataclass
@@ -341,26 +341,27 @@ class SimCluster:
             self._drain_started[inst.instance_id] = started
             self.queue.at(started + self.costs.drain_timeout_s, PRIORITY_STEP_END,
                           lambda: self._drain_deadline(inst, started))
-            if self.drain_by_migration and inst.role == "decode":
-                refused: set[str] = set()
+            if drained_by_migration(self.drain_by_migration, inst.role, new_role):
+                evacuation = Evacuation(inst.instance_id, started + self.costs.drain_timeout_s)
                 self.queue.at(started + EVACUATE_AFTER_S, PRIORITY_STEP_END,
-                              lambda: self._evacuate(inst, started, refused))
+                              lambda: self._evacuate(inst, started, evacuation))
         return True
 
-    def _evacuate(self, inst: SimInstance, started_s: float, refused: set[str]) -> None:
-        """One round of the migrator's evacuation of a draining decode instance (the same policy,
-        ``evacuation_moves``), and the next one ``EVACUATE_EVERY_S`` later while requests are left to move."""
+    def _evacuate(self, inst: SimInstance, started_s: float, evacuation: Evacuation) -> None:
+        """One round of the migrator's evacuation of a draining decode instance, and the next one
+        ``EVACUATE_EVERY_S`` later until the evacuation is over."""
         if inst.status != "draining" or self._drain_started.get(inst.instance_id) != started_s:
             return  # drained, called off, or a later drain with its own rounds
         snapshot = ClusterSnapshot(ts_unix_s=self.queue.now_s, instances=self.instance_loads(""), series=[],
                                    decode_requests=self.decode_requests(None))
-        moves = evacuation_moves(snapshot, inst.instance_id, skip=frozenset(refused))
+        moves = evacuation.round(snapshot, self.queue.now_s)
+        if moves is None:
+            return
         for move in moves:
             if not self.migrate(move):
-                refused.add(move.rid)
-        if not evacuation_done(snapshot, inst.instance_id, moves, skip=frozenset(refused)):
-            self.queue.at(self.queue.now_s + EVACUATE_EVERY_S, PRIORITY_STEP_END,
-                          lambda: self._evacuate(inst, started_s, refused))
+                evacuation.failed(move.rid)
+        self.queue.at(self.queue.now_s + EVACUATE_EVERY_S, PRIORITY_STEP_END,
+                      lambda: self._evacuate(inst, started_s, evacuation))
 
     def _drain_deadline(self, inst: SimInstance, started_s: float) -> None:
         """Call off a flip whose drain outlived the deadline: the instance serves on in its old role."""
@@ -404,8 +405,7 @@ class SimCluster:
             inst.kick()
             self._release()
 
-        restart = "null" in (inst.role, new_role)
-        took = self.costs.start_s if restart else self.model.role_switch_time_s()
+        took = self.costs.start_s if is_restart(inst.role, new_role) else self.model.role_switch_time_s()
         self.queue.at(self.queue.now_s + took, PRIORITY_STEP_END, switched)
 
     def _log(self, inst: SimInstance, what: str) -> None:

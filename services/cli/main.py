@@ -36,6 +36,7 @@ from services.cli.stack import Stack, StackSettings, read_current_stack
 from services.cli.supervise import Supervisor
 from shared.errors import PoiseError
 from shared.latency import DEFAULT_PROFILE
+from shared.policies.flip import DRAIN_TIMEOUT_S
 from shared.settings import ServiceSettings, parse_settings, settings_config
 
 if TYPE_CHECKING:
@@ -265,7 +266,7 @@ class _SimFields(TraceSliceSettings):
     early_rejection: bool | None = Field(None, description="Refuse requests the decode side cannot start within their TTFT target (shared/policies/admission.py); unset = the mix's default (on in poise, off elsewhere).")
     drain_by_migration: bool | None = Field(None, description="A decode instance draining for a flip has its requests moved to the other decode instances by --migration-mechanism (shared/policies/evacuation.py, as the live planner and migrator do); unset = the mix's default (on in poise, off elsewhere).")
     replica_start_s: float = Field(30.0, ge=0.0, description="Seconds a replica the scaling mixes start takes to become ready; also what an engine restart into or out of colocated serving costs.")
-    drain_timeout_s: float = Field(60.0, gt=0.0, description="A flip's drain is called off after this many seconds (the planner's drain_timeout_s).")
+    drain_timeout_s: float = Field(DRAIN_TIMEOUT_S, gt=0.0, description="A flip's drain is called off after this many seconds (the planner's drain_timeout_s).")
     rate_mode: Literal["natural", "compress"] = Field("natural", description="How --rate-scale raises the load: natural (s x the trace's own rate curve at the trace's clock; an hour stays an hour) or compress (timestamps divided by the scale: Arrow's method, to compare with the papers).")
     criterion: Literal["work", "requests"] | None = Field(None, description="What goodput counts: work (requests and tokens in time both >= the target, no prompt-length quartile below 80 percent) or requests (the papers' request count alone); unset = work with --rate-mode natural, requests with compress.")
     client_retries: int | None = Field(None, ge=0, description="Times a client sends a refused request (429/503) again, after the gateway's Retry-After, its TTFT counted from the first send (the openai client's max_retries); unset = 2 with --rate-mode natural, 0 with compress.")

@@ -25,7 +25,7 @@ import msgspec
 from services.migrator.config import MigratorSettings
 from services.migrator.executor import MoveExecutor, MoveOutcome
 from shared.elected import ElectedService
-from shared.policies.evacuation import EVACUATE_EVERY_S, evacuation_done, evacuation_moves
+from shared.policies.evacuation import EVACUATE_EVERY_S, Evacuation
 from shared.policies.migration import MigrationDecision, MigrationPolicy, make_migration_policy
 from shared.policies.migration_cost import make_migration_mechanism
 from shared.protocol import AdminReply, ServiceStatus
@@ -127,14 +127,13 @@ class MigratorService(ElectedService):
         """Move every request off ``instance_id`` until none is left there or ``deadline_s`` passed; returns
         (moved, failed). Rounds repeat: a request the gateway dispatched just before the instance was marked
         draining shows up in the next round."""
-        deadline = time.monotonic() + deadline_s
+        evacuation = Evacuation(instance_id, time.monotonic() + deadline_s)
         moved = failed = 0
-        refused: set[str] = set()  # a move that failed once stays put: its source drain handles it
-        while time.monotonic() < deadline:
+        while time.monotonic() < evacuation.deadline_s:
             snapshot = await fetch_snapshot(self.bus, self.subjects, self.settings.snapshot_timeout_s, series_points=0)
             snapshot = msgspec.structs.replace(snapshot, decode_requests=await self.executor.requests())
-            moves = evacuation_moves(snapshot, instance_id, skip=frozenset(refused))
-            if evacuation_done(snapshot, instance_id, moves, skip=frozenset(refused)):
+            moves = evacuation.round(snapshot, time.monotonic())
+            if moves is None:
                 break
             outcomes = await asyncio.gather(*(self._carry_out(m) for m in moves))
             for outcome in outcomes:
@@ -142,7 +141,7 @@ class MigratorService(ElectedService):
                     moved += 1
                 else:
                     failed += 1
-                    refused.add(outcome.decision.rid)
+                    evacuation.failed(outcome.decision.rid)
             await asyncio.sleep(EVACUATE_EVERY_S)
         return moved, failed
 

@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 
 from shared.elected import ElectedServiceSettings
 from shared.policies import POOL_POLICIES, SCALING_POLICIES, lookup
+from shared.policies.flip import DRAIN_TIMEOUT_S
 from shared.policies.migration_cost import MIGRATION_MECHANISMS
 from shared.settings import SloPlanSettings, settings_config
 
@@ -20,7 +21,7 @@ class PlannerSettings(SloPlanSettings, ElectedServiceSettings):
     model_config = settings_config("POISE_PLANNER_")
 
     policy: str = Field("static", description=f"Pool policy: one of {', '.join(sorted(POOL_POLICIES))}.")
-    drain_timeout_s: float = Field(60.0, gt=0.0, description="Drain timeout, in seconds, sent with each role command (how long a sidecar waits for its engine to go idle).")
+    drain_timeout_s: float = Field(DRAIN_TIMEOUT_S, gt=0.0, description="Drain timeout, in seconds, sent with each role command (how long a sidecar waits for its engine to go idle).")
     command_timeout_s: float = Field(150.0, gt=0.0, description="Seconds to wait for a sidecar's answer to a role command (drain plus the switch itself).")
     drain_by_migration: bool = Field(True, description="When a decode instance flips, ask the migrator to move its running requests to other decode instances (the drain then ends after one re-prefill instead of the longest answer); without a migrator the sidecar just waits.")
     drain_mechanism: str = Field("recompute", description="How the migrator moves a draining decode instance's requests (its --mechanism: recompute or kv-transfer); the pool policy judges a decode instance's drain by it while drain_by_migration is on.")

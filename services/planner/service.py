@@ -45,6 +45,7 @@ from shared.elected import ElectedService
 from shared.errors import BusTimeout, PoiseError
 from shared.policies import PoolDecision, PoolPolicy, RoleChange, make_pool_policy, make_scaling_policy
 from shared.policies.evacuation import EVACUATE_AFTER_S
+from shared.policies.flip import drained_by_migration
 from shared.policies.report import PolicyReport
 from shared.protocol import (
     AdminCommand,
@@ -204,7 +205,7 @@ class PlannerService(ElectedService):
         await self.publish_event("flip_requested", from_role=from_role, **flip)
         t0 = time.monotonic()
         evacuation = None
-        if self.settings.drain_by_migration and (from_role == "decode" or (from_role is None and new_role == "prefill")):
+        if drained_by_migration(self.settings.drain_by_migration, from_role, new_role):
             evacuation = asyncio.create_task(self._evacuate(instance_id, drain), name=f"evacuate-{instance_id}")
         try:
             reply = await self.bus.request(self.subjects.worker_command(instance_id), command, RoleCommandReply,

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from shared.latency import DEFAULT_PROFILE, load_profile
+from shared.policies.flip import DRAIN_TIMEOUT_S
 from shared.protocol import Subjects
 from shared.protocol.messages import EngineKind, Role
 from shared.settings import ControlPlaneSettings, settings_config
@@ -38,7 +39,7 @@ class WorkerSettings(ControlPlaneSettings):
     seed: int = Field(0, description="engine_sim only: random seed.")
     load_interval_s: float = Field(0.25, gt=0.0, description="Seconds between /v1/loads reads, each published as a LoadReport.")
     lease_ttl_s: int = Field(5, ge=1, description="etcd lease TTL in seconds: the instance key disappears this long after the sidecar dies.")
-    drain_timeout_s: float = Field(60.0, gt=0.0, description="Longest wait, in seconds, for the engine to go idle before a role switch (a command's own shorter timeout wins).")
+    drain_timeout_s: float = Field(DRAIN_TIMEOUT_S, gt=0.0, description="Longest wait, in seconds, for the engine to go idle before a role switch (a command's own shorter timeout wins).")
     health_timeout_s: float = Field(600.0, gt=0.0, description="Seconds to wait for the engine's /health after (re)start (SGLang loads weights and captures CUDA graphs first).")
     stalled_after_s: float = Field(20.0, gt=0.0, description="Seconds the engine's load snapshot may stop advancing while it has work before the engine counts as hung (a step that never ends) and, after unhealthy_after_s more, leaves the registry. Above the engine's longest step; compares the engine's clock with this host's.")
     unhealthy_after_s: float = Field(5.0, gt=0.0, description="Seconds of failing /v1/loads after which a running engine is taken out of the registry (it returns when it answers again).")

@@ -3,13 +3,8 @@
 from __future__ import annotations
 
 from services.worker.config import WorkerSettings
+from shared.policies.flip import is_restart
 from shared.protocol.messages import Role
-
-
-def is_restart(old: Role, new: Role) -> bool:
-    """Colocated and PD serving differ at launch in SGLang: a move between them restarts the engine; prefill
-    and decode switch in place (``/pd_role_switch``)."""
-    return "null" in (old, new)
 
 
 def switch_refusal(old: Role, new: Role, s: WorkerSettings, *, serving: bool) -> str | None:
@@ -23,8 +18,3 @@ def switch_refusal(old: Role, new: Role, s: WorkerSettings, *, serving: bool) ->
     if not serving:
         return "the engine is not serving (restarting, unhealthy or stopping)"
     return None
-
-
-def drain_timeout_s(asked_s: float, configured_s: float) -> float:
-    """The command's drain bound where it gives one (never past the configured one), else the configured."""
-    return min(asked_s, configured_s) if asked_s > 0 else configured_s

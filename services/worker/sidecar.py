@@ -48,13 +48,14 @@ from services.worker.launcher import (
 )
 from services.worker.load_report import SampleCursor, hung_for
 from services.worker.orphan import AdoptedEngine, pid_file, previous_engine, remove_pid_file, write_pid_file
-from services.worker.role_rules import drain_timeout_s, is_restart, switch_refusal
+from services.worker.role_rules import switch_refusal
 from services.worker.supervisor import RESTART_ERRORS, EngineSupervisor
 from shared.bus import Bus, bus_from_settings
 from shared.devservers import free_port, port_available
 from shared.engine_client import EngineClient, EngineLoads, EngineServerInfo, engine_auth_headers
 from shared.errors import ConfigError, EngineError, EngineTimeout, PoiseError
 from shared.latency import LatencyProfile, load_profile
+from shared.policies.flip import drain_deadline_s, is_restart
 from shared.protocol import (
     AdminReply,
     InstanceInfo,
@@ -448,7 +449,7 @@ class WorkerService(AsyncServiceMixin):
             refusal = switch_refusal(old, cmd.new_role, self.settings, serving=serving)
             if refusal is not None:
                 return reply(False, refusal)
-            timeout_s = drain_timeout_s(cmd.drain_timeout_s, self.settings.drain_timeout_s)
+            timeout_s = drain_deadline_s(cmd.drain_timeout_s, self.settings.drain_timeout_s)
             log.info("role switch %s -> %s (%s): draining up to %.1fs", old, cmd.new_role, cmd.reason or "no reason",
                      timeout_s)
             t0 = time.monotonic()

@@ -10,6 +10,7 @@ Imports nothing from asyncio, nats, aetcd, httpx or fastapi.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 from shared.policies.migration import MigrationDecision
 from shared.protocol.messages import ClusterSnapshot, InstanceLoad
@@ -80,3 +81,25 @@ def evacuation_done(snapshot: ClusterSnapshot, source_id: str, moves: list[Migra
         return False
     source = next((i for i in snapshot.instances if i.info.instance_id == source_id), None)
     return source is None or source.load is None or source.load.num_waiting_reqs == 0
+
+
+@dataclass
+class Evacuation:
+    """One decode instance's evacuation for a flip: rounds of moves, ``EVACUATE_EVERY_S`` apart, until it is
+    empty or its drain's deadline passed. The migrator runs it live, the simulator on its clock."""
+
+    source_id: str
+    deadline_s: float  # on the caller's clock
+    refused: set[str] = field(default_factory=set)  # a move that failed once stays put: the drain waits for it
+
+    def round(self, snapshot: ClusterSnapshot, now_s: float) -> list[MigrationDecision] | None:
+        """This round's moves (maybe none: what is left fits nowhere yet); None: the evacuation is over."""
+        if now_s >= self.deadline_s:
+            return None
+        skip = frozenset(self.refused)
+        moves = evacuation_moves(snapshot, self.source_id, skip=skip)
+        return None if evacuation_done(snapshot, self.source_id, moves, skip=skip) else moves
+
+    def failed(self, rid: str) -> None:
+        """The move of ``rid`` failed: later rounds leave it where it is."""
+        self.refused.add(rid)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import msgspec
 import pytest
 
 from loadgen.sim.baselines import make_mix
@@ -14,7 +15,7 @@ from loadgen.sim.run import simulate
 from loadgen.slo import SLO
 from loadgen.workload import TraceRequest, Workload
 from shared.latency import LatencyModel, load_profile
-from shared.policies.evacuation import evacuation_done, evacuation_moves
+from shared.policies.evacuation import Evacuation, evacuation_done, evacuation_moves
 from shared.protocol.messages import ClusterSnapshot, DecodeRequestInfo, InstanceInfo, InstanceLoad, LoadReport
 from tests.unit.test_sim_control import FlipOnce
 
@@ -119,3 +120,18 @@ def test_the_planner_tells_its_pool_policy_how_draining_decode_instances_are_emp
     assert load_settings(PlannerSettings, drain_by_migration=False).pool_policy_context().drain_migration is None
     with pytest.raises(ValueError, match="unknown migration mechanism"):
         load_settings(PlannerSettings, drain_mechanism="teleport")
+
+
+def test_an_evacuation_runs_rounds_until_nothing_is_left_or_its_deadline_passed() -> None:
+    """The rounds the migrator runs live and the simulator on its clock (``Evacuation``)."""
+    instances = [decode("src", status="draining"), decode("a", used=99_000)]
+    stuck = ClusterSnapshot(ts_unix_s=0.0, series=[], instances=instances,
+                            decode_requests=[running("r1", "src", 2_000, generated=100)])
+    evacuation = Evacuation("src", deadline_s=10.0)
+    assert evacuation.round(stuck, 1.0) == []  # fits nowhere yet: a later round tries again
+    assert evacuation.round(stuck, 10.0) is None  # the drain's deadline: the flip is called off
+    roomy = msgspec.structs.replace(stuck, instances=[decode("src", status="draining"), decode("a")])
+    [move] = evacuation.round(roomy, 2.0) or []
+    assert (move.rid, move.target_id) == ("r1", "a")
+    evacuation.failed("r1")  # the move failed: later rounds leave it where it is
+    assert evacuation.round(roomy, 2.2) is None
