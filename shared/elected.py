@@ -123,10 +123,11 @@ class ElectedService(AsyncServiceMixin):
         log.info("%s %s is %s", self.name, self.replica_id, "the leader" if leader else "a follower")
 
     def loop_details(self) -> dict[str, Any]:
-        """The ticker's counters, for :meth:`service_status`."""
+        """The ticker's counters and the leader election's rounds run (won or lost), for :meth:`service_status`."""
         t = self._ticker
         return {"tick_interval_s": self.settings.tick_interval_s, "ticks": t.ticks, "tick_errors": t.errors,
-                "last_error": t.last_error, "last_tick_unix_s": t.last_tick_unix_s}
+                "last_error": t.last_error, "last_tick_unix_s": t.last_tick_unix_s,
+                "election_rounds": self._election.rounds if self._election is not None else 0}
 
     # -- what subclasses provide -------------------------------------------------------------------
     def policy_name(self) -> str:

@@ -7,15 +7,9 @@ than the busy ones), and, with ``refuse_late`` (the gateway's early rejection), 
 TTFT target (a colocated engine that gave it up, for one): the gateway refuses a request it holds that
 long, and another pair would only serve it late in the place of one with time left.
 
-After the first token the stream belongs to the client, and the gateway keeps it whole across engines:
-
-- **migration** (``request_move``; the migrator's decode-to-decode moves): between two tokens the gateway
-  stops forwarding, starts the request on the target from the tokens the client has (``resume.py``: a
-  re-prefill through a prefill engine, or an engine_sim KV copy), and once the target's first token is in,
-  aborts the source and forwards the target's stream. If the target fails first, it is aborted and the
-  request goes on from the source, which never stopped: nothing lost, nothing repeated.
-- **rescue**: a decode stream that breaks mid-answer (engine died, connection lost) is resumed the same way
-  on another pair, up to ``max_rescues`` times, so the client sees one unbroken answer.
+After the first token the stream belongs to the client, and the gateway keeps it whole across engines: a
+move to another decode engine (the migrator's) or a rescue of a broken stream is carried out between two
+tokens (``moving.py``).
 
 Token positions come from the usage the engines put on every chunk (``continuous_usage_stats``); usage
 sent to the client counts the whole answer, whichever engines produced it.
@@ -24,13 +18,12 @@ sent to the client counts the whole answer, whichever engines produced it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import secrets
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -40,14 +33,13 @@ from services.gateway.cluster import ClusterView
 from services.gateway.errors import APIError
 from services.gateway.legs import Attempt, Event, LegFailed
 from services.gateway.metrics import GatewayMetrics
+from services.gateway.moving import Moves, Spawn
 from services.gateway.responses import whole_response
-from services.gateway.resume import NotResumable, resume_body
 from services.gateway.validation import ParsedRequest
 from shared.engine import prompt_blocks
 from shared.http1 import Http1Pool
 from shared.policies import DispatchPolicy, Placement, RequestView
 from shared.policies.length import counted_down
-from shared.protocol import InstanceInfo
 from shared.protocol.length_prediction import PREDICTION_FIELD
 from shared.protocol.refusal import retry_after_header
 from shared.protocol.request_slo import RequestSlo
@@ -78,34 +70,10 @@ class Outcome:
     rescues: int = 0
 
 
-MECHANISMS = ("recompute", "kv-transfer")
-
-
-@dataclass
-class MoveResult:
-    """How a migration (or rescue) of a running request ended."""
-
-    ok: bool
-    message: str
-    mechanism: str | None = None
-    source_id: str | None = None
-    target_id: str | None = None
-    stall_s: float | None = None  # the client's gap: from the last source token to the target's first
-
-
-@dataclass
-class _PendingMove:
-    target_id: str
-    mechanism: str
-    done: asyncio.Future[MoveResult] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-
-
-_BACKGROUND: set[asyncio.Task[None]] = set()  # source legs being retired after a move
-
-
 class RequestFlow:
     def __init__(self, parsed: ParsedRequest, *, cluster: ClusterView, admission: Admission, http: Http1Pool,
-                 metrics: GatewayMetrics, retries: int, first_token_timeout_s: float, max_rescues: int = 2,
+                 metrics: GatewayMetrics, retries: int, first_token_timeout_s: float, spawn: Spawn,
+                 max_rescues: int = 2,
                  predict_length: bool = False, stream_legs: bool = False, refuse_late: bool = False,
                  arrived: float | None = None) -> None:
         self.parsed = parsed
@@ -130,13 +98,11 @@ class RequestFlow:
         self.arrived_unix = time.time() - (now - self.arrived)
         self.outcome = Outcome()
         self.attempt: Attempt | None = None
-        self.max_rescues = max_rescues
         self.delivered_tokens = 0  # tokens the client has (where a moved request resumes)
         self._text: list[str] = []  # ...and their text (what a stock-SGLang resume re-prefills)
         self._prompt_tokens: int | None = None  # as the first engine counted them
         self.finished_seen = False  # a finish_reason reached the client: nothing left to move
-        self._pending: _PendingMove | None = None
-        self.moving: tuple[str, str] | None = None  # (source, target) while a move is pending or under way
+        self.moves = Moves(self, spawn, max_rescues)
         self.predict_length = predict_length
         # The decode engine's latest remaining-length prediction and the token count it was made at.
         self._prediction: tuple[float, int] | None = None
@@ -252,15 +218,8 @@ class RequestFlow:
         while True:
             attempt = self.attempt
             assert attempt is not None
-            if self._pending is not None:
-                pending, self._pending = self._pending, None
-                try:
-                    result = await self._move(pending.target_id, pending.mechanism) if not self.finished_seen else \
-                        MoveResult(False, "the request already finished")
-                finally:
-                    self.moving = None
-                if not pending.done.done():
-                    pending.done.set_result(result)
+            if self.moves.pending is not None:
+                await self.moves.carry_out_pending()
                 continue
             try:
                 event = await attempt.next_event()
@@ -268,7 +227,7 @@ class RequestFlow:
                 if self.finished_seen:  # the answer is whole; only its tail (usage, [DONE]) was lost
                     attempt.finished = True
                     return
-                if not await self._rescue(exc):
+                if not await self.moves.rescue(exc):
                     raise
                 continue
             if event is None:
@@ -308,7 +267,10 @@ class RequestFlow:
             self.finished_seen = True
         return True
 
-    # -- moving a running request ----------------------------------------------------------------------
+    def text(self) -> str:
+        """The answer's text the client has (what a stock-SGLang resume re-prefills)."""
+        return "".join(self._text)
+
     def predicted_remaining(self) -> float | None:
         """The decode engine's last remaining-length prediction, less what was generated since (ARES' rule
         between two predictions, spec §1.2.6); None when the engine gives none."""
@@ -316,139 +278,6 @@ class RequestFlow:
             return None
         value, at = self._prediction
         return counted_down(value, at, self.delivered_tokens)
-
-    def movable(self) -> str | None:
-        """Why the request cannot be moved now (None: it can)."""
-        if not self.leg_stream:
-            return "non-streaming requests are answered whole by one engine (gateway move_non_streaming is off)"
-        if self.attempt is None or self.outcome.first_token_at is None:
-            return "the request has no token yet"
-        if self.finished_seen:
-            return "the request already finished"
-        if self._pending is not None:
-            return "a move of this request is already pending"
-        return None
-
-    def request_move(self, target_id: str, mechanism: str) -> asyncio.Future[MoveResult]:
-        """Ask the stream to move to ``target_id`` at its next token; the future tells how it went."""
-        if mechanism not in MECHANISMS:
-            raise ValueError(f"unknown migration mechanism {mechanism!r}; known: {', '.join(MECHANISMS)}")
-        self._pending = _PendingMove(target_id, mechanism)
-        if self.attempt is not None:
-            self.moving = (self.attempt.decode.instance_id, target_id)
-        return self._pending.done
-
-    async def _rescue(self, failure: LegFailed) -> bool:
-        """Resume the request on another pair after its decode stream broke; False when it cannot be."""
-        if self.outcome.rescues >= self.max_rescues:
-            return False
-        failed = self.attempt
-        assert failed is not None
-        log.warning("request %s: decode stream broke after %d tokens (%s); resuming it elsewhere",
-                    self.client_id, self.delivered_tokens, failure)
-        _retire(failed)
-        exclude = {failure.instance_id}
-        for _ in range(self.retries + 1):
-            result = await self._move(None, "recompute", exclude=exclude)
-            if result.ok:
-                self.outcome.rescues += 1
-                self.metrics.rescues.inc()
-                return True
-            log.warning("request %s: rescue failed: %s", self.client_id, result.message)
-            if result.target_id is None:
-                return False
-            exclude.add(result.target_id)
-        return False
-
-    def _move_target(self, target_id: str | None, mechanism: str,
-                     exclude: set[str] | None) -> MoveResult | tuple[InstanceInfo, InstanceInfo | None, str]:
-        """Where a move goes: (decode target, prefill engine for a recompute's prompt or None, the mechanism
-        it can use), or the failed :class:`MoveResult` saying why it cannot go anywhere."""
-        source = self.attempt
-        assert source is not None
-        rescue = exclude is not None
-        instances = self.cluster.instances
-        target = instances.get(target_id) if target_id is not None else None
-        if target_id is not None and (target is None or target.role == "prefill"):
-            return MoveResult(False, f"{target_id} is not a registered decode instance", mechanism, target_id=target_id)
-        if target is not None and target.instance_id == source.decode.instance_id:
-            return MoveResult(False, f"the request already runs on {target_id}", mechanism, target_id=target_id)
-        if mechanism == "kv-transfer" and (rescue or source.decode.engine_kind != "sim"
-                                           or (target is not None and target.engine_kind != "sim")):
-            mechanism = "recompute"  # only engine_sim models a decode-to-decode KV copy
-        if mechanism != "recompute":
-            assert target is not None
-            return target, None, mechanism
-        decodes = {i for i, info in instances.items() if info.role != "prefill"}
-        excluded = set(exclude or ()) | ({source.decode.instance_id} if not rescue else set())
-        if target is not None:
-            excluded |= decodes - {target.instance_id}
-        n = self.delivered_tokens
-        request = RequestView(rid=self.client_id, input_tokens=self.parsed.input_tokens + n,
-                              max_output_tokens=self.parsed.remaining_tokens(n), priority=self.parsed.priority)
-        decision = self.policy.place(request, self.cluster.engines(self.parsed.model), time.monotonic(),
-                                     frozenset(excluded))
-        if not isinstance(decision, Placement):
-            return MoveResult(False, f"no pair to resume on: {decision.reason}", mechanism, target_id=target_id)
-        target = instances.get(decision.decode_id)
-        prefill = instances.get(decision.prefill_id) if decision.prefill_id else None
-        if target is None or (decision.prefill_id and prefill is None):
-            return MoveResult(False, "the placed engines deregistered", mechanism, target_id=decision.decode_id)
-        return target, prefill, mechanism
-
-    async def _move(self, target_id: str | None, mechanism: str, *, exclude: set[str] | None = None) -> MoveResult:
-        """Start the request on ``target_id`` (or a placed pair) from the tokens the client has; swap on success.
-
-        The source is left alone until the target produced its first token, so a failed move costs the
-        client only the wait."""
-        source = self.attempt
-        assert source is not None
-        rescue = exclude is not None
-        where = self._move_target(target_id, mechanism, exclude)
-        if isinstance(where, MoveResult):
-            return where
-        target, prefill, mechanism = where
-        n = self.delivered_tokens
-        kv_source = (source.decode.url, source.rid) if mechanism == "kv-transfer" else None
-        try:
-            body = resume_body(self.parsed, target, generated_tokens=n, generated_text="".join(self._text),
-                               kv_source=kv_source)
-        except NotResumable as exc:
-            return MoveResult(False, str(exc), mechanism, target_id=target.instance_id)
-        moves = self.outcome.migrations + self.outcome.rescues + 1
-        attempt = Attempt(rid=f"{self.client_id}-m{moves}", endpoint=self.parsed.endpoint, prefill=prefill,
-                          decode=target, http=self.http, stream=True, slo=self.request_slo, base_tokens=n,
-                          predict_length=self.predict_length)
-        # The move holds its engines under its own id until it has taken over the request.
-        self.cluster.ledger.dispatched(attempt.rid, target.instance_id, prefill.instance_id if prefill else None,
-                                       self.parsed.input_tokens + n, self.parsed.max_tokens - n)
-        started = time.monotonic()
-        try:
-            await attempt.start(body)
-            await attempt.wait_first_token(self.first_token_timeout_s)
-        except (LegFailed, asyncio.CancelledError) as exc:
-            self.cluster.release(attempt.rid)
-            _retire(attempt)
-            if isinstance(exc, asyncio.CancelledError):
-                raise
-            return MoveResult(False, f"the target failed, the request stays where it was: {exc}", mechanism,
-                              source_id=source.decode.instance_id, target_id=target.instance_id)
-        self.cluster.first_token(attempt.rid, target.instance_id, prefill.instance_id if prefill else None)
-        if not rescue:
-            _retire(source)
-        self._release()
-        self.cluster.ledger.rename(attempt.rid, self.client_id)
-        self.attempt = attempt
-        self.outcome.prefill_id = prefill.instance_id if prefill is not None else self.outcome.prefill_id
-        self.outcome.decode_id = target.instance_id
-        if not rescue:
-            self.outcome.migrations += 1
-            self.metrics.migrations.labels(mechanism).inc()
-        stall = time.monotonic() - (self.outcome.last_token_at or started)
-        log.info("request %s moved %s -> %s by %s after %d tokens (%.3f s without tokens)", self.client_id,
-                 source.decode.instance_id, target.instance_id, mechanism, n, stall)
-        return MoveResult(True, "moved", mechanism, source_id=source.decode.instance_id,
-                          target_id=target.instance_id, stall_s=stall)
 
     def _note_cached(self, usage: dict[str, Any]) -> None:
         """The engine's cached prompt tokens, from a usage that reports them (SGLang --enable-cache-report puts
@@ -492,10 +321,7 @@ class RequestFlow:
         """
         if self.outcome.status == "ok":
             self.outcome.status, self.outcome.error = status, error
-        if self._pending is not None and not self._pending.done.done():
-            self._pending.done.set_result(MoveResult(False, "the request ended before it could move"))
-        self._pending = None
-        self.moving = None
+        self.moves.settle()
         attempt, self.attempt = self.attempt, None
         if attempt is not None and not attempt.finished and self.outcome.status == "ok":
             self.outcome.status = "aborted"
@@ -521,14 +347,3 @@ class RequestFlow:
         return (o.last_token_at - o.first_token_at) / (o.output_tokens - 1)
 
 
-def _retire(attempt: Attempt) -> None:
-    """Abort and close a leg in the background (a moved request's source, a failed target)."""
-    async def retire() -> None:
-        with contextlib.suppress(Exception):
-            await attempt.abort()
-        with contextlib.suppress(Exception):
-            await attempt.close()
-
-    task = asyncio.create_task(retire())
-    _BACKGROUND.add(task)
-    task.add_done_callback(_BACKGROUND.discard)

@@ -17,9 +17,10 @@ from typing import Any
 from services.gateway.admission import Admission
 from services.gateway.cluster import ClusterView
 from services.gateway.config import GatewaySettings
-from services.gateway.flow import MoveResult, RequestFlow
+from services.gateway.flow import RequestFlow
 from services.gateway.legs import Attempt
 from services.gateway.metrics import GatewayMetrics
+from services.gateway.moving import MoveResult
 from services.gateway.slo import SloTable
 from shared.bus import Bus, bus_from_settings
 from shared.engine_client import engine_auth_headers
@@ -97,7 +98,9 @@ class GatewayService:
         self._probing: set[str] = set()  # engines whose /health is being asked (_probe)
         self._probed_at: dict[str, float] = {}  # when the stall sweep last asked an engine (monotonic)
 
-    async def _on_load(self, report: LoadReport, subject: str) -> None:
+    async def on_load(self, report: LoadReport, subject: str) -> None:
+        """A load report from a sidecar: into the cluster view, and its prefill samples to a policy that learns
+        from them (Arrow)."""
         await self.cluster.on_load(report, subject)
         observe = getattr(self.policy, "observe_prefill", None)  # Arrow refits its TTFT predictor per instance
         if observe is not None:
@@ -109,7 +112,7 @@ class GatewayService:
         self.http = Http1Pool(connect_timeout_s=s.engine_connect_timeout_s, headers=engine_auth_headers(s.engine_api_key))
         self.bus = bus_from_settings(s, f"gateway-{self.replica_id}")
         await self.bus.connect()
-        await self.bus.subscribe(self.subjects.load_all(), LoadReport, self._on_load)
+        await self.bus.subscribe(self.subjects.load_all(), LoadReport, self.on_load)
         self._admin = AdminEndpoint(self.bus, self.subjects, "gateway", self._status)
         await self._admin.start()
         await self.bus.serve(self.subjects.gateway_requests(), GatewayRequestsQuery, self._on_requests_query,
@@ -229,7 +232,8 @@ class GatewayService:
         assert self.http is not None
         flow = RequestFlow(parsed, cluster=self.cluster, admission=self.admission, http=self.http,
                            metrics=self.metrics, retries=self.settings.retries,
-                           first_token_timeout_s=self.settings.first_token_timeout_s, max_rescues=self.settings.max_rescues,
+                           first_token_timeout_s=self.settings.first_token_timeout_s, spawn=self.spawn,
+                           max_rescues=self.settings.max_rescues,
                            predict_length=self.settings.length_predictions,
                            stream_legs=self.settings.move_non_streaming,
                            refuse_late=self.settings.early_rejection, arrived=arrived)
@@ -247,8 +251,8 @@ class GatewayService:
             attempt = flow.attempt
             if attempt is None:
                 continue
-            moving = flow.moving
-            if moving is None and flow.movable() is not None:
+            moving = flow.moves.moving
+            if moving is None and flow.moves.movable() is not None:
                 continue
             slo = flow.parsed.slo
             out.append(DecodeRequestInfo(
@@ -268,11 +272,11 @@ class GatewayService:
         flow = self.flows.get(rid)
         if flow is None:
             return MoveResult(False, f"no request {rid!r} in flight on this gateway")
-        why_not = flow.movable()
+        why_not = flow.moves.movable()
         if why_not is not None:
             return MoveResult(False, why_not)
         try:
-            done = flow.request_move(target_id, mechanism)
+            done = flow.moves.request(target_id, mechanism)
         except ValueError as exc:
             return MoveResult(False, str(exc))
         timeout = timeout_s if timeout_s is not None else self.settings.first_token_timeout_s + 5.0
@@ -352,7 +356,7 @@ class GatewayService:
             now = time.monotonic()
             for flow in list(self.flows.values()):
                 attempt = flow.attempt
-                if attempt is None or flow.moving is not None:
+                if attempt is None or flow.moves.moving is not None:
                     continue
                 idle = now - attempt.last_event_at
                 if idle <= timeout:

@@ -226,7 +226,7 @@ class PoisePools:
         self.decisions += 1
         best = best_split(loads, len(prefills) if prefills else None)
         tpot_p90 = window_tpot_p90(snapshot.series, self.params.tpot_window_s)
-        self._choose_mode(best, co, now_s, lambda: self._scores_away(mix, total, 1), tpot_p90)
+        self._choose_mode(best, co, now_s, lambda: self.scores_away(mix, total, 1), tpot_p90)
         if self.mode == "colocated" and (prefills or decodes):
             return self._convert(prefills, decodes, best, now_s, mix, self._spare(mix, total))
         if self.mode == "disaggregated" and colocated:
@@ -261,7 +261,7 @@ class PoisePools:
             return max(self.params.confirm, math.ceil(self.params.window_s / self.params.interval_s))
         return self.params.confirm
 
-    def _scores_away(self, mix: Mix, total: int, away: int) -> tuple[float, float]:
+    def scores_away(self, mix: Mix, total: int, away: int) -> tuple[float, float]:
         """The scores of the best split and of colocated serving with ``away`` instances out for their drain
         and restart (inf when fewer than two would be left)."""
         less = total - away
@@ -280,7 +280,7 @@ class PoisePools:
         with which the load fits in either mode (at least one: a move, once begun, goes on)."""
         spare = 1
         for away in range(2, total // 2 + 1):
-            if max(self._scores_away(mix, total, away)) > 1.0:
+            if max(self.scores_away(mix, total, away)) > 1.0:
                 break
             spare = away
         return spare

@@ -11,24 +11,11 @@ overhead.py). ``--trace NAME`` runs the calibration slice and that trace's slice
 ``sim_fidelity-NAME.{md,json}``. With ``--calibrate`` it instead prints the live-minus-model first-token delay that
 ``loadgen/sim/overhead.py`` is set from. The short version is ``tests/e2e/test_sim_fidelity.py``.
 
-Known gap, the burst tail (Azure conversation 240-300 s): where 5-10% of a slice's requests have long prompts,
-its P90 TTFT is set by short requests that arrive within milliseconds of a long one, and there the live P90
-is 10-25% above the simulator's. Per-request comparison (same trace index on both sides) shows why:
-
-- dispatch: the gateway holds a prefill engine's in-flight prompt tokens (what least-load ranks prefill
-  engines by) until the whole request ends, decode included (``RequestFlow._hold``/``_release``); the
-  simulator's ``SimInstance.view`` counts only prompt tokens not yet computed. So live ranks prefill engines
-  by the prompts of requests long past their prefill, and puts a short request behind a 4000-token prompt
-  the simulator sends elsewhere. Only ~48% of requests get the same prefill engine on both sides; with the
-  gateway releasing the prefill's share at the first token (tried on a copy), 88-95% do and the live P90 on
-  240-300 s fell from 109-125 ms to 100-103 ms, against the simulator's 90 ms;
-- the handshake: live, a prefill starts only once its decode engine claimed the bootstrap room, and the
-  decode engine admits new requests only between two decode steps (~8 ms), so requests a few ms apart often
-  share a prefill step; the simulator starts the first at once and queues the second. Modelling that (decode
-  reservation at step boundaries, ~4 ms before the prefill may start, the rest of the delay after it) closes
-  another 4-5 points of the P90 gap;
-- not host CPU: with the same placement the residual live-minus-simulator TTFT is median ~1 ms, p90 ~9 ms,
-  uncorrelated with prompt length (r = 0.00-0.04) and barely with requests in flight (r = 0.06-0.12).
+Both sides run the same admission (``shared/gateway/model.py``: the dispatch policy over the in-flight ledger,
+which gives a prefill engine's share back at the first token) and the same engine model; the simulator models
+SGLang's bootstrap handshake (a decode engine claims a request's KV between two decode steps, ``handshake_s``
+before its prefill may start), which is what sets the P90 TTFT of short requests arriving just after a long one.
+What is left between the two is in the results file, slice by slice.
 """
 
 from __future__ import annotations

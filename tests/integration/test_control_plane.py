@@ -200,8 +200,8 @@ async def test_planner_and_migrator_lead_and_act(nats_server: NatsServer, etcd_s
         reply = await bus.request(subjects.admin("migrator"), AdminCommand(verb="status"), AdminReply)
         assert reply.ok and reply.status is not None and reply.status.is_leader
         assert reply.status.policy == "none" and "no decode-to-decode migration" in reply.status.policy_note
-        await _until(lambda: migrator._ticker.ticks > 0)
-        assert migrator._ticker.errors == 0
+        await _until(lambda: migrator.loop_details()["ticks"] > 0)
+        assert migrator.loop_details()["tick_errors"] == 0
 
         # poise admin set-role goes through the planner to the sidecar.
         reply = await bus.request(subjects.admin("planner"),
@@ -233,7 +233,7 @@ async def test_static_planner_status_and_one_leader_of_two(nats_server: NatsServ
         await a.start()
         await _until(lambda: a.is_leader)
         await b.start()
-        await _until(lambda: b._election is not None and b._election.rounds >= 1)  # b ran for leader and lost
+        await _until(lambda: b.loop_details()["election_rounds"] >= 1)  # b ran for leader and lost
         assert a.is_leader and not b.is_leader
         replies = [await bus.request(subjects.admin("planner"), AdminCommand(verb="status"), AdminReply) for _ in range(6)]
         seen = {r.status.replica_id: r.status.is_leader for r in replies if r.status is not None}
@@ -241,8 +241,8 @@ async def test_static_planner_status_and_one_leader_of_two(nats_server: NatsServ
         status = replies[0].status
         assert status is not None and status.policy == "static"
         assert status.policy_note == StaticPools.note
-        await _until(lambda: a._ticker.ticks > 0)
-        assert a._ticker.errors == 0 and a.last_decision is not None and a.last_decision.changes == []
+        await _until(lambda: a.loop_details()["ticks"] > 0)
+        assert a.loop_details()["tick_errors"] == 0 and a.last_decision is not None and a.last_decision.changes == []
         await a.stop()
         await _until(lambda: b.is_leader, timeout_s=5)  # a revoked its lease: b takes over within a round
         await b.stop()

@@ -226,8 +226,8 @@ async def test_the_gateway_feeds_engine_prefill_samples_to_arrows_predictor() ->
     assert isinstance(arrow, ArrowDispatch)
     before = arrow.predictor("p0").predict(4000)
     slow = [(n, 2.0 * MODEL.prefill_time_s(n)) for n in (1000, 4000, 8000)] * 40
-    await gateway._on_load(LoadReport(instance_id="p0", role="prefill", status="ready", ts_unix_s=0.0,
-                                      prefill_samples=slow), "subject")
+    await gateway.on_load(LoadReport(instance_id="p0", role="prefill", status="ready", ts_unix_s=0.0,
+                                     prefill_samples=slow), "subject")
     assert arrow.predictor("p0").observations == len(slow)
     assert arrow.predictor("p0").predict(4000) > 1.6 * before  # p0 runs slow: predicted slower
     assert arrow.predictor("p1").predict(4000) == pytest.approx(before)  # the others keep the profile

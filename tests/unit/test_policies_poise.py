@@ -394,7 +394,7 @@ def test_a_colocated_mode_that_fails_its_step_is_left_under_an_overload_too() ->
     mix = mix_of(code, 120.0)
     assert mix is not None
     pools = PoisePools(MODEL, CTX, PoiseParams(min_dwell_s=0.0))
-    assert pools._scores_away(mix, 8, 1)[0] > 1.0
+    assert pools.scores_away(mix, 8, 1)[0] > 1.0
     pools.decide(snap(colocated(8), code), 0.0)
     out = pools.decide(snap(colocated(8), code), 10.0)
     assert pools.last_colocated is not None and not pools.last_colocated.feasible
@@ -402,7 +402,7 @@ def test_a_colocated_mode_that_fails_its_step_is_left_under_an_overload_too() ->
     # A colocated mode whose step fits stays put under the same overload (the model alone, nothing measured).
     chat = series(1155, 211, 200.0)
     chat_mix = mix_of(chat, 120.0)
-    assert chat_mix is not None and pools._scores_away(chat_mix, 8, 1)[0] > 1.0
+    assert chat_mix is not None and pools.scores_away(chat_mix, 8, 1)[0] > 1.0
     stay = PoisePools(MODEL, CTX, PoiseParams(min_dwell_s=0.0))
     for t in (0.0, 10.0, 20.0):
         assert stay.decide(snap(colocated(8), chat), t) is None
@@ -421,7 +421,7 @@ def test_a_colocated_mode_failing_where_its_load_fits_is_left_under_an_overload_
     fits = PoisePools(MODEL, CTX, PoiseParams(min_dwell_s=0.0))
     fits.mode = "colocated"
     mix = mix_of(measured(130.0), 120.0)
-    assert mix is not None and fits._scores_away(mix, 8, 1)[0] > 1.0
+    assert mix is not None and fits.scores_away(mix, 8, 1)[0] > 1.0
     assert fits.decide(snap(colocated(8), measured(130.0)), 0.0) is None
     out = fits.decide(snap(colocated(8), measured(130.0)), 10.0)
     co = fits.last_colocated
@@ -444,11 +444,11 @@ def test_a_mode_change_under_load_restarts_one_instance_at_a_time() -> None:
     while True:
         mix = mix_of(series(1155, 211, rate + 1.0), 120.0)
         assert mix is not None
-        if max(pools._scores_away(mix, 8, 1)) > 1.0:
+        if max(pools.scores_away(mix, 8, 1)) > 1.0:
             break
         rate += 1.0
     mix = mix_of(series(1155, 211, rate), 120.0)
-    assert mix is not None and max(pools._scores_away(mix, 8, 2)) > 1.0, "no rate where one away fits and two do not"
+    assert mix is not None and max(pools.scores_away(mix, 8, 2)) > 1.0, "no rate where one away fits and two do not"
     chat = series(1155, 211, rate)
     pools.decide(snap(cluster(4, 4), chat), 0.0)
     first = pools.decide(snap(cluster(4, 4), chat), 10.0)
@@ -537,7 +537,7 @@ def test_colocated_serving_is_not_left_for_a_better_scored_split_that_would_not_
     assert mix is not None
     pools = PoisePools(MODEL, CTX, PoiseParams(min_dwell_s=0.0))
     pools.mode = "colocated"
-    assert pools._scores_away(mix, 8, 1)[0] > 1.0
+    assert pools.scores_away(mix, 8, 1)[0] > 1.0
     for t in (0.0, 10.0, 20.0, 30.0):
         assert pools.decide(snap(colocated(8), overload), t) is None and pools.mode == "colocated"
         assert ranks_split_above_colocated(pools)
