@@ -7,14 +7,13 @@
   ``Subjects.load(id)`` (load_report.py; ``healthy=False`` with the error when the read fails or the
   snapshot stopped while the engine has work). An engine whose loads fail for ``unhealthy_after_s`` is out
   of the registry until it answers again.
-- **role commands** on ``Subjects.worker_command(id)`` (role_rules.py): mark the instance ``draining``, wait
-  until the engine is idle, ``POST /pd_role_switch`` (or restart it, to or from colocated), re-register in
-  the new role; any failure re-registers the old role as ``ready`` and answers ``ok=false`` with why.
+- **role commands** on ``Subjects.worker_command(id)`` (role_switch.py, role_rules.py): drain the engine,
+  ``POST /pd_role_switch`` (or restart it, to or from colocated), re-register in the new role.
 - **supervision** (supervisor.py): a spawned engine that exits is deregistered and restarted with back-off;
   after ``restart_max_failures`` failures in a row ``fatal_error`` says why and the process exits with 1.
 - **forecast relay** (forecast.py, engine_sim only): the planner's ISL forecast to the prefill policy.
-- **retire** (the admin verb a connector's scale-in sends): drain (bounded), deregister, answer, then stop
-  the way SIGTERM does (``exit_requested``). **stop**: deregister first, then stop the engine.
+- **retire** (the admin verb a connector's scale-in sends; role_switch.py): drain (bounded), deregister,
+  answer, then stop the way SIGTERM does (``exit_requested``). **stop**: deregister first, then stop the engine.
 
 Admin: ``Subjects.admin("worker-<id>")`` answers ``status``, ``set-role role=<prefill|decode|null>`` and
 ``retire [drain_timeout_s=<s>]``.
@@ -25,18 +24,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import sys
 import time
-import uuid
 from typing import Any
 
 import httpx
 
 from services.worker.config import WorkerSettings
-from services.worker.engine_waits import DrainTimeout, wait_healthy, wait_idle
+from services.worker.engine_waits import wait_healthy
 from services.worker.forecast import ForecastHook, ForecastRelay, takes_forecast
-from services.worker.instance_record import ROLES, instance_info, registered_role
+from services.worker.instance_record import instance_info, registered_role
 from services.worker.launcher import (
     EngineProcess,
     build_engine_command,
@@ -48,21 +45,18 @@ from services.worker.launcher import (
 )
 from services.worker.load_report import SampleCursor, hung_for
 from services.worker.orphan import AdoptedEngine, pid_file, previous_engine, remove_pid_file, write_pid_file
-from services.worker.role_rules import switch_refusal
-from services.worker.supervisor import RESTART_ERRORS, EngineSupervisor
+from services.worker.role_switch import RoleSwitcher
+from services.worker.supervisor import EngineSupervisor
 from shared.bus import Bus, bus_from_settings
 from shared.devservers import free_port, port_available
 from shared.engine_client import EngineClient, EngineLoads, EngineServerInfo, engine_auth_headers
 from shared.errors import ConfigError, EngineError, EngineTimeout, PoiseError
 from shared.latency import LatencyProfile, load_profile
-from shared.policies.flip import drain_deadline_s, is_restart
 from shared.protocol import (
-    AdminReply,
     InstanceInfo,
     Keys,
     LoadReport,
     RoleCommand,
-    RoleCommandReply,
     ServiceStatus,
     Subjects,
 )
@@ -75,7 +69,6 @@ from shared.runtime import (
     Uptime,
     cancel_and_wait,
     replica_id,
-    require_arg,
 )
 
 log = logging.getLogger(__name__)
@@ -140,14 +133,12 @@ class WorkerService(AsyncServiceMixin):
         self._failing_since: float | None = None  # monotonic time loads started failing
         self._health_deregistered = False
         self._reg_lock = asyncio.Lock()
-        self._switch_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._stop = StopOnce()
         # Set when the worker wants its process to end (after a retire): ``__main__`` hands it to run_service,
         # so a retire leaves through the same stop path as SIGTERM.
         self.exit_requested = exit_event or asyncio.Event()
-        self._retiring = False
-        self._retire_exit: asyncio.Task[None] | None = None
+        self.roles = RoleSwitcher(self)
 
     # -- lifecycle ---------------------------------------------------------------------------------
     @property
@@ -191,17 +182,17 @@ class WorkerService(AsyncServiceMixin):
             await self._register("ready")
 
         self._command_sub = await self._bus.serve(
-            self.subjects.worker_command(self.instance_id), RoleCommand, self._on_role_command,
-            error_reply=self._command_error, concurrent=True,
+            self.subjects.worker_command(self.instance_id), RoleCommand, self.roles.on_command,
+            error_reply=self.roles.command_error, concurrent=True,
         )
         self._admin = AdminEndpoint(self._bus, self.subjects, worker_admin_service(self.instance_id), self.service_status)
-        self._admin.register("set-role", self._admin_set_role, "set-role role=prefill|decode|null [drain_timeout_s=<s>] (null: colocated, a restart)")
-        self._admin.register("retire", self._admin_retire, "retire [drain_timeout_s=<s>]: drain, deregister, exit")
+        self._admin.register("set-role", self.roles.admin_set_role, "set-role role=prefill|decode|null [drain_timeout_s=<s>] (null: colocated, a restart)")
+        self._admin.register("retire", self.roles.admin_retire, "retire [drain_timeout_s=<s>]: drain, deregister, exit")
         await self._admin.start()
         # The planner's connector retires engines here: the admin subject is the operator's only.
         self._control = AdminEndpoint(self._bus, self.subjects, worker_admin_service(self.instance_id),
                                       self.service_status, subject=self.subjects.worker_control(self.instance_id))
-        self._control.register("retire", self._admin_retire, "retire [drain_timeout_s=<s>]: drain, deregister, exit")
+        self._control.register("retire", self.roles.admin_retire, "retire [drain_timeout_s=<s>]: drain, deregister, exit")
         await self._control.start()
         self._tasks.append(asyncio.create_task(self._load_loop(), name=f"loads-{self.instance_id}"))
         if takes_forecast(s.engine_kind, self._engine_info.raw if self._engine_info is not None else {}):
@@ -399,7 +390,7 @@ class WorkerService(AsyncServiceMixin):
     async def _on_loads_failed(self, now: float) -> None:
         if self._failing_since is None:
             self._failing_since = now
-        if (self._registered and not self._supervision.restarting and not self._switch_lock.locked()
+        if (self._registered and not self._supervision.restarting and not self.roles.lock.locked()
                 and now - self._failing_since >= self.settings.unhealthy_after_s):
             log.warning("engine of %s has not answered /v1/loads for %.1fs; deregistering until it does",
                         self.instance_id, now - self._failing_since)
@@ -422,59 +413,6 @@ class WorkerService(AsyncServiceMixin):
     async def _on_planner_event(self, event: PlannerEvent, _subject: str) -> None:
         if self._forecast is not None:
             await self._forecast.on_event(event, self.role)
-
-    # -- role commands -----------------------------------------------------------------------------
-    def _command_error(self, message: str) -> RoleCommandReply:
-        role = self.role or "null"
-        return RoleCommandReply(command_id="", instance_id=self.instance_id, ok=False, message=message,
-                                old_role=role, new_role=role)
-
-    async def _on_role_command(self, cmd: RoleCommand) -> RoleCommandReply:
-        old: Role = self.role or "null"
-
-        def reply(ok: bool, message: str) -> RoleCommandReply:
-            return RoleCommandReply(command_id=cmd.command_id, instance_id=self.instance_id, ok=ok, message=message,
-                                    old_role=old, new_role=self.role or "null")
-
-        if self._retiring:
-            return reply(False, "the instance is retiring")
-        if self._switch_lock.locked():
-            return reply(False, "another role switch is in progress")
-        async with self._switch_lock:
-            old = self.role or "null"
-            if cmd.new_role == old:
-                return reply(True, f"already {old}")
-            restart = is_restart(old, cmd.new_role)
-            serving = self._registered and not self._supervision.restarting and not self._stop.stopping
-            refusal = switch_refusal(old, cmd.new_role, self.settings, serving=serving)
-            if refusal is not None:
-                return reply(False, refusal)
-            timeout_s = drain_deadline_s(cmd.drain_timeout_s, self.settings.drain_timeout_s)
-            log.info("role switch %s -> %s (%s): draining up to %.1fs", old, cmd.new_role, cmd.reason or "no reason",
-                     timeout_s)
-            t0 = time.monotonic()
-            try:
-                await self._set_status("draining")
-                await self._wait_idle(timeout_s)
-                await self._set_status("switching")
-                assert self._client is not None
-                if restart:
-                    result = await self._relaunch(cmd.new_role)
-                else:
-                    result = await self._client.pd_role_switch(
-                        cmd.new_role, decode_cuda_graph_memory_gb=self.settings.decode_cuda_graph_memory_gb)
-            except RESTART_ERRORS as exc:  # a relaunch can fail to spawn (OSError)
-                log.warning("role switch of %s to %s failed: %s", self.instance_id, cmd.new_role, exc)
-                try:
-                    await self._set_status("ready")
-                except ETCD_ERRORS as restore_exc:
-                    log.error("could not restore %s to ready: %s", self.instance_id, restore_exc)
-                return reply(False, f"role switch {old} -> {cmd.new_role} failed: {exc}")
-            self.role = cmd.new_role
-            await self._set_status("ready")
-            took = time.monotonic() - t0
-            log.info("role switch of %s: %s -> %s in %.2fs", self.instance_id, old, cmd.new_role, took)
-            return reply(True, f"{old} -> {cmd.new_role} in {took:.2f}s: {result.get('message', '') or 'ok'}")
 
     def _start_supervisor(self) -> None:
         self._supervisor = asyncio.create_task(self._supervision.run(), name=f"supervise-{self.instance_id}")
@@ -504,81 +442,6 @@ class WorkerService(AsyncServiceMixin):
                 self._start_supervisor()
         return {"message": f"engine restarted as {new_role}"}
 
-    async def _wait_idle(self, timeout_s: float) -> None:
-        assert self._client is not None
-        await wait_idle(self._client, timeout_s, min(self.settings.load_interval_s, 0.1))
-
-    async def switch_role(self, new_role: Role, *, reason: str = "", drain_timeout_s: float | None = None) -> RoleCommandReply:
-        """In-process equivalent of a :class:`RoleCommand` (what the NATS handler and ``set-role`` run)."""
-        return await self._on_role_command(RoleCommand(
-            command_id=uuid.uuid4().hex, new_role=new_role, reason=reason,
-            drain_timeout_s=drain_timeout_s if drain_timeout_s is not None else self.settings.drain_timeout_s,
-        ))
-
-    # -- retire ------------------------------------------------------------------------------------
-    async def retire(self, drain_timeout_s: float | None = None, *,
-                     reply_task: asyncio.Task[Any] | None = None) -> AdminReply:
-        """Drain (bounded), deregister, then schedule the stop of this worker; the reply comes first.
-
-        ``reply_task`` is the task that will send the reply (the admin handler's): the stop waits for it to
-        end. Holds the switch lock for the drain, so role commands arriving meanwhile are refused, and refuses
-        itself while a role switch runs (the flip may be what the planner wants instead; it can retry).
-        """
-        timeout_s = self.settings.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
-        if not (timeout_s > 0 and math.isfinite(timeout_s)):  # a NaN deadline would never pass
-            raise ValueError("drain_timeout_s must be a positive number of seconds")
-        if self._retiring or self._stop.stopping:
-            return AdminReply(ok=False, message=f"{self.instance_id} is already retiring or stopping",
-                              status=self.service_status())
-        if self._switch_lock.locked():
-            return AdminReply(ok=False, message=f"retire refused: a role switch of {self.instance_id} is in progress; "
-                                                "retry once it has finished", status=self.service_status())
-        async with self._switch_lock:
-            self._retiring = True
-            t0 = time.monotonic()
-            if not self._registered or self._supervision.restarting:
-                drain = "not serving (unregistered or restarting), so no drain"
-            else:
-                try:
-                    await self._set_status("draining")  # gateways stop sending new work
-                    await self._wait_idle(timeout_s)
-                    drain = f"drained in {time.monotonic() - t0:.2f}s"
-                except DrainTimeout as exc:
-                    drain = f"drain timed out after {time.monotonic() - t0:.2f}s ({exc}); retiring anyway"
-                except ETCD_ERRORS as exc:  # cannot mark it draining: still go, the lease ends it anyway
-                    drain = f"could not mark draining ({exc}); retiring without a drain"
-            async with self._reg_lock:
-                await self._deregister()
-        log.info("retire of %s: %s; deregistered, stopping", self.instance_id, drain)
-        self._retire_exit = asyncio.create_task(self._exit_after(reply_task), name=f"retire-exit-{self.instance_id}")
-        return AdminReply(ok=True, message=f"{drain}; deregistered; stopping", status=self.service_status())
-
-    async def _exit_after(self, handler: asyncio.Task[Any] | None) -> None:
-        """Stop once ``handler`` (the task answering the retire request) has sent its reply.
-
-        Closing the bus cancels request handlers still in flight, so stopping any earlier could lose the reply;
-        the bound keeps a stuck handler from keeping the process alive.
-        """
-        if handler is not None:
-            await asyncio.wait({handler}, timeout=5.0)
-        self.exit_requested.set()
-        await self.stop()
-
-    # -- admin -------------------------------------------------------------------------------------
-    async def _admin_retire(self, args: dict[str, str]) -> AdminReply:
-        timeout = float(args["drain_timeout_s"]) if "drain_timeout_s" in args else None
-        # This runs inside the bus's per-request task, which sends the reply after we return.
-        return await self.retire(timeout, reply_task=asyncio.current_task())
-
-    async def _admin_set_role(self, args: dict[str, str]) -> AdminReply:
-        role = require_arg(args, "role")
-        if role not in ROLES:
-            raise ValueError(f"role must be one of {', '.join(ROLES)}")
-        timeout = float(args["drain_timeout_s"]) if "drain_timeout_s" in args else None
-        result = await self.switch_role(role, reason=args.get("reason", "admin set-role"),
-                                        drain_timeout_s=timeout)
-        return AdminReply(ok=result.ok, message=result.message, status=self.service_status())
-
     def service_status(self) -> ServiceStatus:
         loads = self.last_loads
         return ServiceStatus(
@@ -588,8 +451,8 @@ class WorkerService(AsyncServiceMixin):
             details={
                 "instance_id": self.instance_id, "role": self.role, "status": self.status,
                 "registered": self._registered, "url": self.url, "engine_pid": self.engine_pid,
-                "restarts": self.restarts, "switching": self._switch_lock.locked() and not self._retiring,
-                "retiring": self._retiring, "last_error": self.last_error, "fatal_error": self.fatal_error,
+                "restarts": self.restarts, "switching": self.roles.switching,
+                "retiring": self.roles.retiring, "last_error": self.last_error, "fatal_error": self.fatal_error,
                 "sglang_version": self.sglang_version,
                 "running_reqs": loads.num_running_reqs if loads else None,
                 "waiting_reqs": loads.num_waiting_reqs if loads else None,

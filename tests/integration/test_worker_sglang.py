@@ -163,5 +163,5 @@ async def test_flips_are_refused_when_the_engine_cannot_switch(tmp_path: Path) -
     answers a flip itself, before draining anything."""
     settings = load_settings(WorkerSettings, instance_id="p0", role="prefill", engine_kind="sglang", model_path="m",
                              transfer_backend="nixl", log_dir=tmp_path)
-    reply = await WorkerService(settings).switch_role("decode", reason="test")
+    reply = await WorkerService(settings).roles.switch_role("decode", reason="test")
     assert not reply.ok and "launched without --enable-pd-role-switch (transfer_backend=nixl)" in reply.message
