@@ -177,8 +177,11 @@ class SimCluster:
             self._release()
 
     # -- the gateway model's port ----------------------------------------------------------------------
-    def engines(self, model: str) -> Sequence[EngineView]:
-        return [i.view() for i in self.live]
+    def engines(self, model: str, role: Role | None = None) -> Sequence[EngineView]:
+        return [i.view() for i in self.live if role is None or i.role == role]
+
+    def accepting(self, model: str, role: Role) -> Sequence[str]:
+        return [i.instance_id for i in self.live if i.role == role and i.status == "ready"]
 
     def request(self, item: SimRequest) -> RequestView:
         return RequestView(rid=item.ledger_key, input_tokens=item.input_tokens, max_output_tokens=item.output_tokens,

@@ -30,6 +30,7 @@ from services.gateway.errors import APIError
 from services.gateway.metrics import GatewayMetrics
 from shared.gateway.model import GatewayModel, Refusal
 from shared.policies import EngineView, Placement, RequestView
+from shared.protocol.messages import Role
 from shared.protocol.refusal import retry_after_header
 
 log = logging.getLogger(__name__)
@@ -118,8 +119,12 @@ class Admission:
             self._timer = None
 
     # -- the model's port ------------------------------------------------------------------------------
-    def engines(self, model: str) -> Sequence[EngineView]:
-        return self.cluster.engines(model)
+    def engines(self, model: str, role: Role | None = None) -> Sequence[EngineView]:
+        engines = self.cluster.engines(model)
+        return engines if role is None else [e for e in engines if e.role == role]
+
+    def accepting(self, model: str, role: Role) -> Sequence[str]:
+        return [e.instance_id for e in self.cluster.engines(model) if e.role == role and e.accepting]
 
     def request(self, item: Ticket) -> RequestView:
         return item.request

@@ -31,6 +31,7 @@ from shared.policies.inflight import InflightLedger
 from shared.policies.late_binding import LateBinding
 from shared.policies.prefill_order import PrefillItem
 from shared.policies.views import EngineView, RequestView
+from shared.protocol.messages import Role
 
 T = TypeVar("T", bound=PrefillItem)
 T_contra = TypeVar("T_contra", bound=PrefillItem, contravariant=True)
@@ -55,8 +56,14 @@ class Port(Protocol[T_contra]):
     """What the model asks of its adapter; each call is synchronous, and each decision carried out before the
     next is made (a placement changes the views the next one reads)."""
 
-    def engines(self, model: str) -> Sequence[EngineView]:
-        """The engines serving ``model``, as the dispatcher sees them now (with the ledger's in-flight work)."""
+    def engines(self, model: str, role: Role | None = None) -> Sequence[EngineView]:
+        """The engines serving ``model`` (of ``role``, or all), as the dispatcher sees them now (with the
+        ledger's in-flight work)."""
+        ...
+
+    def accepting(self, model: str, role: Role) -> Sequence[str]:
+        """The engines of ``role`` serving ``model`` that take requests now (ready and healthy): what the held
+        queue binds to, without building their views (the simulator pumps on every prefill's end)."""
         ...
 
     def request(self, item: T_contra) -> RequestView:
@@ -106,16 +113,16 @@ class GatewayModel(Generic[T]):
         lb = self.late_binding
         if not held or lb is None:
             return math.inf
-        engines = port.engines(model)
         # Without an accepting prefill engine there is nothing to bind to: every held prompt is placed as
         # without late binding (a colocated engine, or the dispatch policy's refusal).
-        prefill = {e.instance_id: e.inflight_reqs for e in engines if e.role == "prefill" and e.accepting}
+        prefill = {i: self.ledger.engine(i).reqs for i in port.accepting(model, "prefill")}
+        decode = port.engines(model, "decode") if lb.guard_decode and prefill else ()  # what decode_room reads
 
         def release(item: T, full: frozenset[str]) -> str | None:
             decision = self.place(item, model, now_s, port, full)
             return decision.prefill_id if isinstance(decision, Placement) else None
 
-        pumped = lb.pump(held, prefill, engines, now_s, release)
+        pumped = lb.pump(held, prefill, decode, now_s, release)
         for item in pumped.refused:
             port.refused(item, Refusal(status=429, code="slo_unreachable", given_up=True,
                                        reason=lb.give_up_reason(now_s - item.arrival_s, item.slo_ttft_s)))

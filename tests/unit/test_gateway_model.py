@@ -13,6 +13,7 @@ from shared.load_view import engine_view
 from shared.policies import LeastLoad, Placement, make_prefill_policy
 from shared.policies.late_binding import LateBinding
 from shared.policies.views import EngineView, RequestView
+from shared.protocol.messages import Role
 
 LATENCY = LatencyModel(load_profile())
 
@@ -37,11 +38,14 @@ class Cluster:
     sent: list[tuple[str, str | None, str]] = field(default_factory=list)  # (rid, prefill, decode)
     told: list[tuple[str, Refusal]] = field(default_factory=list)
 
-    def engines(self, model: str) -> Sequence[EngineView]:
-        return [engine_view(i, role, "ready", kv_capacity_tokens=100_000, max_running_requests=8,  # type: ignore[arg-type]
+    def engines(self, model: str, role: Role | None = None) -> Sequence[EngineView]:
+        return [engine_view(i, r, "ready", kv_capacity_tokens=100_000, max_running_requests=8,  # type: ignore[arg-type]
                             load=None, load_age_s=None, held=self.model.ledger.engine(i), finish_rate_rps=None,
                             local_prefill=False)
-                for i, role in self.roles.items()]
+                for i, r in self.roles.items() if role is None or r == role]
+
+    def accepting(self, model: str, role: Role) -> Sequence[str]:
+        return [i for i, r in self.roles.items() if r == role]
 
     def request(self, item: Req) -> RequestView:
         return RequestView(rid=item.rid, input_tokens=item.input_tokens, max_output_tokens=item.max_tokens,
