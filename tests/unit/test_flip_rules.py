@@ -29,7 +29,7 @@ def test_only_a_decode_instance_is_emptied_by_migration() -> None:
 
 
 def test_the_sidecar_the_planner_and_the_simulator_take_the_rules_from_one_module() -> None:
-    for rel, needed in (("services/worker/sidecar.py", {"is_restart", "drain_deadline_s"}),
+    for rel, needed in (("services/worker/role_switch.py", {"is_restart", "drain_deadline_s"}),
                         ("services/planner/service.py", {"drained_by_migration"}),
                         ("services/migrator/service.py", {"Evacuation"}),
                         ("loadgen/sim/cluster.py", {"is_restart", "drained_by_migration", "Evacuation"})):
