@@ -162,7 +162,7 @@ class SimCluster:
 
     def _wake(self, at_s: float) -> None:
         """Pump again at ``at_s`` (the model's wake-up: a policy that chose to wait, the next give-up)."""
-        if not self.gateway.held() or math.isinf(at_s) or (self._release_at is not None and at_s >= self._release_at):
+        if not self.gateway.held_count() or math.isinf(at_s) or (self._release_at is not None and at_s >= self._release_at):
             return
         self._release_at = at_s
 
@@ -173,7 +173,7 @@ class SimCluster:
         self.queue.at(max(at_s, self.queue.now_s), PRIORITY_STEP_END, wake)
 
     def _prefill_done(self, inst: SimInstance) -> None:
-        if self.gateway.held():
+        if self.gateway.held_count():
             self._release()
 
     # -- the gateway model's port ----------------------------------------------------------------------
@@ -225,7 +225,7 @@ class SimCluster:
             self.on_finish(req)  # a refused attempt too: the live monitor sees each attempt as a request
         if retry:
             self._send_again(req)
-        if req.error is None and self.gateway.held() and self.gateway.late_binding is not None \
+        if req.error is None and self.gateway.held_count() and self.gateway.late_binding is not None \
                 and self.gateway.late_binding.guard_decode:
             self._release()  # its decode engine has room again
 

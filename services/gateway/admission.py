@@ -77,7 +77,7 @@ class Admission:
 
     @property
     def held(self) -> int:
-        return len(self.model.held())
+        return self.model.held_count()
 
     async def admit(self, ticket: Ticket) -> Placement:
         """Wait for the request's turn and place it (its engines' slots taken); returns the placement or raises
@@ -108,7 +108,7 @@ class Admission:
 
     def kick(self) -> None:
         """Something changed (a slot freed, instances changed, a timer fired): pump on the next loop turn."""
-        if self._scheduled or not self.model.held():
+        if self._scheduled or not self.model.held_count():
             return
         self._scheduled = True
         asyncio.get_running_loop().call_soon(self._pump_all)

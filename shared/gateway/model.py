@@ -145,6 +145,10 @@ class GatewayModel(Generic[T]):
                 return True
         return False
 
+    def held_count(self) -> int:
+        """How many requests are held (cheap: the adapters ask on every prefill's end and every release)."""
+        return sum(len(held) for held in self._held.values())
+
     def held(self, model: str | None = None) -> list[T]:
         """The held requests (of ``model``, or all), in arrival order."""
         if model is not None:

@@ -95,7 +95,7 @@ def test_late_binding_holds_what_finds_no_slot_and_a_freed_slot_releases_it() ->
     c.model.admit(Req("second"), "m", 0.1, c)
     assert [s[0] for s in c.sent] == ["first"] and [h.rid for h in c.model.held("m")] == ["second"]
     assert math.isinf(c.model.pump("m", 0.2, c))  # nothing changed: still held
-    assert [h.rid for h in c.model.held()] == ["second"]
+    assert [h.rid for h in c.model.held()] == ["second"] and c.model.held_count() == 1
     c.model.ledger.first_token("first", "d0", "p0")  # the prefill engine's part is over
     c.model.pump("m", 0.3, c)
     assert [s[0] for s in c.sent] == ["first", "second"] and c.model.held() == []
