@@ -99,7 +99,7 @@ CAUTIOUS_LATE_COST = 2.5
 
 
 def fewest_late(model: LatencyModel, queue: Sequence[T], now_s: float, batch_tokens: int,
-                cost_factor: float = 1.0) -> list[T]:
+                cost_factor: float = 1.0, servers: int = 1) -> list[T]:
     """Rank ``queue`` by S-EDF, reordered so that the fewest prompts miss their deadlines.
 
     S-EDF serves the feasible prompts by deadline. In a burst that outruns the engine, the sum of their prefill
@@ -115,6 +115,9 @@ def fewest_late(model: LatencyModel, queue: Sequence[T], now_s: float, batch_tok
     S-EDF's unchanged.
 
     ``cost_factor`` multiplies every prompt's time in that walk (1: its work alone; more gives up more).
+    ``servers``: the engines the queue feeds (a gateway's held queue feeds all of a model's prefill engines);
+    the walk's clock advances by each prompt's time over their number, as a fluid list schedule would, plus
+    one prompt's own time for the last (its pass cannot be split across engines).
     """
     # The simulator asks this on every arrival and completion of every engine, over queues of hundreds past
     # capacity: each prompt's work is computed once and serves both its S-EDF key and its cost below.
@@ -125,6 +128,7 @@ def fewest_late(model: LatencyModel, queue: Sequence[T], now_s: float, batch_tok
         keyed.append((key, r, work))
     keyed.sort(key=_first)
     finish = now_s
+    share = 1.0 / max(1, servers)
     taken: list[tuple[float, int]] = []  # (-time, index): a max-heap on prefill time
     given_up: set[int] = set()
     feasible = 0
@@ -135,10 +139,10 @@ def fewest_late(model: LatencyModel, queue: Sequence[T], now_s: float, batch_tok
         n = item.input_tokens - item.prefilled
         launch = overhead * (n / batch_tokens) if n < batch_tokens else overhead  # min(1, n / G) of it
         cost = (work + launch) * cost_factor
-        finish += cost
-        if finish > key[1]:  # past capacity, almost every prompt: push and pop the longest in one go
+        finish += cost * share
+        if finish + cost * (1.0 - share) > key[1]:  # past capacity: push and pop the longest in one go
             longest, j = heapq.heappushpop(taken, (-cost, i))
-            finish += longest
+            finish += longest * share
             given_up.add(j)
         else:
             heapq.heappush(taken, (-cost, i))
@@ -249,9 +253,13 @@ class FlowPrefill:
         return chosen
 
     def plan(self, queue: Sequence[T], budget: int, now_s: float) -> PrefillPlan[T]:
+        return self.plan_for(queue, budget, now_s, 1)
+
+    def plan_for(self, queue: Sequence[T], budget: int, now_s: float, servers: int) -> PrefillPlan[T]:
+        """:meth:`plan` for a queue that ``servers`` engines serve (prefill_order.PlansForServers)."""
         waiting = [r for r in queue if r.input_tokens > r.prefilled]
         if self.params.fewest_late:
-            ranked = fewest_late(self.model, waiting, now_s, self.params.batch_tokens, self._late_cost)
+            ranked = fewest_late(self.model, waiting, now_s, self.params.batch_tokens, self._late_cost, servers)
         else:
             ranked = rank(self.model, self.params.priority, waiting, now_s)
         return PrefillPlan(fill(self.batch(ranked, now_s), budget))

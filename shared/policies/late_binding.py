@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from shared.policies.prefill_order import PrefillItem, PrefillPolicy
+from shared.policies.prefill_order import PlansForServers, PrefillItem, PrefillPolicy
 from shared.policies.views import EngineView
 
 T = TypeVar("T", bound=PrefillItem)
@@ -68,10 +68,13 @@ class LateBinding:
     # for a running slot, a backlog early rejection does not judge (it judges the queue waiting for KV), and
     # every request starts late; held instead, the queue would grow for as long as the overload lasts.
     guard_decode: bool = False
+    # Whether ``policy`` plans for several engines (asked once: the pump runs on every prefill's end).
+    _spreads: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         if self.depth < 1:
             raise ValueError(f"late-binding depth must be >= 1, got {self.depth}")
+        self._spreads = isinstance(self.policy, PlansForServers)
 
     def overdue(self, held: Sequence[T], now_s: float) -> list[T]:
         """The held prompts to refuse now: with ``guard_decode``, those that waited past their TTFT target."""
@@ -98,12 +101,16 @@ class LateBinding:
         """How many more prompts an engine holding ``unprefilled`` prompts may get now."""
         return max(0, self.depth - unprefilled)
 
-    def release(self, held: Sequence[T], slots: int, now_s: float) -> tuple[list[T], float | None]:
-        """The held prompts to send now (at most ``slots``, in the policy's order) and, when the policy
-        chose to wait although slots are free, when to ask again."""
+    def release(self, held: Sequence[T], slots: int, now_s: float, servers: int = 1) -> tuple[list[T], float | None]:
+        """The held prompts to send now (at most ``slots``, in the policy's order, planned for the ``servers``
+        prefill engines the queue feeds) and, when the policy chose to wait although slots are free, when to
+        ask again."""
         if slots <= 0 or not held:
             return [], None
-        plan = self.policy.plan(held, _UNBOUNDED, now_s)
+        if servers > 1 and self._spreads:
+            plan = self.policy.plan_for(held, _UNBOUNDED, now_s, servers)  # type: ignore[attr-defined]
+        else:
+            plan = self.policy.plan(held, _UNBOUNDED, now_s)
         out: list[T] = []
         for item, _ in plan.parts:
             if len(out) >= slots:
@@ -137,7 +144,7 @@ class LateBinding:
         # Until the slots are taken or the policy holds the rest. A policy may release fewer than the free slots
         # (FlowPrefill's batch), and a prompt refused or prefilled on its decode engine takes none.
         while held:
-            released, retry_at_s = self.release(held, sum(free.values()), now_s)
+            released, retry_at_s = self.release(held, sum(free.values()), now_s, len(free))
             if retry_at_s is not None:
                 out.wake_at_s = min(out.wake_at_s, retry_at_s)
             if not released:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Generic, Literal, Protocol, TypeVar
+from typing import Generic, Literal, Protocol, TypeVar, runtime_checkable
 
 #: Where a prefill engine can stop a forward pass for a more urgent prompt.
 Preemption = Literal["chunk", "operator"]
@@ -70,6 +70,16 @@ class PrefillPolicy(Protocol):
     def observe(self, tokens: int, seconds: float) -> None:
         """A forward pass computed ``tokens`` prompt tokens in ``seconds`` (for online throughput estimates)."""
         ...
+
+
+@runtime_checkable
+class PlansForServers(Protocol):
+    """A policy whose order depends on how many engines serve the queue: the gateway's held queue (late
+    binding) feeds every prefill engine of a model, so a plan that adds up the prompts' prefill times must
+    spread them over the engines, or it sees a one-engine backlog and gives up prompts the cluster has time
+    for."""
+
+    def plan_for(self, queue: Sequence[T], budget: int, now_s: float, servers: int) -> PrefillPlan[T]: ...
 
 
 def remaining(item: PrefillItem) -> int:

@@ -129,3 +129,17 @@ def test_a_prompt_taken_while_an_earlier_one_was_placed_is_skipped() -> None:
 
     binding(depth=3).pump(held, {"p0": 0}, [], 0.0, place)
     assert placed == ["a", "b", "c"] and held == []
+
+
+def test_a_fewest_late_policy_plans_the_held_queue_for_every_prefill_engine_it_feeds() -> None:
+    """The held queue feeds all of a model's prefill engines: the 10K-token prompt that one engine would give up
+    for the two short ones behind it (their deadlines are near) goes first when two engines are free."""
+    def queue() -> list[Held]:
+        return [Held("long", 0.0, 0.40, input_tokens=10_000), Held("b", 0.0, 0.42), Held("c", 0.0, 0.44)]
+
+    policy = make_prefill_policy("flowprefill-fewest-late", MODEL)
+    two, one = Placer(["p0", "p1"]), Placer(["p0"])
+    LateBinding(policy, depth=1).pump(queue(), {"p0": 0, "p1": 0}, [], 0.0, two)
+    LateBinding(policy, depth=2).pump(queue(), {"p0": 0}, [], 0.0, one)
+    assert [rid for rid, _, _ in two.placed] == ["long", "b"]
+    assert [rid for rid, _, _ in one.placed] == ["b", "c"]

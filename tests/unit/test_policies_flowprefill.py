@@ -95,6 +95,25 @@ def test_the_cautious_count_applies_where_decode_shares_the_steps() -> None:
     assert rids(engine.prefill_policy, queue, 0.0)[0] == "a"
 
 
+def test_fewest_late_spreads_the_walk_over_the_engines_the_queue_feeds() -> None:
+    # Three 10K-token prompts due at 1.8x one's time alone: one engine makes one of them (the second would end at
+    # 2x), three engines make all three (each starts by the time the earlier ones' work is spread over three).
+    alone = fewest_late(MODEL, [Prompt("x", 0.0, 10_000, INF)], 0.0, 4096)
+    assert [p.rid for p in alone] == ["x"]
+    deadline = 1.8 * ttft_hat(MODEL, Prompt("x", 0.0, 10_000))
+    queue = [Prompt(r, 0.0, 10_000, deadline) for r in "abc"]
+    assert [p.rid for p in fewest_late(MODEL, queue, 0.0, 4096, servers=3)] == ["a", "b", "c"]
+    one = [p.rid for p in fewest_late(MODEL, queue, 0.0, 4096, servers=1)]
+    assert one[0] == "c" and sorted(one) == ["a", "b", "c"]  # two given up: the walk kept the last it met
+    assert one == [p.rid for p in fewest_late(MODEL, queue, 0.0, 4096)]  # one engine: the default
+    # The long prompt that one engine gives up for two short ones is kept when two engines serve the queue.
+    mixed = [Prompt("a", 0.0, 10_000, 0.40), Prompt("b", 0.0, 1_000, 0.42), Prompt("c", 0.0, 1_000, 0.44)]
+    assert [p.rid for p in fewest_late(MODEL, mixed, 0.0, 4096, servers=2)] == ["a", "b", "c"]
+    policy = FlowPrefill(MODEL, FlowPrefillParams(fewest_late=True))
+    assert [item.rid for item, _ in policy.plan_for(mixed, BIG, 0.0, 2).parts] == ["a"]
+    assert rids(policy, mixed, 0.0) == ["b", "c"]
+
+
 def _fewest_late_as_specified(queue: list[Prompt], now_s: float, batch_tokens: int) -> list[Prompt]:
     """Moore and Hodgson's rule over S-EDF written plainly from sedf_key and ttft_hat: what the optimised
     fewest_late must return to the last element."""
