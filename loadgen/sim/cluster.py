@@ -44,7 +44,7 @@ from shared.gateway.model import GatewayModel, Refusal
 from shared.latency import LatencyModel
 from shared.policies import DispatchPolicy, EngineView, MigrationDecision, Placement, RequestView
 from shared.policies.evacuation import EVACUATE_AFTER_S, EVACUATE_EVERY_S, Evacuation
-from shared.policies.flip import DRAIN_TIMEOUT_S, drained_by_migration, is_restart
+from shared.policies.flip import DRAIN_TIMEOUT_S, Flip, drained_by_migration
 from shared.policies.inflight import InflightLedger
 from shared.policies.late_binding import LateBinding
 from shared.policies.migration_cost import KvTransfer, MigrationMechanism
@@ -127,8 +127,7 @@ class SimCluster:
         self.lifecycle = Lifecycle()
         self._started_at: dict[str, float] = {}
         self._held: list[tuple[float, float]] = []  # (start, stop) of every instance stopped so far
-        self._pending_role: dict[str, Role | None] = {}  # draining instances: the role they come back in, or None
-        self._drain_started: dict[str, float] = {}  # flips being drained: when the drain began
+        self._flips: dict[str, Flip] = {}  # flips under way, by instance: a draining instance with none is stopping
         self._backlog: list[Role] = []  # starts waiting for a GPU that a draining replica will free
         self._prefill_hook: Callable[[SimInstance, list[tuple[SimRequest, int]], float], None] | None = None
         self._next_number = {"prefill": 0, "decode": 0, "null": 0}
@@ -325,7 +324,7 @@ class SimCluster:
         if inst.status in ("stopped", "draining"):
             return
         inst.status = "draining"
-        self._pending_role[inst.instance_id] = None
+        self._flips.pop(inst.instance_id, None)
         self._log(inst, "drain to stop")
         self._check_drained(inst)
 
@@ -335,26 +334,23 @@ class SimCluster:
         restart of the engine in the other mode (SGLang switches modes only at launch), ``start_s``."""
         if inst.status != "ready" or inst.role == new_role:
             return False
-        inst.status = "draining"
-        self._pending_role[inst.instance_id] = new_role
+        flip = self._flips[inst.instance_id] = Flip(inst.role, new_role, self.queue.now_s, self.costs.drain_timeout_s)
+        inst.status = flip.stage
         self._log(inst, f"drain to flip to {new_role}")
         self._check_drained(inst)
-        if inst.status == "draining":
-            started = self.queue.now_s
-            self._drain_started[inst.instance_id] = started
-            self.queue.at(started + self.costs.drain_timeout_s, PRIORITY_STEP_END,
-                          lambda: self._drain_deadline(inst, started))
-            if drained_by_migration(self.drain_by_migration, inst.role, new_role):
-                evacuation = Evacuation(inst.instance_id, started + self.costs.drain_timeout_s)
-                self.queue.at(started + EVACUATE_AFTER_S, PRIORITY_STEP_END,
-                              lambda: self._evacuate(inst, started, evacuation))
+        if flip.stage == "draining":
+            self.queue.at(flip.deadline_s, PRIORITY_STEP_END, lambda: self._drain_deadline(inst, flip))
+            if drained_by_migration(self.drain_by_migration, flip.old, new_role):
+                evacuation = Evacuation(inst.instance_id, flip.deadline_s)
+                self.queue.at(flip.started_s + EVACUATE_AFTER_S, PRIORITY_STEP_END,
+                              lambda: self._evacuate(inst, flip, evacuation))
         return True
 
-    def _evacuate(self, inst: SimInstance, started_s: float, evacuation: Evacuation) -> None:
+    def _evacuate(self, inst: SimInstance, flip: Flip, evacuation: Evacuation) -> None:
         """One round of the migrator's evacuation of a draining decode instance, and the next one
         ``EVACUATE_EVERY_S`` later until the evacuation is over."""
-        if inst.status != "draining" or self._drain_started.get(inst.instance_id) != started_s:
-            return  # drained, called off, or a later drain with its own rounds
+        if self._flips.get(inst.instance_id) is not flip or flip.stage != "draining":
+            return  # drained, called off, stopped, or a later flip with its own rounds
         snapshot = ClusterSnapshot(ts_unix_s=self.queue.now_s, instances=self.instance_loads(""), series=[],
                                    decode_requests=self.decode_requests(None))
         moves = evacuation.round(snapshot, self.queue.now_s)
@@ -364,16 +360,14 @@ class SimCluster:
             if not self.migrate(move):
                 evacuation.failed(move.rid)
         self.queue.at(self.queue.now_s + EVACUATE_EVERY_S, PRIORITY_STEP_END,
-                      lambda: self._evacuate(inst, started_s, evacuation))
+                      lambda: self._evacuate(inst, flip, evacuation))
 
-    def _drain_deadline(self, inst: SimInstance, started_s: float) -> None:
+    def _drain_deadline(self, inst: SimInstance, flip: Flip) -> None:
         """Call off a flip whose drain outlived the deadline: the instance serves on in its old role."""
-        if inst.status != "draining" or self._pending_role.get(inst.instance_id) is None:
-            return
-        if self._drain_started.get(inst.instance_id) != started_s:
-            return  # a later drain of the same instance: its own deadline applies
-        self._pending_role.pop(inst.instance_id)
-        inst.status = "ready"
+        if self._flips.get(inst.instance_id) is not flip or not flip.expire(self.queue.now_s):
+            return  # drained, stopped, or a later flip of the same instance with its own deadline
+        del self._flips[inst.instance_id]
+        inst.status = flip.stage
         self.lifecycle.flips_called_off += 1
         self._log(inst, f"drain past {self.costs.drain_timeout_s:g} s: flip called off, ready as {inst.role}")
         inst.kick()
@@ -384,8 +378,8 @@ class SimCluster:
             self._drained(inst)
 
     def _drained(self, inst: SimInstance) -> None:
-        new_role = self._pending_role.pop(inst.instance_id, None)
-        if new_role is None:
+        flip = self._flips.get(inst.instance_id)
+        if flip is None:
             inst.status = "stopped"
             self._log(inst, "stopped")
             self.live.remove(inst)
@@ -395,20 +389,24 @@ class SimCluster:
             if self._backlog:
                 self.start(self._backlog.pop(0))
             return
-        inst.status = "switching"
+        flip.drained()
+        inst.status = flip.stage
         self.lifecycle.flips += 1
         self._log(inst, "switching")
 
         def switched() -> None:
-            inst.role = new_role
+            if self._flips.get(inst.instance_id) is not flip:
+                return  # stopped while it switched
+            del self._flips[inst.instance_id]
+            inst.role = flip.switched()
             inst.reset_cache()
-            inst.status = "ready"
-            self._log(inst, f"ready as {new_role}")
+            inst.status = flip.stage
+            self._log(inst, f"ready as {inst.role}")
             self._record_timeline()
             inst.kick()
             self._release()
 
-        took = self.costs.start_s if is_restart(inst.role, new_role) else self.model.role_switch_time_s()
+        took = self.costs.start_s if flip.restart else self.model.role_switch_time_s()
         self.queue.at(self.queue.now_s + took, PRIORITY_STEP_END, switched)
 
     def _log(self, inst: SimInstance, what: str) -> None:

@@ -21,7 +21,7 @@ from services.worker.engine_waits import DrainTimeout, wait_idle
 from services.worker.instance_record import ROLES
 from services.worker.role_rules import switch_refusal
 from services.worker.supervisor import RESTART_ERRORS
-from shared.policies.flip import drain_deadline_s, is_restart
+from shared.policies.flip import Flip, drain_deadline_s
 from shared.protocol import AdminReply, RoleCommand, RoleCommandReply
 from shared.protocol.messages import Role
 from shared.registry import ETCD_ERRORS
@@ -68,35 +68,39 @@ class RoleSwitcher:
             old = w.role or "null"
             if cmd.new_role == old:
                 return reply(True, f"already {old}")
-            restart = is_restart(old, cmd.new_role)
             serving = w._registered and not w._supervision.restarting and not w._stop.stopping
             refusal = switch_refusal(old, cmd.new_role, w.settings, serving=serving)
             if refusal is not None:
                 return reply(False, refusal)
-            timeout_s = drain_deadline_s(cmd.drain_timeout_s, w.settings.drain_timeout_s)
+            flip = Flip(old, cmd.new_role, time.monotonic(),
+                        drain_deadline_s(cmd.drain_timeout_s, w.settings.drain_timeout_s))
             log.info("role switch %s -> %s (%s): draining up to %.1fs", old, cmd.new_role, cmd.reason or "no reason",
-                     timeout_s)
-            t0 = time.monotonic()
+                     flip.drain_s)
             try:
-                await w._set_status("draining")
-                await self._wait_idle(timeout_s)
-                await w._set_status("switching")
+                await w._set_status(flip.stage)
+                await self._wait_idle(flip.drain_s)
+                flip.drained()
+                await w._set_status(flip.stage)
                 assert w._client is not None
-                if restart:
+                if flip.restart:
                     result = await w._relaunch(cmd.new_role)
                 else:
                     result = await w._client.pd_role_switch(
                         cmd.new_role, decode_cuda_graph_memory_gb=w.settings.decode_cuda_graph_memory_gb)
             except RESTART_ERRORS as exc:  # a relaunch can fail to spawn (OSError)
-                log.warning("role switch of %s to %s failed: %s", w.instance_id, cmd.new_role, exc)
+                # The drain wait judged the deadline itself (on a clock started a moment after the flip's).
+                if not (isinstance(exc, DrainTimeout) and flip.expire(max(time.monotonic(), flip.deadline_s))):
+                    flip.failed()
+                log.warning("role switch of %s to %s %s: %s", w.instance_id, cmd.new_role,
+                            flip.outcome.replace("_", " "), exc)
                 try:
-                    await w._set_status("ready")
+                    await w._set_status(flip.stage)
                 except ETCD_ERRORS as restore_exc:
                     log.error("could not restore %s to ready: %s", w.instance_id, restore_exc)
                 return reply(False, f"role switch {old} -> {cmd.new_role} failed: {exc}")
-            w.role = cmd.new_role
-            await w._set_status("ready")
-            took = time.monotonic() - t0
+            w.role = flip.switched()
+            await w._set_status(flip.stage)
+            took = time.monotonic() - flip.started_s
             log.info("role switch of %s: %s -> %s in %.2fs", w.instance_id, old, cmd.new_role, took)
             return reply(True, f"{old} -> {cmd.new_role} in {took:.2f}s: {result.get('message', '') or 'ok'}")
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from shared.policies.flip import drain_deadline_s, drained_by_migration, is_restart
+import pytest
+
+from shared.policies.flip import Flip, drain_deadline_s, drained_by_migration, is_restart
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,11 +30,38 @@ def test_only_a_decode_instance_is_emptied_by_migration() -> None:
     assert not drained_by_migration(True, None, "decode") and not drained_by_migration(False, "decode", "prefill")
 
 
+def test_a_flip_drains_then_switches_and_serves_in_the_new_role() -> None:
+    flip = Flip("decode", "prefill", 100.0, 30.0)
+    assert (flip.stage, flip.role, flip.deadline_s, flip.restart) == ("draining", "decode", 130.0, False)
+    assert not flip.expire(129.9)  # drained in time: the deadline does nothing
+    flip.drained()
+    assert (flip.stage, flip.role) == ("switching", "decode")
+    assert not flip.expire(131.0), "a switch under way is past the drain: its deadline no longer applies"
+    assert flip.switched() == "prefill" and (flip.stage, flip.outcome, flip.role) == ("ready", "switched", "prefill")
+    assert Flip("null", "decode", 0.0).restart and Flip("null", "decode", 0.0).deadline_s == 60.0
+
+
+def test_a_drain_past_its_deadline_calls_the_flip_off_and_a_failure_keeps_the_old_role() -> None:
+    flip = Flip("prefill", "decode", 0.0, 10.0)
+    assert flip.expire(10.0) and (flip.stage, flip.outcome, flip.role) == ("ready", "called_off", "prefill")
+    with pytest.raises(RuntimeError, match="called_off"):
+        flip.drained()  # the instance went idle after the flip was called off: nothing to switch
+    failed = Flip("prefill", "null", 0.0, 10.0)
+    failed.drained()
+    assert failed.failed() == "prefill" and (failed.stage, failed.outcome) == ("ready", "failed")
+    with pytest.raises(RuntimeError):
+        failed.switched()
+    with pytest.raises(ValueError):
+        Flip("decode", "decode", 0.0)
+    with pytest.raises(ValueError):
+        Flip("decode", "prefill", 0.0, 0.0)
+
+
 def test_the_sidecar_the_planner_and_the_simulator_take_the_rules_from_one_module() -> None:
-    for rel, needed in (("services/worker/role_switch.py", {"is_restart", "drain_deadline_s"}),
+    for rel, needed in (("services/worker/role_switch.py", {"Flip", "drain_deadline_s"}),
                         ("services/planner/service.py", {"drained_by_migration"}),
                         ("services/migrator/service.py", {"Evacuation"}),
-                        ("loadgen/sim/cluster.py", {"is_restart", "drained_by_migration", "Evacuation"})):
+                        ("loadgen/sim/cluster.py", {"Flip", "drained_by_migration", "Evacuation"})):
         tree = ast.parse((REPO / rel).read_text())
         called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
         assert needed <= called, f"{rel} does not call {sorted(needed - called)}"
