@@ -29,7 +29,7 @@ from loadgen.records import RequestRecord, Status
 from loadgen.slo import SLO, SLOClasses, slo_for
 from loadgen.sse import StreamAccumulator, error_message
 from loadgen.workload import TraceRequest, Workload
-from shared.protocol.refusal import REFUSAL_STATUSES, client_wait_s
+from shared.protocol.refusal import REFUSAL_STATUSES, RETRY_COUNT_HEADER, client_wait_s
 
 __all__ = [
     "Endpoint",
@@ -203,6 +203,8 @@ class _Run:
         sent = self.now()
         attempts = 0
         while error is None:
+            # As the openai client does: each send says how many came before it.
+            headers[RETRY_COUNT_HEADER] = str(attempts)
             attempts += 1
             http_status, error, stream, finished, retry_after = await self._attempt(body, headers)
             if http_status not in REFUSAL_STATUSES or attempts > self.client_retries:

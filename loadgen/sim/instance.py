@@ -137,6 +137,11 @@ class SimRequest(EngineRequest):
     attempts: int = 1
 
     @property
+    def retries(self) -> int:
+        """The client's earlier sends, as its ``X-Stainless-Retry-Count`` tells the gateway."""
+        return self.attempts - 1
+
+    @property
     def http_status(self) -> int | None:
         """The HTTP status its failure stands for: a failure's reason starts with it ("429: ..."), as the
         gateway's answers do; None when it did not fail."""

@@ -45,6 +45,7 @@ class Ticket:
     arrival_s: float  # the gateway's monotonic clock (when the request reached the gateway)
     slo_ttft_s: float = math.inf  # inf: no TTFT target
     prefilled: int = 0
+    retries: int = 0  # the client's earlier sends of this request (X-Stainless-Retry-Count)
     # Resolved with the placement or the refusal (made on the running loop: build it inside a coroutine).
     future: asyncio.Future[Placement] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 

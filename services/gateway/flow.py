@@ -126,7 +126,7 @@ class RequestFlow:
                               priority=p.priority, slo_ttft_s=slo.ttft_s if slo else None,
                               slo_tpot_s=slo.tpot_s if slo else None, prefix_blocks=self._prefix_blocks())
         ttft = slo.ttft_s if slo is not None and slo.ttft_s is not None else float("inf")
-        return Ticket(request=request, model=p.model, arrival_s=self.arrived, slo_ttft_s=ttft)
+        return Ticket(request=request, model=p.model, arrival_s=self.arrived, slo_ttft_s=ttft, retries=p.retries)
 
     def request_slo(self) -> RequestSlo:
         """What sim engines get as ``poise_slo``: the resolved SLO, and how long the request has been here."""

@@ -23,6 +23,7 @@ from services.gateway.errors import APIError
 from services.gateway.flow import RequestFlow
 from services.gateway.service import GatewayService
 from services.gateway.validation import Endpoint, ParsedRequest, model_not_found, parse_request, seed_not_applied
+from shared.protocol.refusal import RETRY_COUNT_HEADER, sent_before
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -53,6 +54,7 @@ class InferenceRoutes:
         parsed = parse_request(raw, endpoint, counter=self.service.counter, default_max_tokens=s.default_max_tokens,
                                max_tokens_limit=s.max_tokens_limit, slo_table=self.service.slo_table,
                                max_depth=s.max_json_depth)
+        parsed.retries = sent_before(request.headers.get(RETRY_COUNT_HEADER))
         cluster = self.service.cluster
         served = cluster.served_models()
         if parsed.model not in served:

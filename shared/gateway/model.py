@@ -28,13 +28,12 @@ import msgspec
 
 from shared.policies.dispatch import DispatchPolicy, Placement, Rejection
 from shared.policies.inflight import InflightLedger
-from shared.policies.late_binding import LateBinding
-from shared.policies.prefill_order import PrefillItem
+from shared.policies.late_binding import HeldItem, LateBinding
 from shared.policies.views import EngineView, RequestView
 from shared.protocol.messages import Role
 
-T = TypeVar("T", bound=PrefillItem)
-T_contra = TypeVar("T_contra", bound=PrefillItem, contravariant=True)
+T = TypeVar("T", bound=HeldItem)
+T_contra = TypeVar("T_contra", bound=HeldItem, contravariant=True)
 
 
 class Refusal(msgspec.Struct, frozen=True, kw_only=True):

@@ -19,12 +19,20 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from shared.policies.prefill_order import PlansForServers, PrefillItem, PrefillPolicy
 from shared.policies.views import EngineView
 
-T = TypeVar("T", bound=PrefillItem)
+
+class HeldItem(PrefillItem, Protocol):
+    """A held prompt: what a prefill policy reads, and how many times its client sent it before."""
+
+    @property
+    def retries(self) -> int: ...  # 0 on a first send (the OpenAI clients' X-Stainless-Retry-Count)
+
+
+T = TypeVar("T", bound=HeldItem)
 
 #: The budget handed to the policy: large enough that every held prompt fits (the gateway plans an order,
 #: not a forward pass).
@@ -104,9 +112,16 @@ class LateBinding:
     def release(self, held: Sequence[T], slots: int, now_s: float, servers: int = 1) -> tuple[list[T], float | None]:
         """The held prompts to send now (at most ``slots``, in the policy's order, planned for the ``servers``
         prefill engines the queue feeds) and, when the policy chose to wait although slots are free, when to
-        ask again."""
+        ask again.
+
+        A client's retry waits behind every first send held: its client counts the TTFT from its first send,
+        so the retry of a prompt refused at its target cannot make it, and ranked by the deadline its new
+        arrival gives it, it would take the slot of a prompt that still can."""
         if slots <= 0 or not held:
             return [], None
+        first = [h for h in held if h.retries == 0]
+        if first:
+            held = first
         if servers > 1 and self._spreads:
             plan = self.policy.plan_for(held, _UNBOUNDED, now_s, servers)  # type: ignore[attr-defined]
         else:

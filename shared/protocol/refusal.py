@@ -16,6 +16,18 @@ RETRY_AFTER_S = 1
 REFUSAL_STATUSES = (429, 503)
 #: Retries of the official ``openai`` client (``max_retries``): a request refused three times is given up.
 CLIENT_MAX_RETRIES = 2
+#: The header in which the ``openai`` clients (and the other Stainless-built SDKs) send how many times they sent
+#: the request before: 0 on a first send.
+RETRY_COUNT_HEADER = "x-stainless-retry-count"
+
+
+def sent_before(header: str | None) -> int:
+    """The client's earlier sends of a request from its :data:`RETRY_COUNT_HEADER`: 0 without one or with a
+    value that is not a count (an informational header: a malformed one is no reason to refuse the request)."""
+    if header is None:
+        return 0
+    value = header.strip()
+    return min(int(value), 1_000_000) if value.isascii() and value.isdigit() else 0
 
 
 def retry_after_header() -> dict[str, str]:

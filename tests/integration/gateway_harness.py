@@ -126,9 +126,10 @@ async def fresh_registry(etcd_server: EtcdServer) -> AsyncIterator[Registry]:
         await reg.close()
 
 
-async def completion_chunks(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+async def completion_chunks(client: httpx.AsyncClient, url: str, body: dict[str, Any],
+                            headers: dict[str, str] | None = None) -> AsyncIterator[dict[str, Any]]:
     """The data chunks of one streamed ``/v1/completions`` through the gateway (none may be an error)."""
-    async with client.stream("POST", url + "/v1/completions", json=body) as r:
+    async with client.stream("POST", url + "/v1/completions", json=body, headers=headers) as r:
         assert r.status_code == 200, await r.aread()
         async for line in r.aiter_lines():
             if not line.startswith("data:") or line.strip() == "data: [DONE]":

@@ -72,11 +72,12 @@ async def held_gauge(client: httpx.AsyncClient, url: str) -> float:
     return float(match.group(1))
 
 
-async def first_token_at(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> tuple[float, int]:
+async def first_token_at(client: httpx.AsyncClient, url: str, body: dict[str, Any],
+                         headers: dict[str, str] | None = None) -> tuple[float, int]:
     """Stream a completion; (monotonic time of its first token, tokens received)."""
     first: float | None = None
     tokens = 0
-    async for chunk in completion_chunks(client, url, body):
+    async for chunk in completion_chunks(client, url, body, headers):
         if chunk.get("choices") and chunk["choices"][0].get("text"):
             first = first or time.monotonic()
             tokens += 1
@@ -120,6 +121,32 @@ async def test_edf_lets_an_urgent_request_overtake_held_ones(registry, engines, 
         by_rule = r'^poise_gateway_slo_class_requests_total\{slo_class="(.*)",source="(.*)"\} (\S+)$'
         counts = {(c, src): float(n) for c, src, n in re.findall(by_rule, text, re.MULTILINE)}
         assert counts == {("(none)", "gateway"): 1.0, ("(none)", "slo"): 3.0, ("(custom)", "slo"): 1.0}, counts
+    for reg in regs:
+        await reg.deregister()
+
+
+async def test_a_clients_retry_waits_behind_a_first_send(registry, engines, nats_server, etcd_server) -> None:  # type: ignore[no-untyped-def]
+    """The openai client names its retries (X-Stainless-Retry-Count): a retry with the earliest deadline still
+    goes after the first send held with it, whose client can still be served in time."""
+    regs = await register(registry, engines["prefill"].info("p0"), engines["decode"].info("d0"))
+    async with gateway(nats_server, etcd_server, registry.keys.namespace) as (url, service), \
+            httpx.AsyncClient(timeout=30) as client:
+        await until(lambda: len(service.cluster.instances) == 2, 5)
+        long_task = asyncio.create_task(first_token_at(client, url, LONG))
+        await until(lambda: service.cluster.inflight_total() > 0, 5)
+        lb = service.admission
+        retry = asyncio.create_task(first_token_at(client, url, short(7, slo={"ttft_s": 1.0}),
+                                                   {"x-stainless-retry-count": "1"}))
+        await until(lambda: lb.held == 1, 5)
+        first = asyncio.create_task(first_token_at(client, url, short(8, slo={"ttft_s": 30.0}),
+                                                   {"x-stainless-retry-count": "0"}))
+        await until(lambda: lb.held == 2, 5)
+        assert not long_task.done(), "the long prompt finished before everything was queued: raise TIME_SCALE"
+        (retry_first, retry_tokens), (first_first, first_tokens) = await asyncio.gather(retry, first)
+        assert retry_tokens == first_tokens == 4
+        assert first_first < retry_first, "the retry overtook the first send"
+        await long_task
+        await until(lambda: service.cluster.inflight_total() == 0, 5)
     for reg in regs:
         await reg.deregister()
 

@@ -25,6 +25,7 @@ class Req:
     slo_ttft_s: float = math.inf
     input_tokens: int = 1000
     prefilled: int = 0
+    retries: int = 0
     max_tokens: int = 100
 
 

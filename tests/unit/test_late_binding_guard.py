@@ -25,6 +25,7 @@ class Held:
     slo_ttft_s: float
     input_tokens: int = 1000
     prefilled: int = 0
+    retries: int = 0
 
 
 def decode(instance_id: str, running: int, waiting: int, **kw: Any) -> EngineView:

@@ -21,6 +21,7 @@ class Held:
     slo_ttft_s: float = math.inf
     input_tokens: int = 1000
     prefilled: int = 0
+    retries: int = 0
 
 
 def decode(running: int, cap: int = 8) -> EngineView:
@@ -143,3 +144,15 @@ def test_a_fewest_late_policy_plans_the_held_queue_for_every_prefill_engine_it_f
     LateBinding(policy, depth=2).pump(queue(), {"p0": 0}, [], 0.0, one)
     assert [rid for rid, _, _ in two.placed] == ["long", "b"]
     assert [rid for rid, _, _ in one.placed] == ["b", "c"]
+
+
+def test_a_clients_retry_waits_behind_every_first_send() -> None:
+    """The retry's client counts its TTFT from its first send: it goes after the first sends, although its new
+    arrival gives it the earliest deadline, and in the policy's order among the retries once they are alone."""
+    held = [Held("first-late", 0.0, 9.0), Held("retry", 0.5, 1.0, retries=1), Held("first", 0.2, 4.0),
+            Held("retry-2", 0.6, 2.0, retries=2)]
+    place = Placer(["p0"])
+    binding(depth=3).pump(held, {"p0": 0}, [], 1.0, place)
+    assert [rid for rid, _, _ in place.placed] == ["first", "first-late", "retry"]
+    binding(depth=3).pump(held, {"p0": 2}, [], 1.0, place)
+    assert [rid for rid, _, _ in place.placed][3:] == ["retry-2"] and held == []

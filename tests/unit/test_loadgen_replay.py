@@ -355,3 +355,6 @@ async def test_a_refused_request_is_sent_again_as_the_openai_client_does() -> No
     assert plain.ok and plain.attempts == 1
     assert result.summary.retries == 4 and result.summary.refused_share == pytest.approx(1 / 3)
     assert once.records[0].attempts == 1 and once.records[0].http_status == 429
+    sends = sorted(int(h["x-stainless-retry-count"]) for b, h in zip(server.bodies, server.headers, strict=True)
+                   if b["max_tokens"] == 6)
+    assert sends == [0, 1, 2], "each send names the sends before it, as the openai client's header does"
