@@ -10,7 +10,11 @@ PREDICTOR_STAMP := $(VENV)/.predictor-llm-stamp
 SGLANG_CPU   ?= ../shared/sglang-cpu
 SGLANG_VENV  ?= .venv-sglang
 SGLANG_STAMP := $(SGLANG_VENV)/.installed-stamp
-HAVE_SGLANG_CPU := $(wildcard $(SGLANG_CPU)/install.sh)
+## Its prebuilt kernel is built for x86-64-v4 + AMX: on a CPU without AVX-512 and AMX it dies of SIGILL at
+## import, so there the real-SGLang tier is skipped (and says why) as where ../shared/sglang-cpu is absent.
+SGLANG_CPU_FLAGS := $(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && grep -qw amx_tile /proc/cpuinfo && echo ok)
+SGLANG_CPU_UNSUPPORTED := $(if $(wildcard $(SGLANG_CPU)/install.sh),$(if $(SGLANG_CPU_FLAGS),,this CPU has no AVX-512 and AMX, which the prebuilt SGLang CPU kernel needs))
+HAVE_SGLANG_CPU := $(if $(SGLANG_CPU_FLAGS),$(wildcard $(SGLANG_CPU)/install.sh))
 
 .PHONY: setup predictor-setup sglang-setup run up test test-fast bench lint clean deploy
 
@@ -37,6 +41,7 @@ $(PREDICTOR_STAMP): $(STAMP)
 sglang-setup: $(SGLANG_STAMP)
 
 $(SGLANG_STAMP):
+	@test -z "$(SGLANG_CPU_UNSUPPORTED)" || { echo "SGLang for CPU cannot run here: $(SGLANG_CPU_UNSUPPORTED)"; exit 2; }
 	@test -n "$(HAVE_SGLANG_CPU)" || { echo "no $(SGLANG_CPU)/install.sh: SGLang for CPU cannot be installed here"; exit 2; }
 	rm -rf $(SGLANG_VENV)
 	bash $(SGLANG_CPU)/install.sh $(abspath $(SGLANG_VENV))
@@ -56,6 +61,8 @@ up: setup
 ## (tests/sglang/) must run, and the contract fixtures are checked against the installed sglang's source;
 ## without it both are skipped and say why.
 test: setup $(if $(HAVE_SGLANG_CPU),sglang-setup)
+	$(if $(SGLANG_CPU_UNSUPPORTED),@echo "real-SGLang tier skipped: $(SGLANG_CPU_UNSUPPORTED)")
+	$(if $(SGLANG_CPU_UNSUPPORTED),POISE_SGLANG_UNSUPPORTED="$(SGLANG_CPU_UNSUPPORTED)") \
 	$(if $(HAVE_SGLANG_CPU),POISE_REQUIRE_SGLANG=1 POISE_SGLANG_CPU_VENV=$(abspath $(SGLANG_VENV)) \
 	  POISE_SGLANG_WHEEL=$(abspath $(SGLANG_VENV))/lib/python3.11/site-packages) $(PY) -m pytest -q $(ARGS)
 
