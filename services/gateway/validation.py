@@ -35,7 +35,7 @@ class ParsedRequest(msgspec.Struct, kw_only=True):
     priority: int | None  # SGLang's field: forwarded to every engine unchanged
     slo: ResolvedSlo | None = None  # the request's SLO class and targets (services/gateway/slo.py)
     limited: bool = True  # the engines get ``max_tokens`` as the request's limit
-    retries: int = 0  # the client's earlier sends of this request, as it says (client_retries)
+    retries: int = 0  # the client's earlier sends of this request (its X-Stainless-Retry-Count)
 
     def remaining_tokens(self, generated: int) -> int:
         """Output tokens still to come after ``generated``, as the gateway plans for them (at least 1 while an
